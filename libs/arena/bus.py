@@ -1,0 +1,338 @@
+"""NATS JetStream helpers: connect, declare the topology, publish idempotently, consume.
+
+The ack policy lives here and only here:
+
+- the handler returns            -> ``ack``
+- it raises ``Retryable``        -> ``nak(delay)``
+- it raises ``Permanent`` or the message does not decode
+                                 -> dead letter to ``arena.dead.{stream}``, then ``term``
+- it raises anything else        -> ``nak`` with backoff, and dead letter + ``term`` on the
+                                    last allowed delivery.
+
+Long handlers keep their message alive with ``in_progress`` heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js.errors import BadRequestError, NotFoundError
+
+from arena import subjects, telemetry
+from arena.errors import Permanent, Retryable, Unavailable
+from arena.schemas import DeadLetter, encode
+
+log = logging.getLogger("arena.bus")
+
+T = TypeVar("T")
+
+#: JetStream de-duplication window: a re-publish with the same Nats-Msg-Id inside it
+#: is dropped by the server.
+DUPLICATE_WINDOW_S = 120.0
+
+
+class Bus:
+    """A connection to NATS with JetStream, owned by one service."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, service: str):
+        self.nc = nc
+        self.js = js
+        self.service = service
+        self._kv: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0) -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=f"arena-{service}",
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - nats raises several unrelated types
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+                await asyncio.sleep(0.2)
+        return cls(nc, nc.jetstream(timeout=10), service)
+
+    async def close(self) -> None:
+        """Flush what was published and close. (Acks are explicit, so nothing in flight
+        is lost: an unacked message is redelivered to the next worker.)"""
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.flush(), 2)
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+            await self.nc.close()
+
+    # ----------------------------------------------------------------- topology
+
+    async def ensure_topology(self) -> None:
+        """Declare every stream, KV bucket and object store. Idempotent."""
+        for spec in subjects.STREAMS:
+            config = jsapi.StreamConfig(
+                name=spec.name,
+                description=spec.description,
+                subjects=list(spec.subjects),
+                retention=(
+                    jsapi.RetentionPolicy.WORK_QUEUE
+                    if spec.retention == "workqueue"
+                    else jsapi.RetentionPolicy.LIMITS
+                ),
+                storage=jsapi.StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                max_age=spec.max_age_s or None,
+            )
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                await self.js.update_stream(config)
+        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS):
+            await self.kv(bucket)
+        await self.artifacts()
+
+    async def kv(self, bucket: str):
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = await self.js.key_value(bucket)
+            except (NotFoundError, nats.js.errors.BucketNotFoundError):
+                self._kv[bucket] = await self.js.create_key_value(
+                    jsapi.KeyValueConfig(bucket=bucket, history=1, storage=jsapi.StorageType.FILE)
+                )
+        return self._kv[bucket]
+
+    async def artifacts(self):
+        try:
+            return await self.js.object_store(subjects.OBJECT_ARTIFACTS)
+        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            return await self.js.create_object_store(
+                subjects.OBJECT_ARTIFACTS,
+                config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE),
+            )
+
+    # ----------------------------------------------------------------- publish
+
+    async def publish(
+        self,
+        subject: str,
+        message: Any,
+        *,
+        msg_id: str,
+        headers: dict[str, str] | None = None,
+        attempts: int = 20,
+    ) -> jsapi.PubAck:
+        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context.
+
+        Retries while the server is unreachable (a restart); a duplicate inside the
+        de-duplication window is acknowledged by the server and dropped.
+        """
+        data = message if isinstance(message, bytes) else encode(message)
+        hdrs = telemetry.inject(dict(headers or {}))
+        hdrs["Nats-Msg-Id"] = msg_id
+        delay = 0.1
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self.js.publish(subject, data, headers=hdrs, timeout=5)
+            except (NatsTimeout, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
+                    nats.errors.OutboundBufferLimitError, asyncio.TimeoutError) as exc:
+                if attempt == attempts:
+                    raise Unavailable(f"publish to {subject} failed after {attempts} attempts: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str) -> None:
+        meta = msg.metadata
+        letter = DeadLetter(
+            stream=stream,
+            subject=msg.subject,
+            consumer=consumer,
+            error=error,
+            num_delivered=meta.num_delivered,
+            data=msg.data,
+            at=time.time(),
+        )
+        await self.publish(
+            subjects.dead(stream),
+            letter,
+            msg_id=f"dead:{stream}:{consumer}:{meta.sequence.stream}",
+        )
+
+
+class Delivery:
+    """What a handler knows about the message besides its decoded body."""
+
+    __slots__ = ("subject", "num_delivered", "headers", "stream_seq")
+
+    def __init__(self, msg: Msg):
+        meta = msg.metadata
+        self.subject: str = msg.subject
+        self.num_delivered: int = meta.num_delivered
+        self.stream_seq: int = meta.sequence.stream
+        self.headers: dict[str, str] = dict(msg.headers or {})
+
+
+Handler = Callable[[T, Delivery], Awaitable[None]]
+
+
+class Consumer(Generic[T]):
+    """A durable pull consumer that runs ``handler`` on each message with the ack policy."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        durable: str,
+        filter_subjects: Sequence[str],
+        message_type: type[T],
+        handler: Handler[T],
+        concurrency: int = 1,
+        max_deliver: int = 5,
+        ack_wait: float = 30.0,
+        max_backoff: float = 30.0,
+    ):
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = list(filter_subjects)
+        self.decoder = msgspec.json.Decoder(message_type)
+        self.handler = handler
+        self.concurrency = concurrency
+        self.max_deliver = max_deliver
+        self.ack_wait = ack_wait
+        self.max_backoff = max_backoff
+        self._tasks: set[asyncio.Task] = set()
+
+    async def _subscribe(self):
+        config = jsapi.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=jsapi.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            max_ack_pending=max(self.concurrency * 4, 64),
+            deliver_policy=jsapi.DeliverPolicy.ALL,
+        )
+        if len(self.filter_subjects) == 1:
+            config.filter_subject = self.filter_subjects[0]
+        else:
+            config.filter_subjects = self.filter_subjects
+        await self.bus.js.add_consumer(self.stream, config)
+        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and handle messages until ``stop`` is set; then finish in-flight ones."""
+        sub = None
+        slots = asyncio.Semaphore(self.concurrency)
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    sub = await self._subscribe()
+                free = slots._value  # noqa: SLF001 - how many we can take now
+                if free == 0:
+                    await slots.acquire()
+                    slots.release()
+                    continue
+                msgs = await sub.fetch(batch=free, timeout=1)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except Exception as exc:  # noqa: BLE001 - server restarts surface as many types
+                log.warning("fetch on %s failed, retrying: %s", self.durable, exc,
+                            extra={"consumer": self.durable})
+                sub = None
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await slots.acquire()
+                task = asyncio.create_task(self._process(msg, slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            try:
+                await msg.in_progress()
+            except Exception:  # noqa: BLE001 - connection trouble; the next beat retries
+                pass
+
+    async def _process(self, msg: Msg, slots: asyncio.Semaphore) -> None:
+        delivery = Delivery(msg)
+        extra = {"subject": msg.subject, "consumer": self.durable}
+        beat = asyncio.create_task(self._heartbeat(msg))
+        try:
+            try:
+                body = self.decoder.decode(msg.data)
+            except msgspec.DecodeError as exc:
+                raise Permanent(f"undecodable message: {exc}") from exc
+            with telemetry.span_from_headers(f"handle {self.durable}", delivery.headers, subject=msg.subject):
+                await self.handler(body, delivery)
+        except Retryable as exc:
+            log.info("retrying %s in %.1fs: %s", msg.subject, exc.delay, exc, extra=extra)
+            await self._settle(msg.nak(delay=exc.delay))
+        except Permanent as exc:
+            log.error("dead-lettering %s: %s", msg.subject, exc, extra=extra)
+            await self._dead(msg, str(exc))
+        except Exception as exc:  # noqa: BLE001 - any handler bug must not kill the worker
+            if delivery.num_delivered >= self.max_deliver:
+                log.exception("dead-lettering %s after %d deliveries", msg.subject, delivery.num_delivered,
+                              extra=extra)
+                await self._dead(msg, f"{type(exc).__name__}: {exc}")
+            else:
+                delay = min(2.0 ** delivery.num_delivered / 4, self.max_backoff)
+                log.warning("handler failed on %s (delivery %d), retrying in %.1fs: %s: %s",
+                            msg.subject, delivery.num_delivered, delay, type(exc).__name__, exc, extra=extra)
+                await self._settle(msg.nak(delay=delay))
+        else:
+            await self._settle(msg.ack())
+        finally:
+            beat.cancel()
+            slots.release()
+
+    async def _dead(self, msg: Msg, error: str) -> None:
+        try:
+            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error)
+        except Exception:  # noqa: BLE001 - keep the message for redelivery instead of losing it
+            log.exception("could not dead-letter %s; leaving it for redelivery", msg.subject)
+            return
+        await self._settle(msg.term())
+
+    @staticmethod
+    async def _settle(coro: Awaitable[None]) -> None:
+        try:
+            await coro
+        except Exception as exc:  # noqa: BLE001 - unacked messages are redelivered; handlers are idempotent
+            log.warning("could not settle message: %s", exc)
+
+
+async def run_consumers(consumers: Sequence[Consumer], stop: asyncio.Event) -> None:
+    await asyncio.gather(*(c.run(stop) for c in consumers))

@@ -1,0 +1,100 @@
+"""Arena's error hierarchy. Every error carries a stable ``code`` that survives the wire.
+
+HTTP responses carry ``{"error": {"code", "message"}}``; the SDK maps them back to
+these classes, so a caller can ``except NotFound`` instead of parsing strings.
+"""
+
+from __future__ import annotations
+
+
+class ArenaError(Exception):
+    """Base of every error Arena raises on purpose."""
+
+    code = "arena_error"
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(ArenaError):
+    code = "invalid_request"
+    status = 422
+
+
+class NotFound(ArenaError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(ArenaError):
+    """A state transition lost a race or is not allowed from the current state."""
+
+    code = "conflict"
+    status = 409
+
+
+class Unauthorized(ArenaError):
+    code = "unauthorized"
+    status = 401
+
+
+class BudgetExhausted(ArenaError):
+    code = "budget_exhausted"
+    status = 429
+
+
+class PayloadTooLarge(ArenaError):
+    code = "payload_too_large"
+    status = 413
+
+
+class UpstreamError(ArenaError):
+    """The LLM backend failed or answered something that is not a valid response."""
+
+    code = "upstream_error"
+    status = 502
+
+
+class Unavailable(ArenaError):
+    code = "unavailable"
+    status = 503
+
+
+class SandboxError(ArenaError):
+    code = "sandbox_error"
+
+
+class VerificationError(ArenaError):
+    code = "verification_error"
+
+
+class Retryable(Exception):
+    """Raised by a message handler: nak the message and try again after ``delay`` s."""
+
+    def __init__(self, message: str, delay: float = 1.0):
+        super().__init__(message)
+        self.delay = delay
+
+
+class Permanent(Exception):
+    """Raised by a message handler: the message can never succeed; dead-letter it."""
+
+
+BY_CODE: dict[str, type[ArenaError]] = {
+    cls.code: cls
+    for cls in (
+        ArenaError,
+        InvalidRequest,
+        NotFound,
+        Conflict,
+        Unauthorized,
+        BudgetExhausted,
+        PayloadTooLarge,
+        UpstreamError,
+        Unavailable,
+        SandboxError,
+        VerificationError,
+    )
+}

@@ -1,0 +1,93 @@
+"""Settings: one explicit object, read from ``ARENA_*`` environment variables, passed down.
+
+Bad values fail fast at start-up with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+import msgspec
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str = "nats://127.0.0.1:4222"
+    data_dir: str = ".arena"
+    host: str = "127.0.0.1"
+    rollout_port: int = 9090
+    dashboard_port: int = 9091
+    trajectory_port: int = 9092
+    #: Base URL of the rollout service as sandboxes on this host reach it (the proxy).
+    public_url: str = "http://127.0.0.1:9090"
+    #: OpenAI-compatible LLM backend the proxy forwards to (ends in ``/v1``).
+    backend_url: str = "http://127.0.0.1:9093/v1"
+    #: Policy version the backend serves, recorded on every step; "" if unknown.
+    backend_policy_version: str = ""
+    #: "" selects embedded chDB under ``data_dir``; else a ClickHouse server URL.
+    clickhouse_url: str = ""
+    sandbox_provider: str = "local"
+    sandbox_concurrency: int = 4
+    verify_concurrency: int = 2
+    #: Largest request body the proxy and API accept, bytes.
+    max_body_bytes: int = 8 * 1024 * 1024
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
+        env = os.environ if env is None else env
+        values: dict = {}
+        for field in msgspec.structs.fields(cls):
+            var = "ARENA_" + field.name.upper()
+            if var in env:
+                raw = env[var]
+                if field.type is int:
+                    try:
+                        values[field.name] = int(raw)
+                    except ValueError:
+                        raise SettingsError(f"{var}={raw!r} is not an integer") from None
+                else:
+                    values[field.name] = raw
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for name in ("rollout_port", "dashboard_port", "trajectory_port"):
+            port = getattr(self, name)
+            if not 0 < port < 65536:
+                raise SettingsError(f"ARENA_{name.upper()}={port} is not a TCP port")
+        for name, schemes in (
+            ("nats_url", {"nats", "tls"}),
+            ("public_url", {"http", "https"}),
+            ("backend_url", {"http", "https"}),
+        ):
+            url = urlparse(getattr(self, name))
+            if url.scheme not in schemes or not url.netloc:
+                raise SettingsError(
+                    f"ARENA_{name.upper()}={getattr(self, name)!r} must be a {'/'.join(sorted(schemes))} URL"
+                )
+        if self.clickhouse_url and urlparse(self.clickhouse_url).scheme not in {"http", "https", "clickhouse"}:
+            raise SettingsError(f"ARENA_CLICKHOUSE_URL={self.clickhouse_url!r} must be an http(s) URL")
+        if self.sandbox_concurrency < 1 or self.verify_concurrency < 1:
+            raise SettingsError("ARENA_SANDBOX_CONCURRENCY and ARENA_VERIFY_CONCURRENCY must be >= 1")
+
+    def to_env(self) -> dict[str, str]:
+        """The ``ARENA_*`` variables that reproduce these settings in a child process."""
+        return {
+            "ARENA_" + f.name.upper(): str(getattr(self, f.name)) for f in msgspec.structs.fields(self)
+        }
+
+    @property
+    def trajectory_url(self) -> str:
+        return f"http://{self.host}:{self.trajectory_port}"
+
+    @property
+    def rollout_url(self) -> str:
+        return f"http://{self.host}:{self.rollout_port}"

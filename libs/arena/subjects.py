@@ -1,0 +1,170 @@
+"""The subject catalog: every stream, subject, consumer and bucket Arena uses.
+
+Subjects are code, not strings scattered through services. ``proto/subjects.json``
+is generated from this module.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PREFIX = "arena"
+
+
+class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    subjects: list[str]
+    retention: str  # "limits" | "workqueue"
+    description: str
+    max_age_s: float = 0.0  # 0: keep forever
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(
+        name="ARENA_ROLLOUTS",
+        subjects=["arena.rollout.submitted.*", "arena.rollout.state.*"],
+        retention="limits",
+        description="Rollout submissions and every state transition.",
+    ),
+    StreamSpec(
+        name="ARENA_SANDBOX_JOBS",
+        subjects=["arena.sandbox.run.*"],
+        retention="workqueue",
+        description="Sandbox jobs, one subject per provider.",
+    ),
+    StreamSpec(
+        name="ARENA_STEPS",
+        subjects=["arena.step.*"],
+        retention="limits",
+        description="Every LLM call captured by the proxy.",
+    ),
+    StreamSpec(
+        name="ARENA_VERIFY_JOBS",
+        subjects=["arena.verify.run"],
+        retention="workqueue",
+        description="Verification jobs.",
+    ),
+    StreamSpec(
+        name="ARENA_RESULTS",
+        subjects=["arena.sandbox.started.*", "arena.sandbox.done.*", "arena.verify.done.*"],
+        retention="limits",
+        description="Sandbox and verification outcomes.",
+    ),
+    StreamSpec(
+        name="ARENA_TRAJECTORIES",
+        subjects=["arena.trajectory.*.*", "arena.group.*"],
+        retention="limits",
+        description="Completed trajectories and groups: the training log.",
+    ),
+    StreamSpec(
+        name="ARENA_DEAD",
+        subjects=["arena.dead.*"],
+        retention="limits",
+        description="Messages that could not be processed, with the error.",
+    ),
+)
+
+KV_ROLLOUTS = "arena_rollouts"
+KV_BACKENDS = "arena_backends"
+OBJECT_ARTIFACTS = "arena_artifacts"
+
+# Durable consumer names, one per (service, purpose).
+CONSUMER_ROLLOUT_RESULTS = "rollout-results"
+CONSUMER_SANDBOX = "sandbox-{provider}"
+CONSUMER_VERIFIER = "verifier"
+CONSUMER_TRAJ_STEPS = "trajectory-steps"
+CONSUMER_TRAJ_RESULTS = "trajectory-results"
+CONSUMER_TRAJ_STATES = "trajectory-states"
+
+
+def rollout_submitted(rollout_id: str) -> str:
+    return f"arena.rollout.submitted.{rollout_id}"
+
+
+def rollout_state(rollout_id: str) -> str:
+    return f"arena.rollout.state.{rollout_id}"
+
+
+def sandbox_run(provider: str) -> str:
+    return f"arena.sandbox.run.{provider}"
+
+
+def sandbox_started(rollout_id: str) -> str:
+    return f"arena.sandbox.started.{rollout_id}"
+
+
+def sandbox_done(rollout_id: str) -> str:
+    return f"arena.sandbox.done.{rollout_id}"
+
+
+def step(rollout_id: str) -> str:
+    return f"arena.step.{rollout_id}"
+
+
+VERIFY_RUN = "arena.verify.run"
+
+
+def verify_done(rollout_id: str) -> str:
+    return f"arena.verify.done.{rollout_id}"
+
+
+def trajectory(task_id: str, rollout_id: str) -> str:
+    return f"arena.trajectory.{token(task_id)}.{rollout_id}"
+
+
+def group(group_id: str) -> str:
+    return f"arena.group.{group_id}"
+
+
+def dead(stream: str) -> str:
+    return f"arena.dead.{stream}"
+
+
+def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
+    """The ``Nats-Msg-Id`` of a publish: ``{rollout_id}:{kind}:{seq}``."""
+    return f"{rollout_id}:{kind}:{seq}"
+
+
+def token(value: str) -> str:
+    """Make ``value`` safe as one subject token (no dots, spaces or wildcards)."""
+    out = []
+    for ch in value:
+        out.append(ch if ch.isalnum() or ch in "-_" else "_")
+    return "".join(out) or "_"
+
+
+def catalog() -> dict:
+    """The catalog as plain data, for ``proto/subjects.json``."""
+    return {
+        "streams": [msgspec.to_builtins(s) for s in STREAMS],
+        "subjects": {
+            "rollout_submitted": "arena.rollout.submitted.{rollout_id}",
+            "rollout_state": "arena.rollout.state.{rollout_id}",
+            "sandbox_run": "arena.sandbox.run.{provider}",
+            "sandbox_started": "arena.sandbox.started.{rollout_id}",
+            "sandbox_done": "arena.sandbox.done.{rollout_id}",
+            "step": "arena.step.{rollout_id}",
+            "verify_run": VERIFY_RUN,
+            "verify_done": "arena.verify.done.{rollout_id}",
+            "trajectory": "arena.trajectory.{task_id}.{rollout_id}",
+            "group": "arena.group.{group_id}",
+            "dead": "arena.dead.{stream}",
+        },
+        "messages": {
+            "arena.rollout.submitted.{rollout_id}": "RolloutSubmitted",
+            "arena.rollout.state.{rollout_id}": "RolloutStateChanged",
+            "arena.sandbox.run.{provider}": "SandboxJob",
+            "arena.sandbox.started.{rollout_id}": "SandboxStarted",
+            "arena.sandbox.done.{rollout_id}": "SandboxDone",
+            "arena.step.{rollout_id}": "Step",
+            "arena.verify.run": "VerifyJob",
+            "arena.verify.done.{rollout_id}": "VerificationResult",
+            "arena.trajectory.{task_id}.{rollout_id}": "Trajectory",
+            "arena.group.{group_id}": "GroupCompleted",
+            "arena.dead.{stream}": "DeadLetter",
+        },
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS],
+        "object_stores": [OBJECT_ARTIFACTS],
+        "msg_id": "{rollout_id}:{kind}:{seq}",
+        "headers": {"Nats-Msg-Id": "de-duplication key", "traceparent": "W3C trace context"},
+    }
