@@ -1,0 +1,33 @@
+"""Load a task file (JSON of ``arena.schemas.Task``) and resolve its relative paths.
+
+In a task file, ``repo`` and ``agent.path`` are relative to the file's directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from arena.errors import InvalidRequest
+from arena.schemas import Task
+
+
+def load_task(path: str | Path) -> Task:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "task.json"
+    try:
+        task = msgspec.json.decode(path.read_bytes(), type=Task)
+    except FileNotFoundError:
+        raise InvalidRequest(f"task file not found: {path}") from None
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid task file {path}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"task file {path} is not valid JSON: {exc}") from None
+    base = path.parent.resolve()
+    repo = (base / task.repo).resolve()
+    agent = task.agent
+    if agent.path is not None:
+        agent = msgspec.structs.replace(agent, path=str((base / agent.path).resolve()))
+    return msgspec.structs.replace(task, repo=str(repo), agent=agent)
