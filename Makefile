@@ -1,0 +1,35 @@
+# Arena: `make demo` and `make test` do all set-up themselves on a fresh machine.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test test-fast proto proto-check clean bench
+
+$(STAMP): pyproject.toml deploy/setup-host.sh
+	bash deploy/setup-host.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## start the embedded stack, run a group of 4 quickstart rollouts end to end, print it, stop
+demo: venv
+	$(VENV)/bin/arena demo
+
+## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes)
+test: venv
+	$(VENV)/bin/pytest -q
+
+test-fast: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+## regenerate proto/ from the msgspec schemas
+proto: venv
+	$(PY) -m arena.proto
+
+proto-check: venv
+	$(PY) -m arena.proto --check
+
+clean:
+	rm -rf .arena build *.egg-info

@@ -1,0 +1,151 @@
+"""The Python SDK: submit rollouts and groups, follow them, fetch their trajectories.
+
+    from arena.sdk import ArenaClient
+    from arena.tasks import load_task
+
+    with ArenaClient() as arena:
+        group = arena.submit_group(load_task("examples/quickstart"), n=4, seed=0)
+        for rid in group.rollout_ids:
+            print(arena.wait(rid).state)
+
+Server errors come back as the matching ``arena.errors`` class (``NotFound``,
+``InvalidRequest``...), carrying the server's code and message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+
+from arena.errors import BY_CODE, ArenaError, Unavailable
+from arena.schemas import (
+    GroupSubmitted,
+    RolloutStateChanged,
+    RolloutView,
+    SamplingParams,
+    SubmitGroupRequest,
+    SubmitRolloutRequest,
+    Task,
+    Trajectory,
+    encode,
+)
+
+T = TypeVar("T")
+
+
+class ArenaClient:
+    def __init__(self, url: str = "http://127.0.0.1:9090", trajectory_url: str = "http://127.0.0.1:9092", *,
+                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
+        self._http = httpx.Client(base_url=url, timeout=timeout, transport=transport)
+        self._traj = httpx.Client(base_url=trajectory_url, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+        self._traj.close()
+
+    def __enter__(self) -> ArenaClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    @staticmethod
+    def _check(resp: httpx.Response) -> bytes:
+        if resp.status_code < 400:
+            return resp.content
+        try:
+            err = msgspec.json.decode(resp.content)["error"]
+            cls = BY_CODE.get(err["code"], ArenaError)
+            exc = cls(err["message"])
+            exc.status = resp.status_code
+        except Exception:  # noqa: BLE001 - not one of our error bodies
+            exc = ArenaError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            exc.status = resp.status_code
+        raise exc
+
+    def _call(self, client: httpx.Client, method: str, path: str, type_: type[T] | None = None, **kw) -> Any:
+        try:
+            resp = client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach {client.base_url}: {exc}") from exc
+        data = self._check(resp)
+        return msgspec.json.decode(data, type=type_) if type_ is not None else msgspec.json.decode(data)
+
+    # ------------------------------------------------------------------ rollouts
+
+    def submit(self, task: Task, *, sampling: SamplingParams | None = None, model: str = "default",
+               metadata: dict[str, str] | None = None) -> RolloutView:
+        req = SubmitRolloutRequest(task=task, sampling=sampling or SamplingParams(), model=model,
+                                   metadata=metadata or {})
+        return self._call(self._http, "POST", "/v1/rollouts", RolloutView, content=encode(req),
+                          headers={"content-type": "application/json"})
+
+    def submit_group(self, task: Task, *, n: int, seed: int | None = None, sampling: SamplingParams | None = None,
+                     model: str = "default", metadata: dict[str, str] | None = None) -> GroupSubmitted:
+        sampling = sampling or SamplingParams()
+        if seed is not None:
+            sampling = msgspec.structs.replace(sampling, seed=seed)
+        req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {})
+        return self._call(self._http, "POST", "/v1/rollout-groups", GroupSubmitted, content=encode(req),
+                          headers={"content-type": "application/json"})
+
+    def get(self, rollout_id: str) -> RolloutView:
+        return self._call(self._http, "GET", f"/v1/rollouts/{rollout_id}", RolloutView)
+
+    def list(self, *, state: str | None = None, group_id: str | None = None) -> list[RolloutView]:
+        params = {k: v for k, v in (("state", state), ("group_id", group_id)) if v is not None}
+        body = self._call(self._http, "GET", "/v1/rollouts", params=params)
+        return msgspec.convert(body["rollouts"], list[RolloutView])
+
+    def cancel(self, rollout_id: str) -> RolloutView:
+        return self._call(self._http, "POST", f"/v1/rollouts/{rollout_id}/cancel", RolloutView)
+
+    def wait(self, rollout_id: str, *, timeout: float = 600.0) -> RolloutView:
+        """Long-poll until the rollout is final (or ``timeout`` passes; then it is returned as is)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            step = max(0.0, min(60.0, deadline - time.monotonic()))
+            view = self._call(self._http, "GET", f"/v1/rollouts/{rollout_id}/wait", RolloutView,
+                              params={"timeout": step}, timeout=step + 10)
+            if view.state.is_final or time.monotonic() >= deadline:
+                return view
+
+    def events(self, rollout_id: str) -> Iterator[RolloutStateChanged]:
+        """The rollout's state transitions (server-sent events), until a final one."""
+        with self._http.stream("GET", f"/v1/rollouts/{rollout_id}/events", timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._check(resp)
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    event = msgspec.json.decode(line[6:], type=RolloutStateChanged)
+                    yield event
+                    if event.to_state.is_final:
+                        return
+
+    # ------------------------------------------------------------------ trajectories
+
+    def trajectory(self, rollout_id: str) -> Trajectory:
+        return self._call(self._traj, "GET", f"/v1/trajectories/{rollout_id}", Trajectory)
+
+    def wait_trajectory(self, rollout_id: str, *, timeout: float = 60.0) -> Trajectory:
+        """The trajectory, waiting for the trajectory plane to assemble it."""
+        from arena.errors import NotFound
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.trajectory(rollout_id)
+            except NotFound:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        return self._call(self._traj, "GET", f"/v1/groups/{group_id}")

@@ -1,0 +1,1 @@
+"""The rollout plane: HTTP rollout API, the LLM proxy, and the rollout state machine."""

@@ -1,0 +1,43 @@
+"""``python -m arena_rollout``: the rollout API and LLM proxy on ARENA_ROLLOUT_PORT."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+
+from arena import logs, subjects, telemetry
+from arena.bus import Bus
+from arena.runtime import serve, stop_on_signals
+from arena.settings import Settings, SettingsError
+
+from arena_rollout.app import create_app
+from arena_rollout.service import RolloutService
+from arena_rollout.store import RolloutStore
+from arena_rollout.worker import consumers
+
+
+async def main(settings: Settings) -> None:
+    log = logs.setup("rollout", settings.log_level)
+    telemetry.setup("rollout")
+    stop = stop_on_signals()
+    bus = await Bus.connect(settings.nats_url, "rollout")
+    await bus.ensure_topology()
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits) as http:
+        service = RolloutService(bus=bus, store=RolloutStore(await bus.kv(subjects.KV_ROLLOUTS)),
+                                 settings=settings, http=http)
+        log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
+        await serve(stop, consumers=consumers(bus, service), app=create_app(service),
+                    host=settings.host, port=settings.rollout_port)
+    await bus.close()
+    log.info("rollout service stopped")
+
+
+if __name__ == "__main__":
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.exit(f"arena-rollout: {exc}")
+    asyncio.run(main(settings))

@@ -1,0 +1,148 @@
+"""HTTP edge of the rollout plane: the rollout API and the per-rollout LLM proxy.
+
+Routes are thin: parse, call ``RolloutService``, encode. Every error is
+``{"error": {"code", "message"}}`` with a 4xx/5xx status, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from arena.errors import ArenaError, InvalidRequest, PayloadTooLarge
+from arena.schemas import ErrorBody, ErrorResponse, RolloutState, SubmitGroupRequest, SubmitRolloutRequest, encode
+
+from arena_rollout.service import RolloutService, view
+
+log = logging.getLogger("arena.rollout.http")
+
+T = TypeVar("T")
+_STATES = {s.value for s in RolloutState}
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(encode(obj), status_code=status, media_type="application/json")
+
+
+def error_response(exc: ArenaError) -> Response:
+    return json_response(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)), exc.status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode(data: bytes, type_: type[T]) -> T:
+    if not data:
+        raise InvalidRequest("request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def create_app(service: RolloutService) -> FastAPI:
+    app = FastAPI(title="Arena rollout API", version="0.1.0")
+    limit = service.settings.max_body_bytes
+
+    @app.exception_handler(ArenaError)
+    async def on_arena_error(_request: Request, exc: ArenaError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return json_response(ErrorResponse(error=ErrorBody(code="internal", message=f"internal error: {type(exc).__name__}")), 500)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok", "nats": service.bus.nc.is_connected})
+
+    @app.post("/v1/rollouts")
+    async def submit_rollout(request: Request) -> Response:
+        req = decode(await read_body(request, limit), SubmitRolloutRequest)
+        record = await service.submit(req)
+        return json_response(view(record), 201)
+
+    @app.post("/v1/rollout-groups")
+    async def submit_group(request: Request) -> Response:
+        req = decode(await read_body(request, limit), SubmitGroupRequest)
+        return json_response(await service.submit_group(req), 201)
+
+    @app.get("/v1/rollouts")
+    async def list_rollouts(state: str | None = None, group_id: str | None = None, limit_: int = 1000) -> Response:
+        if state is not None and state not in _STATES:
+            raise InvalidRequest(f"unknown state {state!r}; one of {', '.join(sorted(_STATES))}")
+        records = await service.store.list(state=state, limit=limit_)
+        if group_id is not None:
+            records = [r for r in records if r.group_id == group_id]
+        return json_response({"rollouts": [view(r) for r in records]})
+
+    @app.get("/v1/rollouts/{rollout_id}")
+    async def get_rollout(rollout_id: str) -> Response:
+        record, _ = await service.store.get(rollout_id)
+        return json_response(view(record))
+
+    @app.get("/v1/rollouts/{rollout_id}/wait")
+    async def wait_rollout(rollout_id: str, timeout: float = 30.0) -> Response:
+        if not 0 <= timeout <= 300:
+            raise InvalidRequest("timeout must be between 0 and 300 seconds")
+        record = await service.wait(rollout_id, timeout)
+        return json_response(view(record))
+
+    @app.post("/v1/rollouts/{rollout_id}/cancel")
+    async def cancel_rollout(rollout_id: str) -> Response:
+        return json_response(view(await service.cancel(rollout_id)))
+
+    @app.get("/v1/rollouts/{rollout_id}/events")
+    async def rollout_events(rollout_id: str) -> StreamingResponse:
+        await service.store.get(rollout_id)  # 404 before the stream starts
+
+        async def sse():
+            async for event in service.events(rollout_id):
+                if event is None:
+                    yield b": keep-alive\n\n"
+                else:
+                    yield b"event: state\ndata: " + encode(event) + b"\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    # -------------------------------------------------------------- the proxy
+
+    @app.get("/proxy/{rollout_id}/v1/models")
+    async def proxy_models(rollout_id: str, request: Request) -> Response:
+        record = await service.authorize(rollout_id, request.headers.get("authorization"),
+                                         request.headers.get("x-api-key"))
+        return json_response({"object": "list", "data": [
+            {"id": record.model, "object": "model", "created": int(time.time()), "owned_by": "arena"}]})
+
+    @app.post("/proxy/{rollout_id}/v1/chat/completions")
+    async def proxy_chat(rollout_id: str, request: Request) -> Response:
+        record = await service.authorize(rollout_id, request.headers.get("authorization"),
+                                         request.headers.get("x-api-key"))
+        body = await read_body(request, limit)
+        try:
+            payload = msgspec.json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        answer = await service.chat_completion(record, payload)
+        return json_response(answer)
+
+    return app

@@ -1,0 +1,396 @@
+"""The rollout service: submission, state transitions, result handling, and the proxy call.
+
+Keyword-only functions of one class that takes its resources (bus, store, HTTP
+client, settings); the FastAPI routes in ``app.py`` and the consumers in
+``worker.py`` are thin shells around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from arena import subjects
+from arena.bus import Bus, Delivery
+from arena.errors import BudgetExhausted, Conflict, InvalidRequest, Retryable, Unauthorized, UpstreamError
+from arena.schemas import (
+    GroupSubmitted,
+    RolloutRecord,
+    RolloutState,
+    RolloutStateChanged,
+    RolloutSubmitted,
+    RolloutView,
+    SandboxDone,
+    SandboxJob,
+    SandboxOutcome,
+    SandboxStarted,
+    StateTransition,
+    SubmitGroupRequest,
+    SubmitRolloutRequest,
+    Timings,
+    VerificationResult,
+)
+from arena.settings import Settings
+
+from arena_rollout import proxy, state
+from arena_rollout.store import RolloutStore
+
+log = logging.getLogger("arena.rollout")
+
+S = RolloutState
+MAX_GROUP = 1024
+
+_state_decoder = msgspec.json.Decoder(RolloutStateChanged)
+
+_SANDBOX_TO_STATE = {
+    SandboxOutcome.FAILED: S.FAILED,
+    SandboxOutcome.TIMED_OUT: S.TIMED_OUT,
+    SandboxOutcome.CANCELLED: S.CANCELLED,
+    SandboxOutcome.ERROR: S.FAILED,
+}
+
+
+def view(record: RolloutRecord) -> RolloutView:
+    return RolloutView(
+        rollout_id=record.rollout_id,
+        task_id=record.task.id,
+        state=record.state,
+        reason=record.reason,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        group_id=record.group_id,
+        group_index=record.group_index,
+        group_size=record.group_size,
+        steps=record.steps,
+        total_tokens=record.total_tokens,
+        reward=record.reward,
+        history=record.history,
+        metadata=record.metadata,
+    )
+
+
+def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool) -> None:
+    task = req.task
+    problems = []
+    if not task.id.strip():
+        problems.append("task.id must not be empty")
+    if not task.agent.command:
+        problems.append("task.agent.command must not be empty")
+    if task.budget.wall_clock_s <= 0:
+        problems.append("task.budget.wall_clock_s must be > 0")
+    for name in ("max_turns", "max_total_tokens"):
+        value = getattr(task.budget, name)
+        if value is not None and value < 1:
+            problems.append(f"task.budget.{name} must be >= 1")
+    if not task.verifier.fail_to_pass and not task.verifier.pass_to_pass:
+        problems.append("task.verifier needs at least one test in fail_to_pass or pass_to_pass")
+    if check_paths:
+        if not os.path.isdir(task.repo):
+            problems.append(f"task.repo {task.repo!r} is not a directory on the sandbox host")
+        if task.agent.path is not None and not os.path.isdir(task.agent.path):
+            problems.append(f"task.agent.path {task.agent.path!r} is not a directory on the sandbox host")
+    if isinstance(req, SubmitGroupRequest) and not 1 <= req.n <= MAX_GROUP:
+        problems.append(f"n must be between 1 and {MAX_GROUP}, got {req.n}")
+    if problems:
+        raise InvalidRequest("; ".join(problems))
+
+
+class RolloutService:
+    def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient):
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.http = http
+
+    # ------------------------------------------------------------------ submission
+
+    async def submit(self, req: SubmitRolloutRequest) -> RolloutRecord:
+        validate_submission(req, check_paths=self.settings.sandbox_provider == "local")
+        return await self._create(req, group_id=None, index=0, size=1, sampling=req.sampling)
+
+    async def submit_group(self, req: SubmitGroupRequest) -> GroupSubmitted:
+        validate_submission(req, check_paths=self.settings.sandbox_provider == "local")
+        group_id = "g-" + uuid.uuid4().hex[:16]
+        single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
+                                      provider=req.provider, metadata=req.metadata)
+        records = await asyncio.gather(*(
+            self._create(
+                single,
+                group_id=group_id,
+                index=i,
+                size=req.n,
+                sampling=(
+                    msgspec.structs.replace(req.sampling, seed=req.sampling.seed + i)
+                    if req.sampling.seed is not None
+                    else req.sampling
+                ),
+            )
+            for i in range(req.n)
+        ))
+        return GroupSubmitted(group_id=group_id, rollout_ids=[r.rollout_id for r in records])
+
+    async def _create(self, req: SubmitRolloutRequest, *, group_id: str | None, index: int, size: int,
+                      sampling) -> RolloutRecord:
+        now = time.time()
+        rid = "r-" + uuid.uuid4().hex[:20]
+        record = RolloutRecord(
+            rollout_id=rid,
+            task=req.task,
+            sampling=sampling,
+            model=req.model,
+            provider=req.provider,
+            api_key="ak-" + secrets.token_urlsafe(24),
+            state=S.PENDING,
+            created_at=now,
+            updated_at=now,
+            group_id=group_id,
+            group_index=index,
+            group_size=size,
+            reason="submitted",
+            history=[StateTransition(from_state=None, to_state=S.PENDING, at=now, reason="submitted")],
+            metadata=req.metadata,
+        )
+        await self.store.create(record)
+        await self.bus.publish(
+            subjects.rollout_submitted(rid),
+            RolloutSubmitted(rollout_id=rid, task_id=req.task.id, group_id=group_id, group_index=index,
+                             group_size=size, at=now),
+            msg_id=subjects.msg_id(rid, "submitted"),
+        )
+        await self._publish_state(record, None)
+        after = await self.transition(rid, S.PROVISIONING, reason=f"sandbox job queued for provider {req.provider}")
+        job = SandboxJob(
+            rollout_id=rid,
+            task=req.task,
+            proxy_url=f"{self.settings.public_url.rstrip('/')}/proxy/{rid}/v1",
+            api_key=record.api_key,
+        )
+        await self.bus.publish(subjects.sandbox_run(req.provider), job, msg_id=subjects.msg_id(rid, "sandbox-job"))
+        log.info("rollout submitted", extra={"rollout_id": rid, "group_id": group_id})
+        return after or record
+
+    # ------------------------------------------------------------------ transitions
+
+    async def transition(self, rollout_id: str, target: RolloutState, *, reason: str,
+                         reward: float | None = None) -> RolloutRecord | None:
+        """Move a rollout to ``target`` (compare-and-set) and publish the event.
+
+        Returns the new record, or ``None`` when the rollout is already final or the
+        transition is not allowed (an idempotent no-op, e.g. a redelivered event).
+        """
+        now = time.time()
+
+        def change(record: RolloutRecord) -> RolloutRecord:
+            if record.state == target or record.state.is_final:
+                return record
+            return state.transition(record, target, reason=reason, at=now, reward=reward)
+
+        try:
+            before, after = await self.store.update(rollout_id, change)
+        except Conflict as exc:
+            log.info("transition refused: %s", exc, extra={"rollout_id": rollout_id})
+            return None
+        if after is before:
+            return None
+        await self._publish_state(after, before.state)
+        log.info("rollout %s -> %s: %s", before.state.value, target.value, reason, extra={"rollout_id": rollout_id})
+        return after
+
+    async def _publish_state(self, record: RolloutRecord, from_state: RolloutState | None) -> None:
+        event = RolloutStateChanged(
+            rollout_id=record.rollout_id,
+            task_id=record.task.id,
+            from_state=from_state,
+            to_state=record.state,
+            at=record.updated_at,
+            reason=record.reason,
+            steps=record.steps,
+            group_id=record.group_id,
+            group_index=record.group_index,
+            group_size=record.group_size,
+            reward=record.reward,
+            metadata=record.metadata,
+        )
+        await self.bus.publish(
+            subjects.rollout_state(record.rollout_id),
+            event,
+            msg_id=subjects.msg_id(record.rollout_id, "state", record.state.value),
+        )
+
+    async def cancel(self, rollout_id: str, reason: str = "cancelled by user") -> RolloutRecord:
+        record, _ = await self.store.get(rollout_id)
+        if record.state.is_final:
+            raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
+        after = await self.transition(rollout_id, S.CANCELLED, reason=reason)
+        if after is None:
+            record, _ = await self.store.get(rollout_id)
+            raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
+        return after
+
+    # ------------------------------------------------------------------ results from other planes
+
+    async def on_sandbox_started(self, event: SandboxStarted, delivery: Delivery) -> None:
+        record, _ = await self.store.get(event.rollout_id)
+        if record.state == S.PENDING:
+            raise Retryable("sandbox started before the rollout left pending", 0.2)
+        await self.transition(event.rollout_id, S.RUNNING, reason=f"sandbox {event.sandbox_id} started")
+
+    async def on_sandbox_done(self, event: SandboxDone, delivery: Delivery) -> None:
+        record, _ = await self.store.get(event.rollout_id)
+        if record.state.is_final:
+            return
+        if event.outcome == SandboxOutcome.COMPLETED:
+            if record.state == S.PROVISIONING:  # started event not processed yet
+                await self.transition(event.rollout_id, S.RUNNING, reason=f"sandbox {event.sandbox_id} started")
+            await self.transition(event.rollout_id, S.VERIFYING, reason=f"agent finished: {event.reason}")
+        else:
+            await self.transition(event.rollout_id, _SANDBOX_TO_STATE[event.outcome], reason=event.reason)
+
+    async def on_verify_done(self, event: VerificationResult, delivery: Delivery) -> None:
+        record, _ = await self.store.get(event.rollout_id)
+        if record.state.is_final:
+            return
+        if record.state != S.VERIFYING:
+            raise Retryable(f"verification arrived while {record.state.value}; waiting for sandbox result", 0.5)
+        reason = f"reward {event.reward:g}" + (f" ({', '.join(event.flags)})" if event.flags else "")
+        await self.transition(event.rollout_id, S.COMPLETED, reason=reason, reward=event.reward)
+
+    # ------------------------------------------------------------------ waiting and events
+
+    async def wait(self, rollout_id: str, timeout: float) -> RolloutRecord:
+        """Return the rollout once final, or as it is when ``timeout`` passes."""
+        changed = asyncio.Event()
+
+        async def on_msg(_msg) -> None:
+            changed.set()
+
+        sub = await self.bus.nc.subscribe(subjects.rollout_state(rollout_id), cb=on_msg)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                record, _ = await self.store.get(rollout_id)
+                remaining = deadline - time.monotonic()
+                if record.state.is_final or remaining <= 0:
+                    return record
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), min(remaining, 5.0))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await sub.unsubscribe()
+
+    async def events(self, rollout_id: str, *, heartbeat: float = 15.0) -> AsyncIterator[RolloutStateChanged | None]:
+        """Every transition so far, then new ones as they happen, until a final state.
+
+        Yields ``None`` as a heartbeat when nothing happened for ``heartbeat`` seconds.
+        """
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_msg(msg) -> None:
+            await queue.put(msg.data)
+
+        sub = await self.bus.nc.subscribe(subjects.rollout_state(rollout_id), cb=on_msg)
+        try:
+            record, _ = await self.store.get(rollout_id)
+            seen = set()
+            for t in record.history:
+                seen.add(t.to_state)
+                yield RolloutStateChanged(rollout_id=rollout_id, task_id=record.task.id, from_state=t.from_state,
+                                          to_state=t.to_state, at=t.at, reason=t.reason,
+                                          group_id=record.group_id, group_index=record.group_index,
+                                          group_size=record.group_size,
+                                          reward=record.reward if t.to_state.is_final else None,
+                                          steps=record.steps if t.to_state.is_final else 0)
+            if record.state.is_final:
+                return
+            while True:
+                try:
+                    data = await asyncio.wait_for(queue.get(), heartbeat)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
+                event = _state_decoder.decode(data)
+                if event.to_state in seen:
+                    continue
+                seen.add(event.to_state)
+                yield event
+                if event.to_state.is_final:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    # ------------------------------------------------------------------ the proxy
+
+    async def authorize(self, rollout_id: str, authorization: str | None, api_key_header: str | None) -> RolloutRecord:
+        key = api_key_header
+        if authorization and authorization.lower().startswith("bearer "):
+            key = authorization[7:].strip()
+        if not key:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <rollout key>'")
+        try:
+            record, _ = await self.store.get(rollout_id)
+        except Exception:  # noqa: BLE001 - unknown rollout and bad key look the same to the caller
+            raise Unauthorized("invalid API key for this rollout") from None
+        if not secrets.compare_digest(key, record.api_key):
+            raise Unauthorized("invalid API key for this rollout")
+        if record.state not in (S.PROVISIONING, S.RUNNING):
+            raise Unauthorized(f"rollout {rollout_id} is {record.state.value}; its key is no longer valid")
+        return record
+
+    async def chat_completion(self, record: RolloutRecord, body: dict[str, Any]) -> dict[str, Any]:
+        """Forward one chat completion to the backend and publish its captured step."""
+        rid = record.rollout_id
+        proxy.validate_chat_body(body)
+        try:
+            body = proxy.check_budget(record, body)
+        except BudgetExhausted as exc:
+            await self.transition(rid, S.BUDGET_EXHAUSTED, reason=exc.message)
+            raise
+        sent, applied = proxy.apply_sampling(body, record.sampling)
+        if record.model and record.model != "default":
+            sent["model"] = record.model
+        started_at = time.time()
+        t0 = time.perf_counter()
+        url = self.settings.backend_url.rstrip("/") + "/chat/completions"
+        try:
+            resp = await self.http.post(url, content=msgspec.json.encode(sent),
+                                        headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"backend {self.settings.backend_url} unreachable: {type(exc).__name__}: {exc}") from exc
+        total_ms = (time.perf_counter() - t0) * 1000
+        if resp.status_code >= 400:
+            raise UpstreamError(f"backend answered {resp.status_code}: {resp.text[:500]}")
+        try:
+            answer = msgspec.json.decode(resp.content)
+        except msgspec.DecodeError as exc:
+            raise UpstreamError(f"backend answered invalid JSON: {exc}") from exc
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        spent = int((usage or {}).get("total_tokens") or 0)
+
+        def count(r: RolloutRecord) -> RolloutRecord:
+            return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent)
+
+        before, after = await self.store.update(rid, count)
+        step = proxy.capture(
+            rollout_id=rid,
+            step_index=before.steps,
+            request=sent,
+            response=answer,
+            applied=applied,
+            backend=self.settings.backend_url,
+            policy_version=self.settings.backend_policy_version or None,
+            timings=Timings(queued_ms=0.0, first_token_ms=total_ms, total_ms=total_ms),
+            started_at=started_at,
+        )
+        await self.bus.publish(subjects.step(rid), step, msg_id=subjects.msg_id(rid, "step", step.step_index))
+        return answer

@@ -1,0 +1,24 @@
+"""Wiring: the rollout plane's consumers of sandbox and verification results."""
+
+from __future__ import annotations
+
+from arena import subjects
+from arena.bus import Bus, Consumer
+from arena.schemas import SandboxDone, SandboxStarted, VerificationResult
+
+from arena_rollout.service import RolloutService
+
+
+def consumers(bus: Bus, service: RolloutService) -> list[Consumer]:
+    common = {"stream": "ARENA_RESULTS", "concurrency": 16, "max_deliver": 40}
+    return [
+        Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-started",
+                 filter_subjects=["arena.sandbox.started.*"], message_type=SandboxStarted,
+                 handler=service.on_sandbox_started, **common),
+        Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-sandbox",
+                 filter_subjects=["arena.sandbox.done.*"], message_type=SandboxDone,
+                 handler=service.on_sandbox_done, **common),
+        Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-verify",
+                 filter_subjects=["arena.verify.done.*"], message_type=VerificationResult,
+                 handler=service.on_verify_done, **common),
+    ]
