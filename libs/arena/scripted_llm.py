@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 BOS, EOS, OFFSET = 1, 2, 3
 
@@ -143,10 +145,7 @@ class ScriptedLLM:
         }
 
 
-def create_app(llm: ScriptedLLM):
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
-
+def create_app(llm: ScriptedLLM) -> FastAPI:
     app = FastAPI(title="Arena scripted LLM")
 
     def error(status: int, message: str) -> Response:
