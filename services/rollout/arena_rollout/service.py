@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from arena import subjects
+from arena import subjects, telemetry
 from arena.bus import Bus, Delivery
 from arena.errors import BudgetExhausted, Conflict, InvalidRequest, Retryable, Unauthorized, UpstreamError
 from arena.schemas import (
@@ -140,8 +140,16 @@ class RolloutService:
 
     async def _create(self, req: SubmitRolloutRequest, *, group_id: str | None, index: int, size: int,
                       sampling) -> RolloutRecord:
-        now = time.time()
         rid = "r-" + uuid.uuid4().hex[:20]
+        # one rollout is one trace: every message published below carries its traceparent
+        with telemetry.tracer().start_as_current_span("rollout", attributes={"arena.rollout_id": rid,
+                                                                             "arena.task_id": req.task.id}):
+            return await self._create_traced(req, rid=rid, group_id=group_id, index=index, size=size,
+                                             sampling=sampling)
+
+    async def _create_traced(self, req: SubmitRolloutRequest, *, rid: str, group_id: str | None, index: int,
+                             size: int, sampling) -> RolloutRecord:
+        now = time.time()
         record = RolloutRecord(
             rollout_id=rid,
             task=req.task,
