@@ -12,6 +12,7 @@ from arena import subjects
 from arena.bus import Consumer
 from arena.runtime import serve
 from arena.schemas import (
+    DeadLetter,
     AgentSpec,
     Budget,
     RolloutStateChanged,
@@ -203,3 +204,15 @@ async def test_bad_requests_get_clear_4xx(rollout, tmp_path):
     assert bad_state.status_code == 422
     nokey = await api.post("/proxy/r-nope/v1/chat/completions", json={"messages": []})
     assert nokey.status_code == 401
+
+
+async def test_a_dead_lettered_verify_job_fails_the_rollout(rollout, bus, tmp_path):
+    api, _ = rollout
+    rid = (await api.post("/v1/rollouts", json={"task": task_json(tmp_path)})).json()["rollout_id"]
+    letter = DeadLetter(stream="ARENA_VERIFY_JOBS", subject="arena.verify.run", consumer="verifier",
+                        error="RuntimeError: sandbox broke", num_delivered=3,
+                        data=msgspec.json.encode({"rollout_id": rid, "task": task_json(tmp_path), "diff": ""}), at=1.0)
+    await bus.publish(subjects.dead("ARENA_VERIFY_JOBS"), letter, msg_id=f"dead:{rid}")
+    view = (await api.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 10})).json()
+    assert view["state"] == "failed"
+    assert view["reason"] == "verification gave up after 3 deliveries: RuntimeError: sandbox broke"

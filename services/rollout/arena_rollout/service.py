@@ -23,6 +23,7 @@ from arena import subjects, telemetry
 from arena.bus import Bus, Delivery
 from arena.errors import BudgetExhausted, Conflict, InvalidRequest, Retryable, Unauthorized, UpstreamError
 from arena.schemas import (
+    DeadLetter,
     GroupSubmitted,
     RolloutRecord,
     RolloutState,
@@ -50,6 +51,13 @@ S = RolloutState
 MAX_GROUP = 1024
 
 _state_decoder = msgspec.json.Decoder(RolloutStateChanged)
+
+
+class _JobRef(msgspec.Struct):
+    rollout_id: str
+
+
+_job_decoder = msgspec.json.Decoder(_JobRef)
 
 _SANDBOX_TO_STATE = {
     SandboxOutcome.FAILED: S.FAILED,
@@ -271,6 +279,18 @@ class RolloutService:
             raise Retryable(f"verification arrived while {record.state.value}; waiting for sandbox result", 0.5)
         reason = f"reward {event.reward:g}" + (f" ({', '.join(event.flags)})" if event.flags else "")
         await self.transition(event.rollout_id, S.COMPLETED, reason=reason, reward=event.reward)
+
+    async def on_dead_letter(self, letter: DeadLetter, delivery: Delivery) -> None:
+        """A sandbox or verify job was given up on: end its rollout ``failed`` with the error,
+        rather than leaving it (and its group) waiting forever."""
+        try:
+            rid = _job_decoder.decode(letter.data).rollout_id
+        except msgspec.DecodeError:
+            log.error("dead letter on %s has no decodable rollout id: %s", letter.subject, letter.error)
+            return
+        plane = "sandbox" if letter.stream == "ARENA_SANDBOX_JOBS" else "verification"
+        await self.transition(rid, S.FAILED, reason=f"{plane} gave up after {letter.num_delivered} "
+                                                    f"deliveries: {letter.error}")
 
     # ------------------------------------------------------------------ waiting and events
 

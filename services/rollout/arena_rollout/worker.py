@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from arena import subjects
 from arena.bus import Bus, Consumer
-from arena.schemas import SandboxDone, SandboxStarted, VerificationResult
+from arena.schemas import DeadLetter, SandboxDone, SandboxStarted, VerificationResult
 
 from arena_rollout.service import RolloutService
 
@@ -21,4 +21,7 @@ def consumers(bus: Bus, service: RolloutService) -> list[Consumer]:
         Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-verify",
                  filter_subjects=["arena.verify.done.*"], message_type=VerificationResult,
                  handler=service.on_verify_done, **common),
+        Consumer(bus, stream="ARENA_DEAD", durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-dead",
+                 filter_subjects=[subjects.dead("ARENA_SANDBOX_JOBS"), subjects.dead("ARENA_VERIFY_JOBS")],
+                 message_type=DeadLetter, handler=service.on_dead_letter, concurrency=4, max_deliver=10),
     ]
