@@ -1,0 +1,41 @@
+"""``python -m arena_verification``: verification workers until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from arena import logs, telemetry
+from arena.bus import Bus
+from arena.runtime import serve, stop_on_signals
+from arena.settings import Settings, SettingsError
+from arena_sandbox import local
+from arena_verification.worker import VerificationWorker
+
+
+async def main(settings: Settings) -> None:
+    log = logs.setup("verification", settings.log_level)
+    telemetry.setup("verification")
+    problem = await asyncio.to_thread(local.available)
+    if problem is not None:
+        log.error("cannot run sandboxes: %s", problem)
+        raise SystemExit(f"arena-verification: cannot run sandboxes: {problem}")
+    stop = stop_on_signals()
+    bus = await Bus.connect(settings.nats_url, "verification")
+    try:
+        await bus.ensure_topology()
+        worker = VerificationWorker(bus, scratch_dir=Path(settings.data_dir) / "verify")
+        log.info("verification workers running (concurrency %d)", settings.verify_concurrency)
+        await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
+    finally:
+        await bus.close()
+    log.info("verification service stopped")
+
+
+if __name__ == "__main__":
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.exit(f"arena-verification: {exc}")
+    asyncio.run(main(settings))

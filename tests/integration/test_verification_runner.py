@@ -1,0 +1,158 @@
+"""The verification runner on the quickstart task, with real bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from arena.schemas import TestCounts as Counts
+from arena.schemas import TestStatus as Status
+from arena.schemas import VerifyJob
+from arena.tasks import load_task
+from arena_sandbox import local
+from arena_verification.runner import verify
+
+pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no sandbox: {local.available()}")
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+TASK = load_task(QUICKSTART)
+TEST_FILE = "tests/test_textstats.py"
+CORE = "textstats/core.py"
+
+
+def scripted_diff(label: str) -> str:
+    script = json.loads((QUICKSTART / "llm_script.json").read_text())
+    content = next(r["content"] for r in script["responses"] if r["label"] == label)
+    return content.split("```diff\n", 1)[1].split("```", 1)[0]
+
+
+def diff_of(tmp_path: Path, edit: Callable[[Path], None]) -> str:
+    """A real ``git diff`` of ``edit`` applied to a copy of the quickstart repository."""
+    repo = tmp_path / "edit"
+    local.prepare_workspace(Path(TASK.repo), repo)
+    edit(repo)
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "add", "-A"], cwd=repo, env=env, check=True)
+    out = subprocess.run(["git", "diff", "--cached", "--binary"], cwd=repo, env=env, check=True, capture_output=True)
+    shutil.rmtree(repo)
+    return out.stdout.decode()
+
+
+def fix_median(repo: Path) -> None:
+    core = repo / CORE
+    core.write_text(core.read_text().replace("ordered[mid] + ordered[mid + 1]", "ordered[mid - 1] + ordered[mid]"))
+
+
+def weaken_tests(repo: Path) -> None:
+    tests = repo / TEST_FILE
+    text = tests.read_text()
+    text = text.replace("assert median([4, 1, 3, 2]) == 2.5", "assert True")
+    text = text.replace("assert median([10, 20]) == 15", "assert True")
+    tests.write_text(text)
+
+
+async def run(tmp_path: Path, diff: str, task=TASK):
+    scratch = tmp_path / "scratch"
+    result = await verify(VerifyJob(rollout_id="r1", task=task, diff=diff), scratch_dir=scratch)
+    assert list(scratch.iterdir()) == []  # the temporary directory is always removed
+    return result
+
+
+async def test_gold_diff_passes(tmp_path):
+    r = await run(tmp_path, scripted_diff("correct"))
+    assert (r.reward, r.passed, r.verifier) == (1.0, True, "tests")
+    assert r.flags == []
+    assert r.counts == Counts(f2p_passed=2, p2p_passed=5)
+    assert r.components == {"tests": 1.0, "partial": 1.0}
+    assert len(r.tests) == 7 and all(t.status is Status.PASSED for t in r.tests)
+    assert r.reason == "all 7 listed tests passed"
+    assert "7 passed" in r.log_tail
+    assert r.started_at <= r.finished_at
+    msgspec.json.encode(r)  # fits the wire
+
+
+async def test_wrong_diff_fails_with_partial_credit(tmp_path):
+    r = await run(tmp_path, scripted_diff("wrong"))
+    assert (r.reward, r.passed) == (0.0, False)
+    assert r.flags == []
+    assert r.counts == Counts(f2p_passed=1, f2p_failed=1, p2p_passed=5)
+    assert r.components == {"tests": 0.0, "partial": pytest.approx(6 / 7)}
+    assert {t.test_id: t.status for t in r.tests}["tests/test_textstats.py::test_median_even"] is Status.FAILED
+
+
+async def test_empty_diff_fails(tmp_path):
+    r = await run(tmp_path, "")
+    assert r.reward == 0.0 and r.flags == []
+    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)
+
+
+async def test_editing_the_failing_tests_is_flagged_and_undone(tmp_path):
+    r = await run(tmp_path, diff_of(tmp_path, weaken_tests))
+    assert r.reward == 0.0
+    assert r.flags == ["tests_tampered"]
+    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)  # the restored tests still fail
+
+
+async def test_a_real_fix_is_not_spoiled_by_tampering(tmp_path):
+    def both(repo: Path) -> None:
+        fix_median(repo)
+        weaken_tests(repo)
+
+    r = await run(tmp_path, diff_of(tmp_path, both))
+    assert r.reward == 1.0
+    assert r.flags == ["tests_tampered"]
+
+
+async def test_deleting_the_test_file_is_flagged_and_undone(tmp_path):
+    diff = diff_of(tmp_path, lambda repo: (repo / TEST_FILE).unlink())
+    assert "deleted file mode" in diff
+    r = await run(tmp_path, diff)
+    assert r.reward == 0.0
+    assert r.flags == ["tests_tampered"]
+    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)
+
+
+async def test_diff_that_does_not_apply(tmp_path):
+    diff = scripted_diff("correct").replace("ordered[mid] + ordered[mid + 1]", "ordered[mid] + ordered[mid + 2]")
+    r = await run(tmp_path, diff)
+    assert (r.reward, r.passed) == (0.0, False)
+    assert r.flags == ["patch_failed"]
+    assert r.reason.startswith("the diff does not apply: error: patch failed: textstats/core.py")
+    assert r.tests == []
+
+
+async def test_adding_a_conftest_is_reported(tmp_path):
+    def with_conftest(repo: Path) -> None:
+        fix_median(repo)
+        (repo / "conftest.py").write_text("# agent-written pytest configuration\n")
+
+    r = await run(tmp_path, diff_of(tmp_path, with_conftest))
+    assert r.reward == 1.0
+    assert r.flags == ["test_config_touched"]
+
+
+async def test_a_test_command_that_hangs_times_out(tmp_path):
+    verifier = msgspec.structs.replace(TASK.verifier, command="python -m pytest -rA -v tests; sleep 30",
+                                       timeout_s=3)
+    task = msgspec.structs.replace(TASK, verifier=verifier)
+    r = await run(tmp_path, scripted_diff("correct"), task)
+    # Every listed test passed before the hang, but a run that did not finish is not trusted.
+    assert r.counts == Counts(f2p_passed=2, p2p_passed=5)
+    assert (r.reward, r.passed) == (0.0, False)
+    assert r.flags == ["timeout"]
+    assert r.reason.startswith("the test command timed out after 3s")
+
+
+async def test_output_that_is_not_pytest_is_a_parse_failure(tmp_path):
+    verifier = msgspec.structs.replace(TASK.verifier, command="echo tests are fine")
+    r = await run(tmp_path, scripted_diff("correct"), msgspec.structs.replace(TASK, verifier=verifier))
+    assert r.reward == 0.0
+    assert r.flags == ["tests_missing", "parse_failed"]
+    assert r.log_tail == "tests are fine"

@@ -1,0 +1,85 @@
+"""The verification worker against a real nats-server and real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from arena import subjects
+from arena.schemas import DeadLetter, VerificationResult, VerifyJob
+from arena.tasks import load_task
+from arena_sandbox import local
+from arena_verification.worker import VerificationWorker
+
+pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no sandbox: {local.available()}")
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+
+
+def scripted_diff(label: str) -> str:
+    script = json.loads((QUICKSTART / "llm_script.json").read_text())
+    content = next(r["content"] for r in script["responses"] if r["label"] == label)
+    return content.split("```diff\n", 1)[1].split("```", 1)[0]
+
+
+async def fetch(sub, want: int, timeout: float = 30.0) -> list:
+    got = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(got) < want and loop.time() < deadline:
+        try:
+            msgs = await sub.fetch(batch=want - len(got), timeout=0.5)
+        except Exception:  # noqa: BLE001 - fetch timeout: nothing yet
+            continue
+        for m in msgs:
+            await m.ack()
+            got.append(m)
+    return got
+
+
+async def test_worker_verifies_publishes_once_and_dead_letters_invalid_tasks(bus, tmp_path):
+    task = load_task(QUICKSTART)
+    worker = VerificationWorker(bus, scratch_dir=tmp_path / "scratch")
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.consumer(concurrency=2).run(stop))
+    results = await bus.js.pull_subscribe("arena.verify.done.*", durable="test-results", stream="ARENA_RESULTS")
+    dead = await bus.js.pull_subscribe("arena.dead.*", durable="test-dead", stream="ARENA_DEAD")
+    try:
+        for rid, label in (("good", "correct"), ("bad", "wrong")):
+            job = VerifyJob(rollout_id=rid, task=task, diff=scripted_diff(label))
+            await bus.publish(subjects.VERIFY_RUN, job, msg_id=subjects.msg_id(rid, "verify-job"))
+        broken = msgspec.structs.replace(task, repo=str(tmp_path / "no-such-repo"))
+        await bus.publish(subjects.VERIFY_RUN, VerifyJob(rollout_id="broken", task=broken, diff=""),
+                          msg_id=subjects.msg_id("broken", "verify-job"))
+
+        msgs = await fetch(results, 2)
+        by_id = {m.subject: msgspec.json.decode(m.data, type=VerificationResult) for m in msgs}
+        assert set(by_id) == {subjects.verify_done("good"), subjects.verify_done("bad")}
+        good, bad = by_id[subjects.verify_done("good")], by_id[subjects.verify_done("bad")]
+        assert (good.rollout_id, good.reward, good.passed) == ("good", 1.0, True)
+        assert (bad.rollout_id, bad.reward, bad.passed) == ("bad", 0.0, False)
+        assert {m.headers["Nats-Msg-Id"] for m in msgs} == {"good:verify-done:0", "bad:verify-done:0"}
+
+        letters = [msgspec.json.decode(m.data, type=DeadLetter) for m in await fetch(dead, 1)]
+        assert [(d.subject, d.num_delivered) for d in letters] == [(subjects.VERIFY_RUN, 1)]
+        assert letters[0].error.startswith("invalid task quickstart-textstats: task repository")
+
+        # A redelivered job (here: published again) is verified again, and the result's
+        # Nats-Msg-Id makes JetStream drop the second copy.
+        job = VerifyJob(rollout_id="good", task=task, diff=scripted_diff("correct"))
+        await bus.publish(subjects.VERIFY_RUN, job, msg_id=subjects.msg_id("good", "verify-job", 1))
+        for _ in range(100):
+            info = await bus.js.consumer_info("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.1)
+        stream = await bus.js.stream_info("ARENA_RESULTS", subjects_filter="arena.verify.done.*")
+        assert stream.state.messages == 2
+    finally:
+        stop.set()
+        await running
+    assert list((tmp_path / "scratch").iterdir()) == []
