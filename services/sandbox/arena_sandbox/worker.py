@@ -1,0 +1,185 @@
+"""Wiring: sandbox jobs from ``arena.sandbox.run.local`` in, sandbox results out.
+
+Per job: skip it if the rollout is already past the sandbox (final or verifying),
+publish ``SandboxStarted``, watch ``arena.rollout.state.{id}`` to kill the sandbox
+when the rollout reaches a final state (cancel, budget), run the job
+(:func:`arena_sandbox.runner.run_job`), store the full log in the object store,
+publish ``SandboxDone`` and, for a completed sandbox, the ``VerifyJob``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import msgspec
+from nats.js.errors import KeyNotFoundError
+
+from arena import subjects
+from arena.bus import Bus, Consumer, Delivery
+from arena.errors import Retryable
+from arena.schemas import (
+    RolloutRecord,
+    RolloutState,
+    RolloutStateChanged,
+    SandboxDone,
+    SandboxJob,
+    SandboxOutcome,
+    SandboxStarted,
+    VerifyJob,
+)
+from arena.settings import Settings
+from arena_sandbox import local, runner
+from arena_sandbox.runner import RunnerConfig
+
+log = logging.getLogger("arena.sandbox.worker")
+
+STREAM = "ARENA_SANDBOX_JOBS"
+ACK_WAIT_S = 30.0
+
+_record_decoder = msgspec.json.Decoder(RolloutRecord)
+_state_decoder = msgspec.json.Decoder(RolloutStateChanged)
+
+
+class SandboxWorker:
+    """Handles sandbox jobs for the ``local`` provider.
+
+    ``stop`` (the service's shutdown event) kills running sandboxes and returns their
+    jobs to the queue unacknowledged, so another worker runs them.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        settings: Settings,
+        *,
+        config: RunnerConfig = RunnerConfig(),
+        stop: asyncio.Event | None = None,
+    ):
+        self.bus = bus
+        self.settings = settings
+        self.config = config
+        self.data_dir = Path(settings.data_dir)
+        self.stop = stop or asyncio.Event()
+
+    def consumer(self) -> Consumer[SandboxJob]:
+        return Consumer(
+            self.bus,
+            stream=STREAM,
+            durable=subjects.CONSUMER_SANDBOX.format(provider=runner.PROVIDER),
+            filter_subjects=[subjects.sandbox_run(runner.PROVIDER)],
+            message_type=SandboxJob,
+            handler=self.handle,
+            concurrency=self.settings.sandbox_concurrency,
+            ack_wait=ACK_WAIT_S,
+        )
+
+    async def handle(self, job: SandboxJob, delivery: Delivery) -> None:
+        if self.stop.is_set():
+            raise Retryable("sandbox worker shutting down; the job goes back to the queue", 1.0)
+        rid = job.rollout_id
+        extra = {"rollout_id": rid}
+        cancel = asyncio.Event()
+        cancel_reason: list[str] = []
+
+        async def on_state(msg) -> None:
+            try:
+                change = _state_decoder.decode(msg.data)
+            except msgspec.DecodeError:
+                return
+            if change.to_state.is_final and not cancel.is_set():
+                cancel_reason.append(f"rollout became {change.to_state.value} while the agent was running")
+                cancel.set()
+
+        # Subscribe before looking at the record, so no transition falls in between.
+        sub = await self.bus.nc.subscribe(subjects.rollout_state(rid), cb=on_state)
+        stopper = asyncio.create_task(_set_when(self.stop, cancel))
+        try:
+            state = await self._rollout_state(rid)
+            if state is not None and (state.is_final or state is RolloutState.VERIFYING):
+                log.info("rollout is %s: sandbox job skipped", state.value, extra=extra)
+                return
+            await self._run(job, cancel, cancel_reason)
+        finally:
+            stopper.cancel()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _run(self, job: SandboxJob, cancel: asyncio.Event, cancel_reason: list[str]) -> None:
+        rid = job.rollout_id
+        extra = {"rollout_id": rid}
+        sandbox_id = runner.new_sandbox_id(rid)
+        await self.bus.publish(
+            subjects.sandbox_started(rid),
+            SandboxStarted(rollout_id=rid, sandbox_id=sandbox_id, provider=runner.PROVIDER, at=_now()),
+            msg_id=subjects.msg_id(rid, "sandbox-started", job.attempt),
+        )
+        unavailable = await asyncio.to_thread(local.available)  # probed once, then cached
+        if unavailable is not None:
+            done = SandboxDone(
+                rollout_id=rid, sandbox_id=sandbox_id, provider=runner.PROVIDER, outcome=SandboxOutcome.ERROR,
+                reason=f"the local sandbox provider is unavailable: {unavailable}", started_at=_now(),
+                finished_at=_now(),
+            )
+            await self._publish_done(job, done)
+            return
+        result = await runner.run_job(
+            job, data_dir=self.data_dir, config=self.config, sandbox_id=sandbox_id, cancel=cancel
+        )
+        done = result.done
+        if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
+            # Killed because this worker is stopping, not because of the rollout.
+            raise Retryable("sandbox worker shutting down; the job goes back to the queue", 1.0)
+        if done.outcome is SandboxOutcome.CANCELLED and cancel_reason:
+            done = msgspec.structs.replace(done, reason=cancel_reason[0])
+        if result.log:
+            done = msgspec.structs.replace(done, log_artifact=await self._store_log(rid, result.log))
+        outcome = await self._publish_done(job, done)
+        log.info("sandbox %s: %s", sandbox_id, outcome.value, extra=extra)
+
+    async def _publish_done(self, job: SandboxJob, done: SandboxDone) -> SandboxOutcome:
+        rid = job.rollout_id
+        await self.bus.publish(
+            subjects.sandbox_done(rid), done, msg_id=subjects.msg_id(rid, "sandbox-done", job.attempt)
+        )
+        if done.outcome is SandboxOutcome.COMPLETED:
+            await self.bus.publish(
+                subjects.VERIFY_RUN,
+                VerifyJob(rollout_id=rid, task=job.task, diff=done.diff),
+                msg_id=subjects.msg_id(rid, "verify-job", job.attempt),
+            )
+        return done.outcome
+
+    async def _rollout_state(self, rollout_id: str) -> RolloutState | None:
+        kv = await self.bus.kv(subjects.KV_ROLLOUTS)
+        try:
+            entry = await kv.get(rollout_id)
+        except KeyNotFoundError:
+            log.warning("no rollout record for this sandbox job; running it anyway",
+                        extra={"rollout_id": rollout_id})
+            return None
+        if entry.value is None:
+            return None
+        return _record_decoder.decode(entry.value).state
+
+    async def _store_log(self, rollout_id: str, data: bytes) -> str | None:
+        key = f"{rollout_id}/agent.log"
+        try:
+            store = await self.bus.artifacts()
+            await store.put(key, data)
+        except Exception as exc:  # noqa: BLE001 - the result matters more than its log
+            log.warning("could not store the agent log: %s", exc, extra={"rollout_id": rollout_id})
+            return None
+        return key
+
+
+async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+def _now() -> float:
+    return time.time()

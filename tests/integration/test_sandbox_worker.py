@@ -1,0 +1,173 @@
+"""The sandbox worker against a real nats-server and real bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from nats.js.errors import NotFoundError
+
+from arena import subjects
+from arena.schemas import (
+    AgentSpec,
+    Budget,
+    RolloutRecord,
+    RolloutState,
+    RolloutStateChanged,
+    SamplingParams,
+    SandboxDone,
+    SandboxJob,
+    SandboxOutcome,
+    SandboxStarted,
+    Task,
+    TestsVerifier,
+    VerifyJob,
+)
+from arena.settings import Settings
+from arena_sandbox import local
+from arena_sandbox.worker import SandboxWorker
+
+pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
+
+def make_job(tmp_path: Path, agent_code: str, *, repo: Path | None = None) -> SandboxJob:
+    if repo is None:
+        repo = tmp_path / "repo"
+        (repo / "src").mkdir(parents=True)
+        (repo / "src" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "agent.py").write_text(agent_code)
+    task = Task(
+        id="calc", repo=str(repo), instructions="make add add", verifier=TestsVerifier(),
+        agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)),
+        budget=Budget(wall_clock_s=30),
+    )
+    # Nothing listens on this port: these agents never call the LLM.
+    return SandboxJob(rollout_id="r1", task=task, proxy_url="http://127.0.0.1:9/proxy/r1/v1", api_key="ak-test")
+
+
+DONE_AGENT = """
+open('src/calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')
+open('EXTRA.txt', 'w').write('untracked\\n')
+print('agent says hi')
+open('/sandbox/.arena/done', 'w').close()
+"""
+
+
+async def _put_record(bus, job: SandboxJob, state: RolloutState) -> None:
+    now = time.time()
+    record = RolloutRecord(
+        rollout_id=job.rollout_id, task=job.task, sampling=SamplingParams(), model="m", provider="local",
+        api_key=job.api_key, state=state, created_at=now, updated_at=now,
+    )
+    kv = await bus.kv(subjects.KV_ROLLOUTS)
+    await kv.put(job.rollout_id, msgspec.json.encode(record))
+
+
+async def _last(bus, stream: str, subject: str, type_, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = await bus.js.get_last_msg(stream, subject)
+            return msgspec.json.decode(msg.data, type=type_)
+        except NotFoundError:
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"nothing on {subject} within {timeout}s")
+
+
+async def _absent(bus, stream: str, subject: str) -> bool:
+    try:
+        await bus.js.get_last_msg(stream, subject)
+    except NotFoundError:
+        return True
+    return False
+
+
+@contextlib.asynccontextmanager
+async def running_worker(bus, tmp_path):
+    settings = Settings(data_dir=str(tmp_path / "data"), sandbox_concurrency=2)
+    stop = asyncio.Event()
+    worker = SandboxWorker(bus, settings, stop=stop)
+    task = asyncio.create_task(worker.consumer().run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_job_runs_and_publishes_started_done_and_verify_job(bus, tmp_path):
+    job = make_job(tmp_path, DONE_AGENT)
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        started = await _last(bus, "ARENA_RESULTS", subjects.sandbox_started("r1"), SandboxStarted)
+        done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone)
+        verify = await _last(bus, "ARENA_VERIFY_JOBS", subjects.VERIFY_RUN, VerifyJob)
+    assert started.sandbox_id == done.sandbox_id and started.provider == "local"
+    assert done.outcome is SandboxOutcome.COMPLETED, done.reason
+    assert "+    return a + b" in done.diff and "b/EXTRA.txt\nnew file mode" in done.diff
+    assert verify.rollout_id == "r1" and verify.diff == done.diff and verify.task == job.task
+    assert done.log_artifact == "r1/agent.log"
+    artifact = await (await bus.artifacts()).get("r1/agent.log")
+    assert b"agent says hi" in artifact.data
+    info = await bus.js.stream_info("ARENA_SANDBOX_JOBS")
+    assert info.state.messages == 0  # acked: the work queue is empty
+    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
+
+
+async def test_rollout_cancel_kills_the_sandbox(bus, tmp_path):
+    job = make_job(tmp_path, "import time\nprint('sleeping', flush=True)\ntime.sleep(1000)\n")
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        await _last(bus, "ARENA_RESULTS", subjects.sandbox_started("r1"), SandboxStarted)
+        await asyncio.sleep(0.5)
+        change = RolloutStateChanged(rollout_id="r1", task_id="calc", from_state=RolloutState.RUNNING,
+                                     to_state=RolloutState.CANCELLED, at=time.time(), reason="user")
+        await bus.publish(subjects.rollout_state("r1"), change, msg_id=subjects.msg_id("r1", "state", 9))
+        done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone, timeout=10)
+    assert done.outcome is SandboxOutcome.CANCELLED
+    assert done.reason == "rollout became cancelled while the agent was running"
+    assert await _absent(bus, "ARENA_VERIFY_JOBS", subjects.VERIFY_RUN)
+
+
+async def test_job_of_a_final_rollout_is_skipped(bus, tmp_path):
+    job = make_job(tmp_path, DONE_AGENT)
+    await _put_record(bus, job, RolloutState.CANCELLED)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        deadline = time.monotonic() + 10
+        while (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 0
+    assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_started("r1"))
+    assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"))
+
+
+async def test_missing_repo_publishes_an_error_outcome(bus, tmp_path):
+    job = make_job(tmp_path, DONE_AGENT, repo=tmp_path / "gone")
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone)
+    assert done.outcome is SandboxOutcome.ERROR and "gone" in done.reason
+    assert await _absent(bus, "ARENA_VERIFY_JOBS", subjects.VERIFY_RUN)
+    assert await _absent(bus, "ARENA_DEAD", "arena.dead.ARENA_SANDBOX_JOBS")
+
+
+async def test_worker_shutdown_returns_the_running_job_to_the_queue(bus, tmp_path):
+    job = make_job(tmp_path, "import time\ntime.sleep(1000)\n")
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    started_at = time.monotonic()
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        await _last(bus, "ARENA_RESULTS", subjects.sandbox_started("r1"), SandboxStarted)
+    assert time.monotonic() - started_at < 10  # the sleeping sandbox did not hold the shutdown
+    assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"))
+    assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 1  # redelivered later
+    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
