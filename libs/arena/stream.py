@@ -1,0 +1,279 @@
+"""The trainer's end of Arena: completed groups from ``ARENA_TRAJECTORIES``, exactly as
+far as the trainer commits them.
+
+    async with TrajectoryStream("nats://127.0.0.1:4222", name="my-trainer") as stream:
+        async for batch in stream.groups(batch_size=8):
+            train_on(batch.groups)        # list[GroupCompleted], advantages included
+            await batch.commit()          # only now are these groups acknowledged
+
+A durable pull consumer ``trainer-{name}`` (filter ``arena.group.*``) remembers what was
+committed, so a restarted trainer resumes where it left off: committed groups are never
+yielded again, uncommitted ones are delivered again. While a batch is out, its messages
+are kept alive with ``in_progress`` heartbeats, however long the training step takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import api as jsapi
+from nats.js.errors import NotFoundError
+
+from arena.bus import Bus
+from arena.errors import Unavailable
+from arena.schemas import GroupCompleted
+
+log = logging.getLogger("arena.stream")
+
+STREAM = "ARENA_TRAJECTORIES"
+GROUP_SUBJECTS = "arena.group.*"
+
+_decoder = msgspec.json.Decoder(GroupCompleted)
+
+
+class StreamStats(msgspec.Struct, kw_only=True):
+    """Counters of one ``TrajectoryStream`` session."""
+
+    received: int = 0  # messages fetched, redeliveries included
+    yielded: int = 0  # groups handed to the trainer
+    committed: int = 0  # groups acknowledged by ``commit()``
+    dropped_stale: int = 0  # groups acked unseen: older than ``max_staleness``
+    duplicates: int = 0  # a group already yielded in this session, delivered again
+    undecodable: int = 0  # messages that are not a ``GroupCompleted`` (terminated)
+
+
+def group_policy_version(group: GroupCompleted) -> int | None:
+    """The oldest policy version (as an int) that produced any step of ``group``;
+    ``None`` if no version parses as an int."""
+    versions = []
+    for trajectory in group.trajectories:
+        for version in trajectory.policy_versions:
+            try:
+                versions.append(int(version))
+            except ValueError:
+                continue
+    return min(versions) if versions else None
+
+
+def is_stale(group: GroupCompleted, current: int | str | None, max_staleness: int | None) -> bool:
+    """Whether ``group`` is more than ``max_staleness`` versions behind ``current``.
+
+    Versions that do not parse as ints are never stale: staleness is then unknown.
+    """
+    if max_staleness is None or current is None:
+        return False
+    try:
+        now = int(current)
+    except ValueError:
+        return False
+    oldest = group_policy_version(group)
+    return oldest is not None and now - oldest > max_staleness
+
+
+class GroupBatch:
+    """Groups handed to the trainer together; acknowledged only by ``commit()``."""
+
+    def __init__(self, stream: TrajectoryStream, groups: list[GroupCompleted], seqs: list[int]):
+        self._stream = stream
+        self.groups = groups
+        self._seqs = seqs
+        self.committed = False
+
+    def __iter__(self) -> Iterator[GroupCompleted]:
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    async def commit(self) -> None:
+        """Acknowledge every group of the batch and wait until the server has the acks.
+        Idempotent. If it raises, the uncommitted groups will be delivered again."""
+        if self.committed:
+            return
+        await self._stream._commit(self._seqs)  # noqa: SLF001 - the batch belongs to its stream
+        self.committed = True
+
+
+class TrajectoryStream:
+    """Completed groups for a trainer, from a durable consumer ``trainer-{name}``.
+
+    ``max_staleness`` with ``current_policy_version`` drops (acks without yielding, and
+    counts in ``stats.dropped_stale``) groups whose oldest step was served by a policy
+    more than ``max_staleness`` versions behind the current one. ``ack_wait`` is how long
+    an unacknowledged group waits after a crash before it is delivered again (heartbeats
+    keep it from expiring while the trainer holds it; a clean ``close()`` hands back
+    uncommitted groups at once).
+    """
+
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        name: str,
+        max_staleness: int | None = None,
+        current_policy_version: Callable[[], int | str | None] | None = None,
+        ack_wait: float = 60.0,
+        max_ack_pending: int = 1024,
+    ):
+        if not name or any(c in name for c in ".*> \t\r\n"):
+            raise ValueError(f"invalid trainer name {name!r}: no dots, wildcards or whitespace")
+        if max_staleness is not None and current_policy_version is None:
+            raise ValueError("max_staleness needs current_policy_version")
+        self.nats_url = nats_url
+        self.name = name
+        self.durable = f"trainer-{name}"
+        self.max_staleness = max_staleness
+        self.current_policy_version = current_policy_version
+        self.ack_wait = ack_wait
+        self.max_ack_pending = max_ack_pending
+        self.stats = StreamStats()
+        self._bus: Bus | None = None
+        self._sub = None
+        self._pending: dict[int, Msg] = {}  # stream sequence -> latest delivery, until committed
+        self._yielded: set[str] = set()  # group ids handed out in this session
+        self._heartbeat: asyncio.Task | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def open(self) -> TrajectoryStream:
+        self._bus = await Bus.connect(self.nats_url, self.durable)
+        try:
+            await self._bus.js.stream_info(STREAM)
+        except NotFoundError:
+            await self._bus.close()
+            raise Unavailable(f"stream {STREAM} does not exist on {self.nats_url}: is Arena running?") from None
+        self._sub = await self._subscribe()
+        self._heartbeat = asyncio.create_task(self._beat())
+        return self
+
+    async def close(self) -> None:
+        """Hand uncommitted groups back for immediate redelivery and disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        pending, self._pending = list(self._pending.values()), {}
+        for msg in pending:
+            try:
+                await msg.nak()
+            except Exception:  # noqa: BLE001 - redelivered after ack_wait anyway
+                pass
+        if self._bus is not None:
+            await self._bus.close()
+
+    async def __aenter__(self) -> TrajectoryStream:
+        return await self.open()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _subscribe(self):
+        config = jsapi.ConsumerConfig(
+            durable_name=self.durable,
+            filter_subject=GROUP_SUBJECTS,
+            ack_policy=jsapi.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=-1,  # training data is never given up on
+            max_ack_pending=self.max_ack_pending,
+            deliver_policy=jsapi.DeliverPolicy.ALL,
+        )
+        await self._bus.js.add_consumer(STREAM, config)
+        return await self._bus.js.pull_subscribe_bind(self.durable, STREAM)
+
+    # ----------------------------------------------------------------- reading
+
+    async def groups(self, batch_size: int = 1, *, max_wait: float | None = None) -> AsyncIterator[GroupBatch]:
+        """Yield batches of ``batch_size`` groups, waiting for a full batch; with
+        ``max_wait`` (seconds), a partial batch is yielded once its first group has
+        waited that long. Runs until the stream is closed."""
+        if self._sub is None:
+            raise RuntimeError("the stream is not open: use `async with TrajectoryStream(...)`")
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        while not self._closed:
+            groups: list[GroupCompleted] = []
+            seqs: list[int] = []
+            deadline: float | None = None
+            while len(groups) < batch_size and not self._closed:
+                timeout = 1.0 if deadline is None else max(0.05, min(1.0, deadline - time.monotonic()))
+                try:
+                    msgs = await self._sub.fetch(batch=batch_size - len(groups), timeout=timeout)
+                except (NatsTimeout, asyncio.TimeoutError):
+                    msgs = []
+                except Exception as exc:  # noqa: BLE001 - after a server restart: subscribe again
+                    if self._closed:
+                        break
+                    log.warning("fetch on %s failed, resubscribing: %s", self.durable, exc)
+                    await asyncio.sleep(0.5)
+                    try:
+                        self._sub = await self._subscribe()
+                    except Exception as sub_exc:  # noqa: BLE001 - keep trying
+                        log.warning("resubscribe failed: %s", sub_exc)
+                    continue
+                for msg in msgs:
+                    group = await self._accept(msg)
+                    if group is not None:
+                        groups.append(group)
+                        seqs.append(msg.metadata.sequence.stream)
+                        if deadline is None and max_wait is not None:
+                            deadline = time.monotonic() + max_wait
+                if deadline is not None and groups and time.monotonic() >= deadline:
+                    break
+            if not groups:
+                continue
+            self.stats.yielded += len(groups)
+            yield GroupBatch(self, groups, seqs)
+
+    async def _accept(self, msg: Msg) -> GroupCompleted | None:
+        """The group to yield, or None when the message is settled here instead."""
+        self.stats.received += 1
+        seq = msg.metadata.sequence.stream
+        if seq in self._pending:  # redelivered while we still hold it: keep the newest handle
+            self._pending[seq] = msg
+            return None
+        try:
+            group = _decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.error("terminating undecodable message %d on %s: %s", seq, msg.subject, exc)
+            self.stats.undecodable += 1
+            await msg.term()
+            return None
+        if group.group_id in self._yielded:
+            self.stats.duplicates += 1
+            await msg.ack()
+            return None
+        if self.max_staleness is not None and is_stale(group, self.current_policy_version(), self.max_staleness):
+            log.info("dropping stale group %s (policy %s)", group.group_id, group_policy_version(group),
+                     extra={"group_id": group.group_id})
+            self.stats.dropped_stale += 1
+            await msg.ack()
+            return None
+        self._pending[seq] = msg
+        self._yielded.add(group.group_id)
+        return group
+
+    async def _commit(self, seqs: list[int]) -> None:
+        for seq in seqs:
+            msg = self._pending.get(seq)
+            if msg is None:
+                continue
+            await msg.ack_sync(timeout=5.0)
+            del self._pending[seq]
+            self.stats.committed += 1
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            for msg in list(self._pending.values()):
+                try:
+                    await msg.in_progress()
+                except Exception:  # noqa: BLE001 - connection trouble; the next beat retries
+                    pass

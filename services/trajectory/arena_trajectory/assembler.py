@@ -1,0 +1,148 @@
+"""Pure trajectory logic: steps + outcome -> ``Trajectory``; trajectories -> ``GroupCompleted``.
+
+No NATS, no storage: the worker fetches what is stored and calls these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from arena.grpo import group_advantages
+from arena.schemas import (
+    GroupCompleted,
+    RolloutState,
+    RolloutStateChanged,
+    SandboxDone,
+    Step,
+    Trajectory,
+    VerificationResult,
+)
+
+
+def dedupe_steps(steps: Iterable[Step]) -> list[Step]:
+    """Steps sorted by ``step_index``, one per index (a redelivered step is the same step)."""
+    by_index: dict[int, Step] = {}
+    for step in steps:
+        by_index.setdefault(step.step_index, step)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def policy_versions(steps: Sequence[Step]) -> list[str]:
+    """The distinct policy versions that served ``steps``, in order of first use."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        if step.policy_version is not None and step.policy_version != "":
+            seen.setdefault(step.policy_version, None)
+    return list(seen)
+
+
+def trajectory_reward(final_state: RolloutState, verification: VerificationResult | None) -> float:
+    """The verifier's reward for a completed rollout; 0.0 for any other ending."""
+    if final_state is RolloutState.COMPLETED and verification is not None:
+        return verification.reward
+    return 0.0
+
+
+def missing_parts(
+    event: RolloutStateChanged,
+    steps: Sequence[Step],
+    sandbox: SandboxDone | None,
+    verification: VerificationResult | None,
+) -> list[str]:
+    """What the final ``event`` says exists but is not stored yet (empty: ready to assemble).
+
+    ``steps`` must be de-duplicated. A completed rollout was verified, so its sandbox
+    result and verification must exist. A rollout that timed out or failed because of its
+    sandbox, or that ended while its sandbox was running (cancelled, budget exhausted),
+    has a sandbox result on its way. Other endings (cancelled before a sandbox started, a
+    sandbox job given up on) may legitimately lack them.
+    """
+    missing = []
+    if len(steps) < event.steps:
+        missing.append(f"steps {len(steps)}/{event.steps}")
+    if sandbox is None and sandbox_expected(event):
+        missing.append("sandbox result")
+    if event.to_state is RolloutState.COMPLETED and verification is None:
+        missing.append("verification")
+    return missing
+
+
+def sandbox_expected(event: RolloutStateChanged) -> bool:
+    """Whether a final ``event`` implies a ``SandboxDone`` exists or will arrive."""
+    if event.to_state in (RolloutState.COMPLETED, RolloutState.TIMED_OUT):
+        return True
+    if event.from_state in (RolloutState.RUNNING, RolloutState.VERIFYING):
+        return True
+    return event.to_state is RolloutState.FAILED and not event.reason.startswith("sandbox gave up")
+
+
+def assemble(
+    event: RolloutStateChanged,
+    steps: Iterable[Step],
+    sandbox: SandboxDone | None,
+    verification: VerificationResult | None,
+    *,
+    incomplete: Sequence[str] = (),
+) -> Trajectory:
+    """Build the trajectory of the rollout that ``event`` (a final state) ended.
+
+    ``incomplete`` names parts given up on (see ``missing_parts``); they are recorded in
+    ``metadata["incomplete"]`` so a trainer can filter such trajectories out.
+    """
+    if not event.to_state.is_final:
+        raise ValueError(f"rollout {event.rollout_id}: {event.to_state.value} is not a final state")
+    ordered = dedupe_steps(steps)
+    metadata = dict(event.metadata)
+    if incomplete:
+        metadata["incomplete"] = "; ".join(incomplete)
+    return Trajectory(
+        rollout_id=event.rollout_id,
+        task_id=event.task_id,
+        group_id=event.group_id,
+        group_index=event.group_index,
+        group_size=event.group_size,
+        final_state=event.to_state,
+        reason=event.reason,
+        reward=trajectory_reward(event.to_state, verification),
+        steps=ordered,
+        sandbox=sandbox,
+        verification=verification,
+        policy_versions=policy_versions(ordered),
+        completed_at=event.at,
+        metadata=metadata,
+    )
+
+
+def group_members(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
+    """One trajectory per ``group_index``, in ``group_index`` order."""
+    by_index: dict[int, Trajectory] = {}
+    for t in trajectories:
+        by_index.setdefault(t.group_index, t)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def complete_group(trajectories: Iterable[Trajectory]) -> GroupCompleted | None:
+    """The ``GroupCompleted`` message once every member ``0..group_size-1`` has a
+    trajectory, else ``None``. Deterministic: the same members give the same message."""
+    members = group_members(trajectories)
+    if not members:
+        return None
+    first = members[0]
+    if first.group_id is None:
+        return None
+    size = first.group_size
+    if [t.group_index for t in members] != list(range(size)):
+        return None
+    for t in members:
+        if t.group_id != first.group_id or t.group_size != size:
+            raise ValueError(f"group {first.group_id}: members disagree on group id or size")
+    rewards = [t.reward for t in members]
+    return GroupCompleted(
+        group_id=first.group_id,
+        task_id=first.task_id,
+        size=size,
+        trajectories=members,
+        rewards=rewards,
+        advantages=group_advantages(rewards),
+        completed_at=max(t.completed_at for t in members),
+    )
