@@ -50,14 +50,18 @@ class Bus:
         self.js = js
         self.service = service
         self._kv: dict[str, Any] = {}
+        self.closing = False
 
     @classmethod
     async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0) -> Bus:
         async def on_error(exc: Exception) -> None:
             log.warning("nats error: %s", exc)
 
+        holder: list[Bus] = []
+
         async def on_disconnect() -> None:
-            log.warning("nats disconnected")
+            if not (holder and holder[0].closing):
+                log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
@@ -80,11 +84,14 @@ class Bus:
                 if time.monotonic() > deadline:
                     raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
                 await asyncio.sleep(0.2)
-        return cls(nc, nc.jetstream(timeout=10), service)
+        bus = cls(nc, nc.jetstream(timeout=10), service)
+        holder.append(bus)
+        return bus
 
     async def close(self) -> None:
         """Flush what was published and close. (Acks are explicit, so nothing in flight
         is lost: an unacked message is redelivered to the next worker.)"""
+        self.closing = True
         if not self.nc.is_closed:
             try:
                 await asyncio.wait_for(self.nc.flush(), 2)
