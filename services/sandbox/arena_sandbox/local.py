@@ -242,6 +242,9 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
         "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
         *_root_entries(),
+        # the private /tmp comes before the Python binds: a venv that lives under the
+        # host's /tmp (a CI checkout) must stay visible on top of it
+        "--size", str(spec.limits.tmp_size_bytes), "--tmpfs", "/tmp",
     ]
     for root in _python_roots():
         argv += ["--ro-bind", root, root]
@@ -249,7 +252,6 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
-        "--size", str(spec.limits.tmp_size_bytes), "--tmpfs", "/tmp",
         "--bind", str(spec.workspace), WORKSPACE,
     ]
     if spec.arena_dir is not None:
