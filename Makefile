@@ -3,12 +3,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-fast proto proto-check clean bench
+.PHONY: venv demo demo-rl test test-fast proto proto-check clean bench
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,rl]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -16,6 +16,10 @@ venv: $(STAMP)
 ## start the embedded stack, run a group of 4 quickstart rollouts end to end, print it, stop
 demo: venv
 	$(VENV)/bin/arena demo
+
+## closed-loop RL: a tiny policy learns through the real stack (GRPO, policy server); prints the curve
+demo-rl: venv
+	$(PY) examples/grpo-loop/run.py
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes)
 test: venv

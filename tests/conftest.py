@@ -26,3 +26,34 @@ async def bus(nats_server):
         yield b
     finally:
         await b.close()
+
+
+# --------------------------------------------------------------------------- sandbox plane
+
+
+@pytest.fixture(scope="session")
+def docker_url(tmp_path_factory):
+    """A Docker-API engine for the docker sandbox provider: ``ARENA_TEST_DOCKER_URL`` if
+    set, else Podman's service started by ``deploy/docker-engine.sh`` (root only; it
+    installs podman and builds the images) and stopped by PID at the end."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get("ARENA_TEST_DOCKER_URL"):
+        yield os.environ["ARENA_TEST_DOCKER_URL"]
+        return
+    if os.geteuid() != 0:
+        pytest.skip("docker provider: no ARENA_TEST_DOCKER_URL and not root, so no engine can be set up here")
+    script = Path(__file__).resolve().parents[1] / "deploy" / "docker-engine.sh"
+    work = tmp_path_factory.mktemp("docker-engine")
+    sock, pidfile = work / "podman.sock", work / "podman.pid"
+    proc = subprocess.run([str(script), "start", str(sock), str(pidfile)], capture_output=True, text=True,
+                          timeout=600, check=False)
+    try:
+        if proc.returncode != 0:
+            pytest.skip(f"docker provider: engine unavailable: {proc.stderr.strip()[-500:]}")
+        yield f"unix://{sock}"
+    finally:
+        if pidfile.exists():
+            subprocess.run([str(script), "stop", str(pidfile)], check=False)

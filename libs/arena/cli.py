@@ -5,12 +5,17 @@
     arena submit TASK [--n N] [--wait]  submit a rollout (or a group) of a task file
     arena status [ID]                   one rollout, or all of them
     arena trajectory ID                 a stored trajectory as JSON
+    arena export --view grpo|dpo|sft|tokens --format parquet|jsonl --out PATH
+                                        training views of stored trajectories
+    arena verify ID --verifier SPEC     re-verify a stored rollout with another verifier
+    arena backend register|list|remove  LLM backend replicas in the arena_backends KV bucket
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import time
@@ -202,6 +207,47 @@ def cmd_trajectory(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from arena import replay
+
+    spec = replay.parse_verifier(args.verifier)
+    name = args.name or replay.replay_name(spec)
+    with _client(args) as client:
+        trajectory = client.trajectory(args.id)
+
+    async def run():
+        from arena.bus import Bus
+
+        bus = await Bus.connect(args.nats_url, "cli")
+        try:
+            task = await replay.rollout_task(bus, args.id)
+            return await replay.replay(bus, replay.build_job(trajectory, task, spec, name), timeout=args.timeout)
+        finally:
+            await bus.close()
+
+    result = asyncio.run(run())
+    print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+    return 0
+
+
+def cmd_export(args) -> int:
+    from arena.export import ExportOptions
+    from arena.export_io import ExportFilter, HttpSource, Progress, StoreSource, export
+
+    f = ExportFilter(task_id=args.task_id, since=args.since, until=args.until, policy_version=args.policy_version)
+    source = StoreSource(args.store, f) if args.store else HttpSource(args.trajectory_url, f)
+    options = ExportOptions(include_incomplete=args.include_incomplete, include_partial_groups=args.include_partial,
+                            sft_threshold=args.sft_threshold, dpo_margin=args.dpo_margin, dpo_pairs=args.dpo_pairs,
+                            normalize_std=not args.no_std)
+    progress = Progress(None, enabled=False if args.quiet else None)
+    stats, files = export(source, view=args.view, fmt=args.format, out=Path(args.out), options=options,
+                          progress=progress)
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(stats.skipped.items())) or "nothing"
+    print(f"{stats.rows} {args.view} rows from {stats.trajectories} trajectories in {stats.groups} groups "
+          f"-> {len(files)} file(s) under {args.out}; skipped: {skipped}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arena", description="Arena: rollouts, sandboxes, verification, "
                                                                "trajectories for agentic RL.")
@@ -237,7 +283,86 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trajectory", help="print a stored trajectory")
     p.add_argument("id")
     p.set_defaults(func=cmd_trajectory)
+
+    p = sub.add_parser("export", help="export stored trajectories as training data (Parquet or JSONL)")
+    p.add_argument("--view", choices=["grpo", "dpo", "sft", "tokens"], required=True)
+    p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument("--out", required=True, help="a directory for parquet (date=/task= partitions), a file for jsonl")
+    p.add_argument("--store", help="read a chDB directory (service stopped) or ClickHouse URL instead of the "
+                                   "trajectory API (--trajectory-url)")
+    p.add_argument("--task-id")
+    p.add_argument("--policy-version")
+    p.add_argument("--since", type=float, help="completed at or after (unix seconds)")
+    p.add_argument("--until", type=float, help="completed before (unix seconds)")
+    p.add_argument("--sft-threshold", type=float, default=1.0, help="sft: minimum reward (default %(default)s)")
+    p.add_argument("--dpo-margin", type=float, default=0.0, help="dpo: minimum reward gap, exclusive")
+    p.add_argument("--dpo-pairs", choices=["best-worst", "all"], default="best-worst")
+    p.add_argument("--no-std", action="store_true", help="advantages r - mean, not divided by std (Dr. GRPO)")
+    p.add_argument("--include-incomplete", action="store_true", help="keep trajectories marked incomplete")
+    p.add_argument("--include-partial", action="store_true", help="use groups that are missing members")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("verify", help="re-verify a stored rollout with a new or changed verifier")
+    p.add_argument("id")
+    p.add_argument("--verifier", required=True, help="verifier JSON, or a file holding it (or a task.json)")
+    p.add_argument("--name", help="name the result is stored under (default replay-<type>-<hash>)")
+    p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS (default $ARENA_NATS_URL or %(default)s)")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("backend", help="register, list or remove LLM backend replicas (arena_backends)")
+    p.add_argument("action", choices=["register", "list", "remove"])
+    p.add_argument("--id", help="replica id")
+    p.add_argument("--url", help="OpenAI-compatible base URL, ending in /v1")
+    p.add_argument("--model", action="append", help="a model it serves (repeatable; none = any)")
+    p.add_argument("--policy-version", default="", help="policy version it serves (after a weight sync)")
+    p.add_argument("--max-inflight", type=int, default=64, help="in-flight calls before queueing")
+    p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS (default $ARENA_NATS_URL or %(default)s)")
+    p.set_defaults(func=cmd_backend)
     return parser
+
+
+def cmd_backend(args) -> int:
+    """Register, list or remove backend replicas; the proxy picks changes up at once."""
+    from arena import subjects
+    from arena.bus import Bus
+    from arena.schemas import BackendReplica
+
+    async def run() -> int:
+        bus = await Bus.connect(args.nats_url, "arena-cli")
+        try:
+            kv = await bus.kv(subjects.KV_BACKENDS)
+            if args.action == "register":
+                if not args.id or not args.url:
+                    raise ArenaError("backend register needs --id and --url")
+                replica = BackendReplica(replica_id=args.id, url=args.url, models=args.model or [],
+                                         policy_version=args.policy_version, max_inflight=args.max_inflight,
+                                         registered_at=time.time())
+                await kv.put(replica.replica_id, msgspec.json.encode(replica))
+                print(f"registered {replica.replica_id} -> {replica.url} (policy {replica.policy_version or '-'})")
+            elif args.action == "remove":
+                if not args.id:
+                    raise ArenaError("backend remove needs --id")
+                await kv.delete(args.id)
+                print(f"removed {args.id}")
+            else:
+                try:
+                    keys = await kv.keys()
+                except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+                    keys = []
+                for key in sorted(keys):
+                    entry = await kv.get(key)
+                    r = msgspec.json.decode(entry.value, type=BackendReplica)
+                    print(f"{r.replica_id:20s} {r.url:40s} policy={r.policy_version or '-'} "
+                          f"models={','.join(r.models) or '*'} max_inflight={r.max_inflight}")
+            return 0
+        finally:
+            await bus.close()
+
+    return asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,20 @@ class BudgetExhausted(ArenaError):
     status = 429
 
 
+class WallClockExceeded(ArenaError):
+    """A rollout's wall-clock budget is spent: the proxy refuses its calls."""
+
+    code = "wall_clock_exceeded"
+    status = 429
+
+
+class UpstreamRejected(ArenaError):
+    """The LLM backend refused the request as invalid (its 4xx, with its message)."""
+
+    code = "upstream_rejected"
+    status = 400
+
+
 class PayloadTooLarge(ArenaError):
     code = "payload_too_large"
     status = 413
@@ -91,6 +105,8 @@ BY_CODE: dict[str, type[ArenaError]] = {
         Conflict,
         Unauthorized,
         BudgetExhausted,
+        WallClockExceeded,
+        UpstreamRejected,
         PayloadTooLarge,
         UpstreamError,
         Unavailable,

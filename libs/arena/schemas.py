@@ -80,6 +80,12 @@ class SamplingParams(Request, kw_only=True):
     stop: list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    #: Alternatives per token to capture (backends that support it: vLLM, SGLang).
+    top_logprobs: int | None = None
+    #: How the values above meet the agent's own: ``override`` replaces them, ``default``
+    #: fills only what the agent left unset, ``clamp`` lets the agent go lower but never
+    #: above the rollout's value for numeric fields (``seed`` and ``stop`` override).
+    policy: Literal["override", "default", "clamp"] = "override"
 
 
 class Budget(Request, kw_only=True):
@@ -115,14 +121,88 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
     __test__ = False  # not a pytest class
 
     command: str = "python -m pytest -rA"
-    parser: Literal["pytest"] = "pytest"
+    parser: Literal[
+        "pytest", "pytest_junit", "unittest", "go_test", "go_test_json", "cargo",
+        "node_spec", "node_tap", "jest", "vitest", "mocha", "junit",
+    ] = "pytest"
     fail_to_pass: list[str] = []
     pass_to_pass: list[str] = []
     test_files: list[str] = []
     timeout_s: float = 300.0
+    report_file: str | None = None  # parse this file (relative to workdir, e.g. JUnit XML) instead of the log
 
 
-Verifier = TestsVerifier
+class RubricItem(Request, kw_only=True):
+    """One rubric line: a phrase (or regex) the text must contain, or must not."""
+
+    pattern: str
+    regex: bool = False
+    forbidden: bool = False  # True: the text must NOT match
+    weight: float = 1.0
+    name: str = ""
+
+
+class RubricVerifier(Request, kw_only=True, tag="rubric"):
+    """Weighted required / forbidden phrases over the agent's answer (or its diff).
+
+    Reward is the weight of satisfied items over the total weight; ``passed`` when all are.
+    """
+
+    items: list[RubricItem]
+    source: Literal["answer", "diff"] = "answer"
+    case_sensitive: bool = False
+
+
+class ExactVerifier(Request, kw_only=True, tag="exact"):
+    """The answer equals one of ``answers`` after normalisation (numbers compared as numbers)."""
+
+    answers: list[str]
+    mode: Literal["auto", "number", "string"] = "auto"
+    rel_tolerance: float = 1e-9
+    case_sensitive: bool = False
+
+
+class LlmJudgeVerifier(Request, kw_only=True, tag="llm_judge"):
+    """A judge model grades the answer against ``rubric`` through an OpenAI-compatible API.
+
+    The judge's call is recorded on the result (``judge_calls``), never in the policy's steps.
+    ``base_url`` empty: the verification service's ``ARENA_JUDGE_BASE_URL``.
+    """
+
+    rubric: str
+    model: str = "judge"
+    base_url: str = ""
+    source: Literal["answer", "diff"] = "answer"
+    max_tokens: int = 512
+    temperature: float = 0.0
+    timeout_s: float = 120.0
+
+
+class PythonVerifier(Request, kw_only=True, tag="python"):
+    """A plug-in: the entry point ``name`` in group ``arena.verifiers``, given ``config``."""
+
+    name: str
+    config: dict[str, Any] = {}
+
+
+LeafVerifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier
+
+
+class WeightedVerifier(Request, kw_only=True):
+    """One part of a composite: its reward is component ``name``, weighted by ``weight``."""
+
+    name: str
+    verifier: LeafVerifier
+    weight: float = 1.0
+
+
+class CompositeVerifier(Request, kw_only=True, tag="composite"):
+    """Weighted mean of several verifiers; each part's reward is a named component."""
+
+    verifiers: list[WeightedVerifier]
+
+
+Verifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | CompositeVerifier
 
 
 class Task(Request, kw_only=True):
@@ -140,6 +220,9 @@ class Task(Request, kw_only=True):
     workdir: str = "."
     budget: Budget = Budget()
     metadata: dict[str, str] = {}
+    #: Container image the agent runs in (``docker`` provider); ``None``: the provider's
+    #: default (``ARENA_SANDBOX_IMAGE``). Ignored by ``local`` (the host's ``/usr``) and ``mock``.
+    image: str | None = None
 
 
 class SubmitRolloutRequest(Request, kw_only=True):
@@ -148,7 +231,7 @@ class SubmitRolloutRequest(Request, kw_only=True):
     task: Task
     sampling: SamplingParams = SamplingParams()
     model: str = "default"
-    provider: Literal["local"] = "local"
+    provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
     metadata: dict[str, str] = {}
 
 
@@ -163,7 +246,7 @@ class SubmitGroupRequest(Request, kw_only=True):
     n: int
     sampling: SamplingParams = SamplingParams()
     model: str = "default"
-    provider: Literal["local"] = "local"
+    provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
     metadata: dict[str, str] = {}
 
 
@@ -307,6 +390,7 @@ class SandboxDone(Base, kw_only=True):
     result: dict[str, Any] | None = None  # /sandbox/.arena/result.json, if written
     log_tail: str = ""  # the last lines of the agent's stdout+stderr
     log_artifact: str | None = None  # full log: key in the arena_artifacts object store
+    oom_killed: bool = False  # the kernel's OOM killer fired in the sandbox during the run
 
 
 # --------------------------------------------------------------------------- verification plane
@@ -318,6 +402,8 @@ class VerifyJob(Base, kw_only=True):
     rollout_id: str
     task: Task
     diff: str
+    result: dict[str, Any] | None = None  # the agent's result.json (its ``answer`` is graded)
+    name: str = ""  # name the result is stored under (replays); "" = the verifier's type
 
 
 class TestStatus(str, enum.Enum):
@@ -351,7 +437,10 @@ class VerificationResult(Base, kw_only=True):
     """``arena.verify.done.{rollout_id}``.
 
     ``flags`` name anything suspicious or incomplete: ``patch_failed``,
-    ``tests_tampered``, ``tests_missing``, ``timeout``, ``parse_failed``.
+    ``tests_tampered``, ``tests_missing``, ``timeout``, ``parse_failed``,
+    ``parse_suspect``, ``test_config_touched``, ``runner_tampered``,
+    ``reward_file_written``, ``no_answer``, ``judge_unparseable`` (docs/verification.md).
+    ``verifier`` is the verifier's type, ``composite``, or a replay's name.
     """
 
     rollout_id: str
@@ -366,6 +455,22 @@ class VerificationResult(Base, kw_only=True):
     flags: list[str] = []
     reason: str = ""
     log_tail: str = ""
+    judge_calls: list[JudgeCall] = []  # LLM-judge calls, kept apart from the policy's steps
+    parser: str = ""  # the test-output parser used, if any
+
+
+class JudgeCall(Base, kw_only=True):
+    """One call to a judge model made by the ``llm_judge`` verifier."""
+
+    model: str
+    base_url: str
+    request_messages: list[dict[str, Any]] = []
+    completion_text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    latency_ms: float = 0.0
+    started_at: float = 0.0
+    error: str = ""
 
 
 # --------------------------------------------------------------------------- captured steps
@@ -391,6 +496,37 @@ class Timings(Base, kw_only=True):
     total_ms: float = 0.0
 
 
+class ToolCall(Base, kw_only=True):
+    """A tool call the model made (OpenAI ``tool_calls`` / Anthropic ``tool_use``)."""
+
+    id: str
+    name: str
+    arguments: str = ""  # JSON text, exactly as the model produced it
+
+
+class Failover(Base, kw_only=True):
+    """A replica the proxy tried for a call and left, with why."""
+
+    replica: str
+    error: str
+    at: float
+
+
+class BackendReplica(Base, kw_only=True):
+    """An inference replica in the ``arena_backends`` KV bucket (key = ``replica_id``).
+
+    ``models`` empty means it serves any model name. Changing ``policy_version``
+    (after a weight sync) takes effect on the next call routed to it.
+    """
+
+    replica_id: str
+    url: str  # OpenAI-compatible base URL, ending in /v1
+    models: list[str] = []
+    policy_version: str = ""
+    max_inflight: int = 64
+    registered_at: float = 0.0
+
+
 class Step(Base, kw_only=True):
     """``arena.step.{rollout_id}``: one LLM call as the proxy saw it.
 
@@ -401,7 +537,7 @@ class Step(Base, kw_only=True):
 
     rollout_id: str
     step_index: int
-    api: Literal["openai.chat"] = "openai.chat"
+    api: Literal["openai.chat", "openai.completions", "anthropic.messages"] = "openai.chat"
     model: str
     backend: str
     policy_version: str | None = None
@@ -417,41 +553,67 @@ class Step(Base, kw_only=True):
     usage: Usage = Usage()
     timings: Timings = Timings()
     started_at: float = 0.0
+    #: ``/v1/completions``: the prompt as sent (text or token ids); chat calls use ``request_messages``.
+    request_prompt: str | list[int] | None = None
+    #: Tool definitions the request offered (OpenAI ``tools`` as sent to the backend).
+    tools: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] = []
+    stream: bool = False
+    #: The call did not finish (client disconnected, replica died mid-stream): the
+    #: ids/logprobs hold what had arrived; ``error`` says why.
+    incomplete: bool = False
+    error: str | None = None
+    #: The replica id that served the call; ``backend`` is its URL.
+    backend_replica: str | None = None
+    failovers: list[Failover] = []
 
 
 # --------------------------------------------------------------------------- trajectories
 
 
 class Trajectory(Base, kw_only=True):
-    """``arena.trajectory.{task_id}.{rollout_id}``: one finished rollout, training-grade."""
+    """``arena.trajectory.{task_id}.{rollout_id}``: one finished rollout, training-grade.
 
-    schema_version: int = SCHEMA_VERSION
+    Field by field in docs/schemas.md; the policy version of each step is on the step.
+    """
+
+    schema_version: int = SCHEMA_VERSION  # bumped only for changes a trainer must know about
     rollout_id: str
     task_id: str
-    group_id: str | None = None
-    group_index: int = 0
+    group_id: str | None = None  # None: a single rollout, not part of a group
+    group_index: int = 0  # 0..group_size-1 inside the group
     group_size: int = 1
-    final_state: RolloutState
-    reason: str = ""
-    reward: float = 0.0
-    steps: list[Step] = []
-    sandbox: SandboxDone | None = None
-    verification: VerificationResult | None = None
-    policy_versions: list[str] = []
-    completed_at: float = 0.0
-    metadata: dict[str, str] = {}
+    final_state: RolloutState  # always a final state
+    reason: str = ""  # why the rollout ended (the final transition's reason)
+    reward: float = 0.0  # verification.reward if completed, else 0.0
+    steps: list[Step] = []  # every captured LLM call, by step_index, one per index
+    sandbox: SandboxDone | None = None  # the agent run's outcome, diff and log tail
+    verification: VerificationResult | None = None  # reward components, tests, flags
+    policy_versions: list[str] = []  # distinct step policy versions, in order of first use
+    completed_at: float = 0.0  # unix seconds of the final transition
+    metadata: dict[str, str] = {}  # the rollout's metadata (submitter's labels)
+    #: The rollout's state transitions as the trajectory plane stored them, oldest first.
+    history: list[StateTransition] = []
+    #: Parts the trajectory plane gave up waiting for (e.g. ``"steps 2/3"``,
+    #: ``"verification"``); empty when the trajectory is whole. Filter these out to train.
+    incomplete: list[str] = []
 
 
 class GroupCompleted(Base, kw_only=True):
-    """``arena.group.{group_id}``: every member of a group reached a final state."""
+    """``arena.group.{group_id}``: every member of a group reached a final state, or the
+    group timed out (``partial``) with the members in ``trajectories``."""
 
     group_id: str
     task_id: str
     size: int
     trajectories: list[Trajectory]
-    rewards: list[float]
-    advantages: list[float]
+    rewards: list[float]  # by member, in ``trajectories`` order
+    advantages: list[float]  # group-normalised over the members present
     completed_at: float
+    #: True when the group was published after its timeout without every member;
+    #: ``missing_indexes`` names the absent ``group_index`` values.
+    partial: bool = False
+    missing_indexes: list[int] = []
 
 
 class DeadLetter(Base, kw_only=True):
@@ -501,6 +663,7 @@ MESSAGES: dict[str, type] = {
     "VerifyJob": VerifyJob,
     "VerificationResult": VerificationResult,
     "Step": Step,
+    "BackendReplica": BackendReplica,
     "Trajectory": Trajectory,
     "GroupCompleted": GroupCompleted,
     "DeadLetter": DeadLetter,

@@ -29,10 +29,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     backend_url: str = "http://127.0.0.1:9093/v1"
     #: Policy version the backend serves, recorded on every step; "" if unknown.
     backend_policy_version: str = ""
+    #: In-flight calls the proxy sends to that backend at once; more wait in a queue.
+    backend_max_inflight: int = 64
     #: "" selects embedded chDB under ``data_dir``; else a ClickHouse server URL.
     clickhouse_url: str = ""
+    #: Seconds after its first member is stored that an incomplete rollout group is
+    #: published as a ``partial`` GroupCompleted; 0 never does (docs/trajectory.md).
+    trajectory_group_timeout_s: int = 1800
+    #: Providers this sandbox service runs, comma-separated: local, docker, mock.
     sandbox_provider: str = "local"
     sandbox_concurrency: int = 4
+    #: Owner label of this worker's sandboxes ("" = the host name): reaped at start-up.
+    sandbox_owner: str = ""
+    #: Warm sandboxes kept ready per image (0 = none).
+    sandbox_pool_size: int = 0
+    #: Default image of the docker provider (a task's ``image`` overrides it).
+    sandbox_image: str = "arena/agent-base:latest"
+    #: Docker-API engine URL ("" = the docker SDK's environment, DOCKER_HOST).
+    docker_url: str = ""
     verify_concurrency: int = 2
     #: Largest request body the proxy and API accept, bytes.
     max_body_bytes: int = 8 * 1024 * 1024
@@ -75,6 +89,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 )
         if self.clickhouse_url and urlparse(self.clickhouse_url).scheme not in {"http", "https", "clickhouse"}:
             raise SettingsError(f"ARENA_CLICKHOUSE_URL={self.clickhouse_url!r} must be an http(s) URL")
+        if self.trajectory_group_timeout_s < 0:
+            raise SettingsError("ARENA_TRAJECTORY_GROUP_TIMEOUT_S must be >= 0")
+        if self.backend_max_inflight < 1:
+            raise SettingsError("ARENA_BACKEND_MAX_INFLIGHT must be >= 1")
+        if self.sandbox_pool_size < 0:
+            raise SettingsError("ARENA_SANDBOX_POOL_SIZE must be >= 0")
         if self.sandbox_concurrency < 1 or self.verify_concurrency < 1:
             raise SettingsError("ARENA_SANDBOX_CONCURRENCY and ARENA_VERIFY_CONCURRENCY must be >= 1")
 

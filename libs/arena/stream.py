@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Literal
 
 import msgspec
 from nats.aio.msg import Msg
@@ -45,6 +46,7 @@ class StreamStats(msgspec.Struct, kw_only=True):
     committed: int = 0  # groups acknowledged by ``commit()``
     dropped_stale: int = 0  # groups acked unseen: older than ``max_staleness``
     duplicates: int = 0  # a group already yielded in this session, delivered again
+    dropped_partial: int = 0  # partial groups (timed out without every member) acked unseen
     undecodable: int = 0  # messages that are not a ``GroupCompleted`` (terminated)
 
 
@@ -105,7 +107,9 @@ class TrajectoryStream:
 
     ``max_staleness`` with ``current_policy_version`` drops (acks without yielding, and
     counts in ``stats.dropped_stale``) groups whose oldest step was served by a policy
-    more than ``max_staleness`` versions behind the current one. ``ack_wait`` is how long
+    more than ``max_staleness`` versions behind the current one. A group the trajectory
+    plane published ``partial`` (its timeout passed without every member) is dropped the
+    same way (``stats.dropped_partial``) unless ``partial_groups="yield"``. ``ack_wait`` is how long
     an unacknowledged group waits after a crash before it is delivered again (heartbeats
     keep it from expiring while the trainer holds it; a clean ``close()`` hands back
     uncommitted groups at once).
@@ -120,11 +124,15 @@ class TrajectoryStream:
         current_policy_version: Callable[[], int | str | None] | None = None,
         ack_wait: float = 60.0,
         max_ack_pending: int = 1024,
+        partial_groups: Literal["drop", "yield"] = "drop",
     ):
         if not name or any(c in name for c in ".*> \t\r\n"):
             raise ValueError(f"invalid trainer name {name!r}: no dots, wildcards or whitespace")
         if max_staleness is not None and current_policy_version is None:
             raise ValueError("max_staleness needs current_policy_version")
+        if partial_groups not in ("drop", "yield"):
+            raise ValueError(f"partial_groups must be 'drop' or 'yield', not {partial_groups!r}")
+        self.partial_groups = partial_groups
         self.nats_url = nats_url
         self.name = name
         self.durable = f"trainer-{name}"
@@ -250,6 +258,12 @@ class TrajectoryStream:
             self.stats.duplicates += 1
             await msg.ack()
             return None
+        if group.partial and self.partial_groups == "drop":
+            log.info("dropping partial group %s (missing members %s)", group.group_id, group.missing_indexes,
+                     extra={"group_id": group.group_id})
+            self.stats.dropped_partial += 1
+            await msg.ack()
+            return None
         if self.max_staleness is not None and is_stale(group, self.current_policy_version(), self.max_staleness):
             log.info("dropping stale group %s (policy %s)", group.group_id, group_policy_version(group),
                      extra={"group_id": group.group_id})
@@ -261,13 +275,18 @@ class TrajectoryStream:
         return group
 
     async def _commit(self, seqs: list[int]) -> None:
-        for seq in seqs:
-            msg = self._pending.get(seq)
-            if msg is None:
+        """Acknowledge ``seqs`` together (concurrently) and wait for the server's confirmations."""
+        held = [(seq, self._pending[seq]) for seq in seqs if seq in self._pending]
+        results = await asyncio.gather(*(msg.ack_sync(timeout=5.0) for _, msg in held), return_exceptions=True)
+        failed = None
+        for (seq, _), result in zip(held, results):
+            if isinstance(result, BaseException):
+                failed = failed or result
                 continue
-            await msg.ack_sync(timeout=5.0)
             del self._pending[seq]
             self.stats.committed += 1
+        if failed is not None:
+            raise Unavailable(f"commit of {len(held)} groups on {self.durable} incomplete: {failed}") from failed
 
     async def _beat(self) -> None:
         while True:

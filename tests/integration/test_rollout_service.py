@@ -216,3 +216,11 @@ async def test_a_dead_lettered_verify_job_fails_the_rollout(rollout, bus, tmp_pa
     view = (await api.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 10})).json()
     assert view["state"] == "failed"
     assert view["reason"] == "verification gave up after 3 deliveries: RuntimeError: sandbox broke"
+
+
+async def test_a_task_with_a_non_test_verifier_is_accepted(rollout, tmp_path):
+    api, _ = rollout
+    task = {**task_json(tmp_path), "verifier": {"type": "exact", "answers": ["42"]}}
+    resp = await api.post("/v1/rollouts", json={"task": task})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["state"] == "provisioning"

@@ -1,4 +1,5 @@
-"""The job runner with real bubblewrap sandboxes and tiny inline agents."""
+"""The job runner with real sandboxes of each provider (bubblewrap; docker via the
+test engine) and tiny inline agents."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ import pytest
 from arena.schemas import AgentSpec, Budget, SandboxJob, SandboxOutcome, Task, TestsVerifier
 from arena_sandbox import local, runner
 
-pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
+from arena_sandbox.testing import make_provider
+
+
+@pytest.fixture(params=["local", "docker"])
+def provider(request, tmp_path):
+    if request.param == "local":
+        if local.available() is not None:
+            pytest.skip(f"no bubblewrap: {local.available()}")
+        return make_provider("local", tmp_path / "data")
+    return make_provider("docker", tmp_path / "data", docker_url=request.getfixturevalue("docker_url"))
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):
@@ -78,10 +88,10 @@ open('/sandbox/.arena/done', 'w').close()
 """
 
 
-async def test_completed_with_diff_result_and_proxy(tmp_path, proxy_port):
+async def test_completed_with_diff_result_and_proxy(tmp_path, proxy_port, provider):
     data_dir = tmp_path / "data"
     job = make_job(tmp_path, COMPLETING_AGENT, port=proxy_port)
-    out = await runner.run_job(job, data_dir=data_dir)
+    out = await runner.run_job(provider=provider, job=job, data_dir=data_dir)
     done = out.done
     assert done.outcome is SandboxOutcome.COMPLETED, done.reason
     assert done.exit_code == 0
@@ -92,15 +102,15 @@ async def test_completed_with_diff_result_and_proxy(tmp_path, proxy_port):
         "proxy": {"path": "/proxy/r1/v1/chat/completions", "auth": "Bearer ak-test", "body": '{"m": 1}'},
     }
     assert "agent log line" in done.log_tail and b"agent log line" in out.log
-    assert done.sandbox_id.startswith("r1-") and done.provider == "local"
+    assert done.sandbox_id.startswith("r1-") and done.provider == provider.name
     assert done.started_at <= done.finished_at
-    assert list((data_dir / "sandboxes").iterdir()) == []  # always cleaned up
+    assert list(provider.base.iterdir()) == []  # always cleaned up
 
 
-async def test_exit_without_done_is_failed(tmp_path):
+async def test_exit_without_done_is_failed(tmp_path, provider):
     code = ("import sys\nprint('working hard')\nopen('half.txt', 'w').write('partial\\n')\n"
             "print('giving up', file=sys.stderr)\nsys.exit(3)\n")
-    out = await runner.run_job(make_job(tmp_path, code), data_dir=tmp_path / "data")
+    out = await runner.run_job(provider=provider, job=make_job(tmp_path, code), data_dir=tmp_path / "data")
     done = out.done
     assert done.outcome is SandboxOutcome.FAILED
     assert done.exit_code == 3
@@ -109,37 +119,49 @@ async def test_exit_without_done_is_failed(tmp_path):
     assert "b/half.txt\nnew file mode" in done.diff  # kept for analytics, not verified
 
 
-async def test_wall_clock_timeout(tmp_path):
-    out = await runner.run_job(make_job(tmp_path, "import time\ntime.sleep(1000)\n", wall_clock_s=1.0),
+async def test_wall_clock_timeout(tmp_path, provider):
+    out = await runner.run_job(provider=provider, job=make_job(tmp_path, "import time\ntime.sleep(1000)\n", wall_clock_s=1.0),
                                data_dir=tmp_path / "data")
     assert out.done.outcome is SandboxOutcome.TIMED_OUT
     assert out.done.exit_code is None
     assert out.run is not None and out.run.duration_s < 2.5
 
 
-async def test_cancel(tmp_path):
+async def test_cancel(tmp_path, provider):
     cancel = asyncio.Event()
-    task = asyncio.create_task(runner.run_job(make_job(tmp_path, "import time\ntime.sleep(1000)\n"),
+    task = asyncio.create_task(runner.run_job(provider=provider, job=make_job(tmp_path, "import time\ntime.sleep(1000)\n"),
                                               data_dir=tmp_path / "data", cancel=cancel))
     await asyncio.sleep(0.5)
     cancel.set()
     out = await asyncio.wait_for(task, 5)
     assert out.done.outcome is SandboxOutcome.CANCELLED
-    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
+    assert not provider.base.exists() or list(provider.base.iterdir()) == []
 
 
-async def test_invalid_result_json_is_ignored_with_a_note(tmp_path):
+@pytest.mark.parametrize("provider", ["local"], indirect=True)  # runner logic: one provider is enough
+async def test_invalid_result_json_is_ignored_with_a_note(tmp_path, provider):
     code = "open('/sandbox/.arena/result.json', 'w').write('{oops')\nopen('/sandbox/.arena/done', 'w')\n"
-    out = await runner.run_job(make_job(tmp_path, code), data_dir=tmp_path / "data")
+    out = await runner.run_job(provider=provider, job=make_job(tmp_path, code), data_dir=tmp_path / "data")
     assert out.done.outcome is SandboxOutcome.COMPLETED
     assert out.done.result is None
     assert "result.json ignored: invalid JSON" in out.done.reason
 
 
-async def test_missing_repo_is_an_error_not_a_crash(tmp_path):
+@pytest.mark.parametrize("provider", ["local"], indirect=True)
+async def test_missing_repo_is_an_error_not_a_crash(tmp_path, provider):
     job = make_job(tmp_path, "pass\n", repo=tmp_path / "no-such-repo")
-    out = await runner.run_job(job, data_dir=tmp_path / "data")
+    out = await runner.run_job(provider=provider, job=job, data_dir=tmp_path / "data")
     assert out.done.outcome is SandboxOutcome.ERROR
     assert "no-such-repo" in out.done.reason
     assert out.run is None
-    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
+    assert not provider.base.exists() or list(provider.base.iterdir()) == []
+
+
+@pytest.mark.parametrize("provider", ["local"], indirect=True)
+async def test_result_json_link_is_not_followed(tmp_path, provider):
+    code = ("import os\nos.symlink('/etc/passwd', '/sandbox/.arena/result.json')\n"
+            "open('/sandbox/.arena/done', 'w')\n")
+    out = await runner.run_job(provider=provider, job=make_job(tmp_path, code), data_dir=tmp_path / "data")
+    assert out.done.outcome is SandboxOutcome.COMPLETED
+    assert out.done.result is None
+    assert "result.json ignored: not a regular file" in out.done.reason

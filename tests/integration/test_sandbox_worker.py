@@ -29,6 +29,7 @@ from arena.schemas import (
 )
 from arena.settings import Settings
 from arena_sandbox import local
+from arena_sandbox.local_provider import LocalProvider
 from arena_sandbox.worker import SandboxWorker
 
 pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
@@ -91,7 +92,8 @@ async def _absent(bus, stream: str, subject: str) -> bool:
 async def running_worker(bus, tmp_path):
     settings = Settings(data_dir=str(tmp_path / "data"), sandbox_concurrency=2)
     stop = asyncio.Event()
-    worker = SandboxWorker(bus, settings, stop=stop)
+    provider = LocalProvider(data_dir=tmp_path / "data", owner="w")
+    worker = SandboxWorker(bus, settings, provider, stop=stop)
     task = asyncio.create_task(worker.consumer().run(stop))
     try:
         yield worker
@@ -117,7 +119,7 @@ async def test_job_runs_and_publishes_started_done_and_verify_job(bus, tmp_path)
     assert b"agent says hi" in artifact.data
     info = await bus.js.stream_info("ARENA_SANDBOX_JOBS")
     assert info.state.messages == 0  # acked: the work queue is empty
-    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
+    assert list((tmp_path / "data" / "sandboxes" / "w").iterdir()) == []
 
 
 async def test_rollout_cancel_kills_the_sandbox(bus, tmp_path):
@@ -170,4 +172,4 @@ async def test_worker_shutdown_returns_the_running_job_to_the_queue(bus, tmp_pat
     assert time.monotonic() - started_at < 10  # the sleeping sandbox did not hold the shutdown
     assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"))
     assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 1  # redelivered later
-    assert list((tmp_path / "data" / "sandboxes").iterdir()) == []
+    assert list((tmp_path / "data" / "sandboxes" / "w").iterdir()) == []

@@ -128,7 +128,7 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
     await publish_step(bus, step("r2", 0))
     await publish_state(bus, state("r2", RolloutState.FAILED, steps=1))
 
-    running()
+    running(give_up_after=8)  # r2 failed while verifying but never sends its sandbox result: ~5 s of waiting
     t0 = await last(bus, subjects.trajectory("calc/add", "r0"), Trajectory)
     await asyncio.sleep(0.6)  # r1's state is being retried meanwhile
     assert await store.trajectory("r1") is None
@@ -200,7 +200,7 @@ async def test_a_trajectory_over_the_message_size_limit_is_dead_lettered_with_th
     for i in range(2):
         await publish_step(bus, msgspec.structs.replace(step("big", i), completion_text=big))
     await publish_state(bus, state("big", RolloutState.FAILED, steps=2))
-    running()
+    running(retry_delay=0.05, give_up_after=3)  # its sandbox result never comes
     dead = await bus.js.pull_subscribe("arena.dead.*", durable="dead-reader", stream="ARENA_DEAD")
     letter = None
     for _ in range(30):
@@ -214,3 +214,36 @@ async def test_a_trajectory_over_the_message_size_limit_is_dead_lettered_with_th
     assert "exceed the NATS max_payload" in letter["error"]
     assert len((await store.trajectory("big")).steps) == 2  # stored and queryable, just not streamed
     assert await count_on(bus, "arena.trajectory.*.*") == 0
+
+
+async def test_a_group_that_times_out_is_published_partial_once(nats_server, bus, store, running):
+    for index in (0, 1):  # member 2 of 3 is late
+        rid = f"p{index}"
+        await publish_step(bus, step(rid, 0))
+        await publish_outcome(bus, rid, float(index))
+        await publish_state(bus, state(rid, RolloutState.COMPLETED, steps=1, group="gp", index=index, size=3))
+    running(group_timeout=0.5)
+    group = await last(bus, subjects.group("gp"), GroupCompleted)
+    assert group.partial and group.missing_indexes == [2] and group.size == 3
+    assert [t.rollout_id for t in group.trajectories] == ["p0", "p1"]
+    assert group.advantages == pytest.approx([-1.0, 1.0], abs=1e-5)
+
+    await publish_step(bus, step("p2", 0))  # the late member: stored and streamed alone, no second group
+    await publish_outcome(bus, "p2", 1.0)
+    await publish_state(bus, state("p2", RolloutState.COMPLETED, steps=1, group="gp", index=2, size=3))
+    await last(bus, subjects.trajectory("calc/add", "p2"), Trajectory)
+    await asyncio.sleep(1.0)  # two more sweeps
+    assert await count_on(bus, "arena.group.*") == 1
+
+    async with TrajectoryStream(nats_server.url, name="strict") as stream:  # default: partial groups dropped
+        async def first():
+            async for batch in stream.groups(batch_size=1):
+                return batch
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(first(), 1.5)
+        assert stream.stats.dropped_partial == 1
+    async with TrajectoryStream(nats_server.url, name="lenient", partial_groups="yield") as stream:
+        async for batch in stream.groups(batch_size=1):
+            assert batch.groups[0].partial and batch.groups[0].missing_indexes == [2]
+            await batch.commit()
+            break

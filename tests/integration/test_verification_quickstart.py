@@ -75,7 +75,7 @@ async def run_agent(root: Path, base_url: str) -> subprocess.CompletedProcess:
                                    text=True, timeout=60)
 
 
-@pytest.mark.parametrize("label,reward", [("correct", 1.0), ("wrong", 0.0)])
+@pytest.mark.parametrize("label,reward", [("correct", 1.0)])  # wrong diffs: test_verification_hacks.py
 async def test_agent_fix_is_graded(tmp_path, label, reward):
     task = load_task(QUICKSTART)
     root = sandbox_root(tmp_path, task)

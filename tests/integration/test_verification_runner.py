@@ -1,4 +1,6 @@
-"""The verification runner on the quickstart task, with real bubblewrap sandboxes."""
+"""The verification runner on the quickstart task, with real bubblewrap sandboxes.
+
+The gold, wrong and empty patches and every tampering case run in test_verification_hacks.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import msgspec
 import pytest
 
 from arena.schemas import TestCounts as Counts
-from arena.schemas import TestStatus as Status
 from arena.schemas import VerifyJob
 from arena.tasks import load_task
 from arena_sandbox import local
@@ -65,60 +66,6 @@ async def run(tmp_path: Path, diff: str, task=TASK):
     return result
 
 
-async def test_gold_diff_passes(tmp_path):
-    r = await run(tmp_path, scripted_diff("correct"))
-    assert (r.reward, r.passed, r.verifier) == (1.0, True, "tests")
-    assert r.flags == []
-    assert r.counts == Counts(f2p_passed=2, p2p_passed=5)
-    assert r.components == {"tests": 1.0, "partial": 1.0}
-    assert len(r.tests) == 7 and all(t.status is Status.PASSED for t in r.tests)
-    assert r.reason == "all 7 listed tests passed"
-    assert "7 passed" in r.log_tail
-    assert r.started_at <= r.finished_at
-    msgspec.json.encode(r)  # fits the wire
-
-
-async def test_wrong_diff_fails_with_partial_credit(tmp_path):
-    r = await run(tmp_path, scripted_diff("wrong"))
-    assert (r.reward, r.passed) == (0.0, False)
-    assert r.flags == []
-    assert r.counts == Counts(f2p_passed=1, f2p_failed=1, p2p_passed=5)
-    assert r.components == {"tests": 0.0, "partial": pytest.approx(6 / 7)}
-    assert {t.test_id: t.status for t in r.tests}["tests/test_textstats.py::test_median_even"] is Status.FAILED
-
-
-async def test_empty_diff_fails(tmp_path):
-    r = await run(tmp_path, "")
-    assert r.reward == 0.0 and r.flags == []
-    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)
-
-
-async def test_editing_the_failing_tests_is_flagged_and_undone(tmp_path):
-    r = await run(tmp_path, diff_of(tmp_path, weaken_tests))
-    assert r.reward == 0.0
-    assert r.flags == ["tests_tampered"]
-    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)  # the restored tests still fail
-
-
-async def test_a_real_fix_is_not_spoiled_by_tampering(tmp_path):
-    def both(repo: Path) -> None:
-        fix_median(repo)
-        weaken_tests(repo)
-
-    r = await run(tmp_path, diff_of(tmp_path, both))
-    assert r.reward == 1.0
-    assert r.flags == ["tests_tampered"]
-
-
-async def test_deleting_the_test_file_is_flagged_and_undone(tmp_path):
-    diff = diff_of(tmp_path, lambda repo: (repo / TEST_FILE).unlink())
-    assert "deleted file mode" in diff
-    r = await run(tmp_path, diff)
-    assert r.reward == 0.0
-    assert r.flags == ["tests_tampered"]
-    assert r.counts == Counts(f2p_failed=2, p2p_passed=5)
-
-
 async def test_diff_that_does_not_apply(tmp_path):
     diff = scripted_diff("correct").replace("ordered[mid] + ordered[mid + 1]", "ordered[mid] + ordered[mid + 2]")
     r = await run(tmp_path, diff)
@@ -128,26 +75,16 @@ async def test_diff_that_does_not_apply(tmp_path):
     assert r.tests == []
 
 
-async def test_adding_a_conftest_is_reported(tmp_path):
-    def with_conftest(repo: Path) -> None:
-        fix_median(repo)
-        (repo / "conftest.py").write_text("# agent-written pytest configuration\n")
-
-    r = await run(tmp_path, diff_of(tmp_path, with_conftest))
-    assert r.reward == 1.0
-    assert r.flags == ["test_config_touched"]
-
-
 async def test_a_test_command_that_hangs_times_out(tmp_path):
-    verifier = msgspec.structs.replace(TASK.verifier, command="python -m pytest -rA -v tests; sleep 30",
-                                       timeout_s=3)
+    verifier = msgspec.structs.replace(TASK.verifier, command="python -m pytest -rA -v tests; sleep 60",
+                                       timeout_s=6)
     task = msgspec.structs.replace(TASK, verifier=verifier)
     r = await run(tmp_path, scripted_diff("correct"), task)
     # Every listed test passed before the hang, but a run that did not finish is not trusted.
     assert r.counts == Counts(f2p_passed=2, p2p_passed=5)
     assert (r.reward, r.passed) == (0.0, False)
     assert r.flags == ["timeout"]
-    assert r.reason.startswith("the test command timed out after 3s")
+    assert r.reason.startswith("the test command timed out after 6s")
 
 
 async def test_output_that_is_not_pytest_is_a_parse_failure(tmp_path):

@@ -82,4 +82,50 @@ async def test_worker_verifies_publishes_once_and_dead_letters_invalid_tasks(bus
     finally:
         stop.set()
         await running
+        await worker.close()
     assert list((tmp_path / "scratch").iterdir()) == []
+
+
+async def test_a_job_over_its_budget_is_retried_then_dead_lettered(bus, tmp_path):
+    worker = VerificationWorker(bus, scratch_dir=tmp_path / "scratch", job_timeout_s=0.3)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.consumer(concurrency=1).run(stop))
+    dead = await bus.js.pull_subscribe("arena.dead.*", durable="test-dead-budget", stream="ARENA_DEAD")
+    try:
+        job = VerifyJob(rollout_id="slow", task=load_task(QUICKSTART), diff=scripted_diff("correct"))
+        await bus.publish(subjects.VERIFY_RUN, job, msg_id=subjects.msg_id("slow", "verify-job"))
+        [letter] = [msgspec.json.decode(m.data, type=DeadLetter) for m in await fetch(dead, 1, timeout=60)]
+        assert letter.num_delivered == 3
+        assert letter.error == "VerificationError: verification took longer than its 0.3s budget"
+    finally:
+        stop.set()
+        await running
+        await worker.close()
+    assert list((tmp_path / "scratch").iterdir()) == []  # cancelled runs clean up too
+
+
+async def test_answer_verifiers_read_the_agents_result_from_the_sandbox_result(bus, tmp_path):
+    """Jobs from the sandbox plane carry no result.json: the worker reads it from SandboxDone."""
+    from arena.schemas import ExactVerifier, SandboxDone, SandboxOutcome
+
+    worker = VerificationWorker(bus, scratch_dir=tmp_path / "scratch")
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.consumer(concurrency=1).run(stop))
+    results = await bus.js.pull_subscribe("arena.verify.done.*", durable="test-answers", stream="ARENA_RESULTS")
+    try:
+        await bus.publish(subjects.sandbox_done("ans"),
+                          SandboxDone(rollout_id="ans", sandbox_id="s", provider="local", outcome=SandboxOutcome.COMPLETED,
+                                      reason="done", started_at=1.0, finished_at=2.0, result={"answer": " 2.50 "}),
+                          msg_id=subjects.msg_id("ans", "sandbox-done"))
+        task = msgspec.structs.replace(load_task(QUICKSTART), verifier=ExactVerifier(answers=["5/2"]))
+        for rid in ("ans", "none"):
+            await bus.publish(subjects.VERIFY_RUN, VerifyJob(rollout_id=rid, task=task, diff=""),
+                              msg_id=subjects.msg_id(rid, "verify-job"))
+        got = {r.rollout_id: r for r in (msgspec.json.decode(m.data, type=VerificationResult)
+                                         for m in await fetch(results, 2))}
+        assert (got["ans"].verifier, got["ans"].reward) == ("exact", 1.0)
+        assert (got["none"].reward, got["none"].flags) == (0.0, ["no_answer"])
+    finally:
+        stop.set()
+        await running
+        await worker.close()

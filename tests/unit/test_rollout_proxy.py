@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from arena.errors import BudgetExhausted, InvalidRequest, UpstreamError
+from arena.errors import BudgetExhausted, InvalidRequest, UpstreamError, WallClockExceeded
 from arena.schemas import AgentSpec, Budget, RolloutRecord, RolloutState, SamplingParams, Task, TestsVerifier, Timings
 from arena.scripted_llm import Script, ScriptedLLM, ScriptedResponse, decode_ids
 from arena_rollout import proxy
@@ -31,23 +31,57 @@ def test_rollout_sampling_overrides_the_agent_and_capture_is_forced():
 
 def test_turn_budget_refuses_before_sending():
     with pytest.raises(BudgetExhausted, match="turn budget exhausted: 2 of 2"):
-        proxy.check_budget(record(Budget(max_turns=2), steps=2), {"messages": []})
+        proxy.check_budget(record(Budget(max_turns=2), steps=2), {"messages": []}, now=1.0)
 
 
 def test_token_budget_caps_max_tokens_then_refuses():
-    capped = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 500})
+    capped = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 500}, now=1.0)
     assert capped["max_tokens"] == 30
-    untouched = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 10})
+    untouched = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 10}, now=1.0)
     assert untouched["max_tokens"] == 10
     with pytest.raises(BudgetExhausted, match="token budget exhausted"):
-        proxy.check_budget(record(Budget(max_total_tokens=100), tokens=100), {})
+        proxy.check_budget(record(Budget(max_total_tokens=100), tokens=100), {}, now=1.0)
+
+
+def test_wall_clock_budget_refuses_after_it_has_passed():
+    assert proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=9.9) == {}
+    with pytest.raises(WallClockExceeded, match="wall-clock budget exhausted: 10.5 s of 10 s"):
+        proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=10.5)
+
+
+def test_policy_default_fills_only_what_the_agent_left_unset():
+    body = {"messages": [], "temperature": 0.2, "max_completion_tokens": 50}
+    sent, applied = proxy.apply_sampling(body, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10,
+                                                              policy="default"))
+    assert sent["temperature"] == 0.2 and sent["top_p"] == 0.9 and sent["max_tokens"] == 50
+    assert "max_completion_tokens" not in sent
+    assert applied.policy == "default" and applied.max_tokens == 50
+
+
+def test_policy_clamp_caps_numeric_fields_and_overrides_the_rest():
+    body = {"messages": [], "temperature": 1.5, "top_p": 0.3, "max_tokens": 4000, "seed": 1, "stop": ["x"]}
+    sent, _ = proxy.apply_sampling(body, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=512, seed=9,
+                                                        stop=["END"], policy="clamp"))
+    assert sent["temperature"] == 1.0 and sent["top_p"] == 0.3 and sent["max_tokens"] == 512
+    assert sent["seed"] == 9 and sent["stop"] == ["END"]
+
+
+def test_top_logprobs_and_stream_usage_are_requested():
+    sent, applied = proxy.apply_sampling({"messages": [], "stream": True}, SamplingParams(top_logprobs=5))
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 5 and applied.top_logprobs == 5
+    assert sent["stream_options"] == {"include_usage": True}
+    sent, applied = proxy.apply_sampling({"prompt": "x", "logprobs": 2}, SamplingParams(),
+                                         api="openai.completions")
+    assert sent["logprobs"] == 2 and applied.top_logprobs == 2 and sent["return_token_ids"] is True
 
 
 def test_bad_bodies_are_refused_with_a_reason():
     with pytest.raises(InvalidRequest, match="messages"):
         proxy.validate_chat_body({"messages": []})
-    with pytest.raises(InvalidRequest, match="streaming"):
-        proxy.validate_chat_body({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    with pytest.raises(InvalidRequest, match="n=1"):
+        proxy.validate_chat_body({"messages": [{"role": "user", "content": "x"}], "n": 3})
+    with pytest.raises(InvalidRequest, match="prompt"):
+        proxy.validate_completions_body({"prompt": ["a", "b"]})
     with pytest.raises(InvalidRequest, match="JSON object"):
         proxy.validate_chat_body([1, 2])
 
@@ -84,3 +118,64 @@ def test_capture_rejects_a_response_without_choices():
     with pytest.raises(UpstreamError, match="no choices"):
         proxy.capture(rollout_id="r", step_index=0, request={}, response={"oops": 1}, applied=SamplingParams(),
                       backend="b", policy_version=None, timings=Timings(), started_at=0)
+
+
+def test_streamed_chunks_capture_the_same_tokens_as_the_whole_answer():
+    llm = ScriptedLLM(Script(responses=[ScriptedResponse(label="a", content="naïve ✓ answer")]))
+    body, applied = proxy.apply_sampling({"messages": [{"role": "user", "content": "x"}], "stream": True,
+                                          "top_logprobs": 2, "logprobs": True}, SamplingParams(seed=4))
+    whole = llm.complete({**body, "stream": False})
+    cap = proxy.Capture()
+    for chunk in llm.chunks(body, chat=True):
+        cap.add_chat_chunk(chunk)
+    step = cap.to_step(rollout_id="r", step_index=0, api="openai.chat", request=body, applied=applied,
+                       backend="b", replica="default", policy_version=None, timings=Timings(), started_at=0,
+                       stream=True)
+    assert step.completion_token_ids == whole["choices"][0]["token_ids"]
+    assert step.prompt_token_ids == whole["prompt_token_ids"]
+    assert step.logprobs == [c["logprob"] for c in whole["choices"][0]["logprobs"]["content"]]
+    assert step.completion_text == "naïve ✓ answer" and step.usage.total_tokens == whole["usage"]["total_tokens"]
+    assert step.stream and step.token_ids_source == "backend" and step.finish_reason == "stop"
+
+
+def test_a_stream_without_token_ids_says_unavailable():
+    from arena.scripted_llm import Faults
+
+    llm = ScriptedLLM(Script(responses=[ScriptedResponse(label="a", content="hi")]), faults=Faults(no_token_ids=True))
+    cap = proxy.Capture()
+    for chunk in llm.chunks({"messages": [{"role": "user", "content": "x"}], "return_token_ids": True,
+                             "logprobs": True}, chat=True):
+        cap.add_chat_chunk(chunk)
+    step = cap.to_step(rollout_id="r", step_index=0, api="openai.chat", request={}, applied=SamplingParams(),
+                       backend="b", replica=None, policy_version=None, timings=Timings(), started_at=0, stream=True)
+    assert step.token_ids_source == "unavailable" and step.completion_token_ids is None
+    assert step.completion_text == "hi" and len(step.logprobs) == 2
+
+
+def test_completions_capture_prompt_ids_from_the_choice():
+    llm = ScriptedLLM(Script(responses=[ScriptedResponse(label="a", content="abc")]))
+    body, applied = proxy.apply_sampling({"prompt": [1, 70, 71], "logprobs": 2}, SamplingParams(),
+                                         api="openai.completions")
+    answer = llm.text_complete(body)
+    step = proxy.capture(rollout_id="r", step_index=0, request=body, response=answer, applied=applied,
+                         backend="b", policy_version=None, timings=Timings(), started_at=0, api="openai.completions")
+    assert step.prompt_token_ids == [1, 70, 71] and step.request_prompt == [1, 70, 71]
+    assert step.completion_token_ids == answer["choices"][0]["token_ids"]
+    assert step.logprobs == answer["choices"][0]["logprobs"]["token_logprobs"]
+    assert [len(a) for a in step.top_logprobs] == [2, 2, 2]
+
+
+async def test_a_relay_closed_before_it_started_still_reports_it():
+    from arena_rollout.proxy.handler import Relay
+
+    async def gen():
+        yield b"a"
+
+    calls = []
+    relay = Relay(gen(), lambda: calls.append("unstarted"))
+    await relay.aclose()
+    assert calls == ["unstarted"]
+    started = Relay(gen(), lambda: calls.append("again"))
+    assert [c async for c in started] == [b"a"]
+    await started.aclose()
+    assert calls == ["unstarted"]

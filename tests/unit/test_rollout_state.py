@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from arena.errors import Conflict
@@ -47,3 +48,22 @@ def test_no_skipping_ahead():
     assert not can_transition(S.RUNNING, S.COMPLETED)
     with pytest.raises(Conflict, match="cannot go from pending to completed"):
         transition(record(), S.COMPLETED, reason="", at=0.0)
+
+
+def test_record_cache_keeps_the_newest_live_record_and_forgets_ended_rollouts():
+    from arena.schemas import AgentSpec, RolloutRecord, SamplingParams, Task, TestsVerifier
+    from arena_rollout.store import RecordCache
+
+    task = Task(id="t", repo="/r", instructions="i", agent=AgentSpec(command=["a"]),
+                verifier=TestsVerifier(fail_to_pass=["x"]))
+    rec = RolloutRecord(rollout_id="r1", task=task, sampling=SamplingParams(), model="m", provider="local",
+                        api_key="k", state=RolloutState.RUNNING, created_at=0.0, updated_at=0.0)
+    cache = RecordCache()
+    cache.put(rec, 5)
+    assert cache.get("r1") is None  # not answering until its watch has caught up
+    cache.watching = True
+    cache.put(msgspec.structs.replace(rec, steps=1), 4)  # an older revision arriving late
+    assert cache.get("r1").steps == 0
+    cache.put(msgspec.structs.replace(rec, state=RolloutState.COMPLETED), 6)
+    cache.put(msgspec.structs.replace(rec, steps=2), 7)  # nothing brings an ended rollout back
+    assert cache.get("r1") is None

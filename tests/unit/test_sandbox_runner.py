@@ -146,3 +146,49 @@ def test_done_written(tmp_path):
 def test_new_sandbox_id():
     a, b = runner.new_sandbox_id("r1"), runner.new_sandbox_id("r1")
     assert a.startswith("r1-") and len(a) == len("r1-") + 8 and a != b
+
+
+# --------------------------------------------------------------------------- providers (issue 4)
+
+from arena.settings import Settings, SettingsError  # noqa: E402
+from arena_sandbox import factory  # noqa: E402
+from arena_sandbox.provider import ExecResult  # noqa: E402
+
+
+def test_oom_kill_is_reported_as_such():
+    run = ExecResult(exit_code=137, oom_killed=True, duration_s=1.0)
+    outcome, reason = runner.decide_outcome(run, done=False, tail="MemoryError?", memory_bytes=256 * 2**20)
+    assert outcome is SandboxOutcome.FAILED
+    assert reason.startswith("out of memory: the OOM killer fired (memory limit of 256 MiB)")
+    assert "exited with code 137" in reason and "MemoryError?" in reason
+    # done wins: the workspace is final, verification judges it
+    assert runner.decide_outcome(run, done=True, tail="")[0] is SandboxOutcome.COMPLETED
+
+
+def test_parse_result():
+    assert runner.parse_result(None) == (None, "")
+    assert runner.parse_result(b'{"a": 1}') == ({"a": 1}, "")
+    assert "invalid JSON" in runner.parse_result(b"{")[1]
+    assert "not a JSON object" in runner.parse_result(b"[1]")[1]
+    assert "larger than 4 bytes" in runner.parse_result(b'{"a": 1}', max_bytes=4)[1]
+
+
+def test_log_buffer_keeps_the_last_bytes():
+    buf = runner._LogBuffer(10)
+    for chunk in (b"aaaa", b"bbbb", b"cccc", b"dd"):
+        buf(chunk)
+    data = buf.data()
+    assert data.endswith(b"bbbbccccdd"[-10:]) and data.startswith(b"[arena: log truncated")
+    small = runner._LogBuffer(100)
+    small(b"hi")
+    assert small.data() == b"hi"
+
+
+def test_factory_builds_each_provider_and_rejects_unknown(tmp_path):
+    settings = Settings(data_dir=str(tmp_path), sandbox_provider="local, docker,mock,local", sandbox_owner="a b")
+    assert [p.name for p in factory.build_providers(settings)] == ["local", "docker", "mock"]
+    assert factory.owner_of(settings) == "a-b"
+    with pytest.raises(SettingsError, match="unknown provider 'kubernetes'"):
+        factory.build_providers(Settings(sandbox_provider="kubernetes"))
+    with pytest.raises(SettingsError, match="ARENA_SANDBOX_POOL_SIZE"):
+        Settings.from_env({"ARENA_SANDBOX_POOL_SIZE": "-1"})

@@ -13,6 +13,9 @@ from arena.runtime import serve, stop_on_signals
 from arena.settings import Settings, SettingsError
 
 from arena_rollout.app import create_app
+from arena_rollout.proxy.backends import BackendRegistry
+from arena_rollout.proxy.routing import Router
+from arena_rollout.proxy.upstream import ClientPool
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 from arena_rollout.worker import consumers
@@ -26,11 +29,22 @@ async def main(settings: Settings) -> None:
     await bus.ensure_topology()
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits) as http:
-        service = RolloutService(bus=bus, store=RolloutStore(await bus.kv(subjects.KV_ROLLOUTS)),
-                                 settings=settings, http=http)
+        router = Router()
+        registry = BackendRegistry(router=router, settings=settings, http=http)
+        rollouts_kv = await bus.kv(subjects.KV_ROLLOUTS)
+        store = RolloutStore(rollouts_kv)
+        upstream = ClientPool.create()
+        service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
+                                 upstream=upstream)
+        background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
+                      asyncio.create_task(registry.health_loop(stop)),
+                      asyncio.create_task(store.cache.watch(rollouts_kv, stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
         await serve(stop, consumers=consumers(bus, service), app=create_app(service),
                     host=settings.host, port=settings.rollout_port)
+        await asyncio.gather(*background, return_exceptions=True)
+        await service.proxy.drain()
+        await upstream.aclose()
     await bus.close()
     log.info("rollout service stopped")
 

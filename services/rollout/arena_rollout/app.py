@@ -7,6 +7,7 @@ Routes are thin: parse, call ``RolloutService``, encode. Every error is
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 from arena.errors import ArenaError, InvalidRequest, PayloadTooLarge
 from arena.schemas import ErrorBody, ErrorResponse, RolloutState, SubmitGroupRequest, SubmitRolloutRequest, encode
 
+from arena_rollout.proxy.policy import Api
 from arena_rollout.service import RolloutService, view
 
 log = logging.getLogger("arena.rollout.http")
@@ -46,6 +48,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class RelayResponse(StreamingResponse):
+    """A relayed stream whose iterator is always closed, so a client that disconnects
+    mid-stream still gets its step recorded (``incomplete``)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 def decode(data: bytes, type_: type[T]) -> T:
     if not data:
         raise InvalidRequest("request body is empty; send a JSON object")
@@ -57,7 +70,7 @@ def decode(data: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
-def create_app(service: RolloutService) -> FastAPI:
+def create_app(service: RolloutService) -> RolloutApp:
     app = FastAPI(title="Arena rollout API", version="0.1.0")
     limit = service.settings.max_body_bytes
 
@@ -133,16 +146,66 @@ def create_app(service: RolloutService) -> FastAPI:
         return json_response({"object": "list", "data": [
             {"id": record.model, "object": "model", "created": int(time.time()), "owned_by": "arena"}]})
 
+    # documented here; served by ``RolloutApp`` before FastAPI routing (the hot path)
     @app.post("/proxy/{rollout_id}/v1/chat/completions")
     async def proxy_chat(rollout_id: str, request: Request) -> Response:
-        record = await service.authorize(rollout_id, request.headers.get("authorization"),
-                                         request.headers.get("x-api-key"))
-        body = await read_body(request, limit)
-        try:
-            payload = msgspec.json.decode(body)
-        except msgspec.DecodeError as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-        answer = await service.chat_completion(record, payload)
-        return json_response(answer)
+        return await proxied(service, rollout_id, request, "openai.chat")
 
-    return app
+    @app.post("/proxy/{rollout_id}/v1/completions")
+    async def proxy_completions(rollout_id: str, request: Request) -> Response:
+        return await proxied(service, rollout_id, request, "openai.completions")
+
+    @app.post("/proxy/{rollout_id}/v1/messages")
+    async def proxy_messages(rollout_id: str, request: Request) -> Response:
+        return await proxied(service, rollout_id, request, "anthropic.messages")
+
+    return RolloutApp(service, app)
+
+
+async def proxied(service: RolloutService, rollout_id: str, request: Request, api: Api) -> Response:
+    """One proxied LLM call: authorize, read, hand to the proxy, wrap the answer."""
+    record = await service.authorize(rollout_id, request.headers.get("authorization"),
+                                     request.headers.get("x-api-key"))
+    body = await read_body(request, service.settings.max_body_bytes)
+    try:
+        payload = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    answer = await service.proxy.call(record, api, payload)
+    if isinstance(answer, bytes):
+        return Response(answer, media_type="application/json")
+    if isinstance(answer, dict):
+        return json_response(answer)
+    return RelayResponse(answer, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+_PROXY_PATH = re.compile(r"^/proxy/([^/]+)/v1/(chat/completions|completions|messages)$")
+_APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
+                         "messages": "anthropic.messages"}
+
+
+class RolloutApp:
+    """The ASGI app: the proxy's POST routes go straight to ``proxied`` (no FastAPI routing,
+    dependency solving or middleware on every LLM call); everything else to FastAPI."""
+
+    def __init__(self, service: RolloutService, api: FastAPI):
+        self.service = service
+        self.api = api
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _PROXY_PATH.match(scope["path"])
+            if match is not None:
+                request = Request(scope, receive)
+                try:
+                    response = await proxied(self.service, match[1], request, _APIS[match[2]])
+                except ArenaError as exc:
+                    response = error_response(exc)
+                except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
+                    log.exception("unhandled error on POST %s", scope["path"])
+                    response = json_response(ErrorResponse(error=ErrorBody(
+                        code="internal", message=f"internal error: {type(exc).__name__}")), 500)
+                await response(scope, receive, send)
+                return
+        await self.api(scope, receive, send)

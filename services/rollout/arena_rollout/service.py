@@ -14,14 +14,13 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import msgspec
 
 from arena import subjects, telemetry
 from arena.bus import Bus, Delivery
-from arena.errors import BudgetExhausted, Conflict, InvalidRequest, Retryable, Unauthorized, UpstreamError
+from arena.errors import Conflict, InvalidRequest, Retryable, Unauthorized
 from arena.schemas import (
     DeadLetter,
     GroupSubmitted,
@@ -37,12 +36,16 @@ from arena.schemas import (
     StateTransition,
     SubmitGroupRequest,
     SubmitRolloutRequest,
-    Timings,
+    TestsVerifier,
     VerificationResult,
 )
 from arena.settings import Settings
 
-from arena_rollout import proxy, state
+from arena_rollout import state
+from arena_rollout.proxy.backends import default_replica
+from arena_rollout.proxy.handler import ProxyHandler
+from arena_rollout.proxy.routing import Router
+from arena_rollout.proxy.upstream import ClientPool
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout")
@@ -99,7 +102,7 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         value = getattr(task.budget, name)
         if value is not None and value < 1:
             problems.append(f"task.budget.{name} must be >= 1")
-    if not task.verifier.fail_to_pass and not task.verifier.pass_to_pass:
+    if isinstance(task.verifier, TestsVerifier) and not task.verifier.fail_to_pass and not task.verifier.pass_to_pass:
         problems.append("task.verifier needs at least one test in fail_to_pass or pass_to_pass")
     if check_paths:
         if not os.path.isdir(task.repo):
@@ -113,11 +116,15 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
 
 
 class RolloutService:
-    def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient):
+    def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient,
+                 router: Router | None = None, upstream: ClientPool | None = None):
         self.bus = bus
         self.store = store
         self.settings = settings
         self.http = http
+        self.router = router if router is not None else Router([default_replica(settings)])
+        self.proxy = ProxyHandler(bus=bus, store=store, lifecycle=self, router=self.router,
+                                  http=upstream if upstream is not None else http)
 
     # ------------------------------------------------------------------ submission
 
@@ -366,7 +373,7 @@ class RolloutService:
         if not key:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <rollout key>'")
         try:
-            record, _ = await self.store.get(rollout_id)
+            record = await self.store.current(rollout_id)  # no NATS round trip while the cache watches
         except Exception:  # noqa: BLE001 - unknown rollout and bad key look the same to the caller
             raise Unauthorized("invalid API key for this rollout") from None
         if not secrets.compare_digest(key, record.api_key):
@@ -374,51 +381,3 @@ class RolloutService:
         if record.state not in (S.PROVISIONING, S.RUNNING):
             raise Unauthorized(f"rollout {rollout_id} is {record.state.value}; its key is no longer valid")
         return record
-
-    async def chat_completion(self, record: RolloutRecord, body: dict[str, Any]) -> dict[str, Any]:
-        """Forward one chat completion to the backend and publish its captured step."""
-        rid = record.rollout_id
-        proxy.validate_chat_body(body)
-        try:
-            body = proxy.check_budget(record, body)
-        except BudgetExhausted as exc:
-            await self.transition(rid, S.BUDGET_EXHAUSTED, reason=exc.message)
-            raise
-        sent, applied = proxy.apply_sampling(body, record.sampling)
-        if record.model and record.model != "default":
-            sent["model"] = record.model
-        started_at = time.time()
-        t0 = time.perf_counter()
-        url = self.settings.backend_url.rstrip("/") + "/chat/completions"
-        try:
-            resp = await self.http.post(url, content=msgspec.json.encode(sent),
-                                        headers={"content-type": "application/json"})
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"backend {self.settings.backend_url} unreachable: {type(exc).__name__}: {exc}") from exc
-        total_ms = (time.perf_counter() - t0) * 1000
-        if resp.status_code >= 400:
-            raise UpstreamError(f"backend answered {resp.status_code}: {resp.text[:500]}")
-        try:
-            answer = msgspec.json.decode(resp.content)
-        except msgspec.DecodeError as exc:
-            raise UpstreamError(f"backend answered invalid JSON: {exc}") from exc
-        usage = answer.get("usage") if isinstance(answer, dict) else None
-        spent = int((usage or {}).get("total_tokens") or 0)
-
-        def count(r: RolloutRecord) -> RolloutRecord:
-            return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent)
-
-        before, after = await self.store.update(rid, count)
-        step = proxy.capture(
-            rollout_id=rid,
-            step_index=before.steps,
-            request=sent,
-            response=answer,
-            applied=applied,
-            backend=self.settings.backend_url,
-            policy_version=self.settings.backend_policy_version or None,
-            timings=Timings(queued_ms=0.0, first_token_ms=total_ms, total_ms=total_ms),
-            started_at=started_at,
-        )
-        await self.bus.publish(subjects.step(rid), step, msg_id=subjects.msg_id(rid, "step", step.step_index))
-        return answer

@@ -1,7 +1,15 @@
-"""Rollout records in the ``arena_rollouts`` KV bucket, updated by compare-and-set."""
+"""Rollout records in the ``arena_rollouts`` KV bucket, updated by compare-and-set.
+
+``RecordCache`` is an in-process replica of the bucket's live (non-final) records, fed
+by a KV watch and by this process's own writes, so the proxy's hot path (key and
+budget checks) needs no round trip to NATS. It answers only while its watch runs;
+a final record is dropped and never comes back, so an ended rollout's key is refused.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 
 import msgspec
@@ -10,19 +18,71 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from arena.errors import Conflict, NotFound
 from arena.schemas import RolloutRecord
 
+log = logging.getLogger("arena.rollout.store")
+
 _decoder = msgspec.json.Decoder(RolloutRecord)
 _encoder = msgspec.json.Encoder()
 
 
+class RecordCache:
+    def __init__(self) -> None:
+        self._live: dict[str, tuple[RolloutRecord, int]] = {}
+        self._final: set[str] = set()
+        self.watching = False
+
+    def get(self, rollout_id: str) -> RolloutRecord | None:
+        if not self.watching:
+            return None
+        entry = self._live.get(rollout_id)
+        return entry[0] if entry is not None else None
+
+    def put(self, record: RolloutRecord, revision: int) -> None:
+        rid = record.rollout_id
+        if rid in self._final:
+            return
+        if record.state.is_final:
+            self._final.add(rid)
+            self._live.pop(rid, None)
+            return
+        current = self._live.get(rid)
+        if current is None or revision > current[1]:
+            self._live[rid] = (record, revision)
+
+    async def watch(self, kv, stop: asyncio.Event) -> None:
+        """Follow the bucket until ``stop``; the cache answers once the initial values are in."""
+        watcher = await kv.watchall()
+        try:
+            while not stop.is_set():
+                try:
+                    entry = await watcher.updates(timeout=1.0)
+                except Exception:  # noqa: BLE001 - nats TimeoutError: nothing changed
+                    continue
+                if entry is None:  # the initial values are all in
+                    self.watching = True
+                    continue
+                if entry.value is None or entry.operation is not None:
+                    continue  # records are never deleted by Arena
+                try:
+                    self.put(_decoder.decode(entry.value), entry.revision)
+                except msgspec.DecodeError as exc:
+                    log.error("arena_rollouts key %s is not a RolloutRecord: %s", entry.key, exc)
+        finally:
+            self.watching = False
+            await watcher.stop()
+
+
 class RolloutStore:
-    def __init__(self, kv):
+    def __init__(self, kv, *, cache: RecordCache | None = None):
         self.kv = kv
+        self.cache = cache if cache is not None else RecordCache()
 
     async def create(self, record: RolloutRecord) -> int:
         try:
-            return await self.kv.create(record.rollout_id, _encoder.encode(record))
+            revision = await self.kv.create(record.rollout_id, _encoder.encode(record))
         except KeyWrongLastSequenceError:
             raise Conflict(f"rollout {record.rollout_id} already exists") from None
+        self.cache.put(record, revision)
+        return revision
 
     async def get(self, rollout_id: str) -> tuple[RolloutRecord, int]:
         try:
@@ -32,6 +92,14 @@ class RolloutStore:
         if entry.value is None:
             raise NotFound(f"no rollout {rollout_id!r}")
         return _decoder.decode(entry.value), entry.revision
+
+    async def current(self, rollout_id: str) -> RolloutRecord:
+        """The record from the cache when it is watching, else from the bucket."""
+        cached = self.cache.get(rollout_id)
+        if cached is not None:
+            return cached
+        record, _ = await self.get(rollout_id)
+        return record
 
     async def update(
         self, rollout_id: str, change: Callable[[RolloutRecord], RolloutRecord], *, attempts: int = 50
@@ -47,10 +115,11 @@ class RolloutStore:
             if after is before:
                 return before, after
             try:
-                await self.kv.update(rollout_id, _encoder.encode(after), last=revision)
-                return before, after
+                new_revision = await self.kv.update(rollout_id, _encoder.encode(after), last=revision)
             except KeyWrongLastSequenceError:
                 continue
+            self.cache.put(after, new_revision)
+            return before, after
         raise Conflict(f"rollout {rollout_id}: too much contention updating the record")
 
     async def list(self, *, state: str | None = None, limit: int = 1000) -> list[RolloutRecord]:

@@ -1,5 +1,7 @@
 """Arena's sandbox plane: runs an agent under the sandbox contract and reports the result.
 
-``arena_sandbox.local`` is the bubblewrap provider primitive (also used by the
-verification plane), ``runner`` the per-job logic, ``worker`` the NATS wiring.
+``provider`` is the interface, implemented by ``local_provider`` (bubblewrap, on the
+``local`` primitive that the verification plane also uses), ``docker_provider`` and
+``mock_provider``; ``pool`` the warm pool, ``runner`` the per-job logic, ``worker``
+the NATS wiring.
 """

@@ -1,4 +1,4 @@
-"""``python -m arena_sandbox``: the local (bubblewrap) sandbox worker."""
+"""``python -m arena_sandbox``: sandbox workers, one per provider in ARENA_SANDBOX_PROVIDER."""
 
 from __future__ import annotations
 
@@ -10,25 +10,38 @@ from arena.bus import Bus
 from arena.runtime import serve, stop_on_signals
 from arena.settings import Settings, SettingsError
 
-from arena_sandbox import local
+from arena_sandbox.factory import build_providers
+from arena_sandbox.pool import WarmPool
+from arena_sandbox.provider import CreateSpec
 from arena_sandbox.worker import SandboxWorker
 
 
 async def main(settings: Settings) -> None:
     log = logs.setup("sandbox", settings.log_level)
     telemetry.setup("sandbox")
-    if settings.sandbox_provider != "local":
-        raise SettingsError(f"ARENA_SANDBOX_PROVIDER={settings.sandbox_provider!r}: this worker runs 'local'")
-    reason = local.available()
-    if reason is not None:
-        # Keep consuming: every job then ends as an `error` outcome that names the reason.
-        log.error("bubblewrap sandboxes do not work on this machine: %s", reason)
+    providers = build_providers(settings)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "sandbox")
     await bus.ensure_topology()
-    worker = SandboxWorker(bus, settings, stop=stop)
-    log.info("sandbox worker running (provider local, concurrency %d)", settings.sandbox_concurrency)
-    await serve(stop, consumers=[worker.consumer()])
+    workers, pools = [], []
+    for provider in providers:
+        await provider.reap_orphans()  # whatever a killed predecessor of this owner left
+        reason = await provider.health()
+        if reason is not None:
+            # Keep consuming: every job then ends as an `error` outcome that names the reason.
+            log.error("sandbox provider %s does not work here: %s", provider.name, reason)
+        pool = WarmPool(provider, size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None
+        if pool is not None and reason is None:
+            await pool.prefill(CreateSpec())
+            pools.append(pool)
+        workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop))
+        log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
+                 provider.name, settings.sandbox_concurrency, settings.sandbox_pool_size)
+    await serve(stop, consumers=[w.consumer() for w in workers])
+    for pool in pools:
+        await pool.close()
+    for provider in providers:
+        await provider.close()
     await bus.close()
     log.info("sandbox worker stopped")
 

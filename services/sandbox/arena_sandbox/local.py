@@ -113,6 +113,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     log_path: Path | None = None  # stdout+stderr (merged) go here; else discarded
     workdir: str = "."  # working directory, relative to /sandbox/workspace
     limits: ResourceLimits = ResourceLimits()
+    #: ``cgroup.procs`` files the sandbox joins before exec (pids/memory/CPU limits).
+    cgroup_procs: tuple[str, ...] = ()
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -276,8 +278,15 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     return argv + list(spec.command)
 
 
-def _set_limits(limits: ResourceLimits) -> None:
+def _set_limits(limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
     """Runs in the child between fork and exec (so: nothing that allocates much)."""
+    pid = str(os.getpid()).encode()
+    for procs in cgroup_procs:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
     for which, value in (
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_NOFILE, limits.open_files),
@@ -410,7 +419,7 @@ async def _execute(
             await forwarder.start()
             shim = (spec.proxy.inside_port, PROXY_SOCKET)
         argv = _bwrap_argv(spec, run_dir, shim=shim)
-        limits = spec.limits
+        limits, cgroup_procs = spec.limits, spec.cgroup_procs
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=subprocess.DEVNULL,
@@ -418,7 +427,7 @@ async def _execute(
             stderr=stderr,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
             start_new_session=True,
-            preexec_fn=lambda: _set_limits(limits),
+            preexec_fn=lambda: _set_limits(limits, cgroup_procs),
         )
         waiters = {asyncio.ensure_future(proc.wait())}
         cancel_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None

@@ -1,11 +1,11 @@
 """One sandbox job, start to finish, without the bus.
 
-``run_job`` prepares ``{data_dir}/sandboxes/{sandbox_id}/`` (``workspace/``: the task
-repository committed as the base; ``arena/``: ``task.json``), runs the agent in a
-local sandbox under the sandbox contract, decides the outcome, reads the optional
-``result.json``, extracts the final diff (except for a cancelled sandbox) and always
-removes the directory. The small
-functions it is made of are pure and unit-tested on their own.
+``run_job`` commits the task repository as the base in ``{data_dir}/staging/``, takes
+a sandbox from a provider (or its warm pool), puts the workspace, the agent and
+``task.json`` in, runs the agent under the sandbox contract with its output streamed
+into a bounded buffer, decides the outcome, reads the optional ``result.json``,
+extracts the final diff inside the sandbox (except for a cancelled one) and always
+destroys the sandbox. The small functions it is made of are pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import msgspec
 
 from arena.schemas import SandboxDone, SandboxJob, SandboxOutcome, Task
 from arena_sandbox import local
-from arena_sandbox.local import ProxyForward, ResourceLimits, RunResult, SandboxSpec
+from arena_sandbox.local import ProxyForward, RunResult
+from arena_sandbox.pool import WarmPool
+from arena_sandbox.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
 log = logging.getLogger("arena.sandbox.runner")
 
-PROVIDER = "local"
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -42,7 +43,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_log_bytes: int = 16 * 1024 * 1024
     max_result_bytes: int = 1024 * 1024
     diff_timeout_s: float = 120.0
-    limits: ResourceLimits = ResourceLimits()
+    sandbox_limits: SandboxLimits = SandboxLimits()
 
 
 class JobRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +138,13 @@ def read_result(arena_dir: Path, *, max_bytes: int = 1024 * 1024) -> tuple[dict[
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             return None, "result.json ignored: not a regular file"
         data = fh.read(max_bytes + 1)
+    return parse_result(data, max_bytes=max_bytes)
+
+
+def parse_result(data: bytes | None, *, max_bytes: int = 1024 * 1024) -> tuple[dict[str, Any] | None, str]:
+    """``result.json`` as read from a sandbox (``None``: absent or not a regular file)."""
+    if data is None:
+        return None, ""
     if len(data) > max_bytes:
         return None, f"result.json ignored: larger than {max_bytes} bytes"
     try:
@@ -152,7 +160,9 @@ def done_written(arena_dir: Path) -> bool:
     return os.path.lexists(arena_dir / "done")
 
 
-def decide_outcome(run: RunResult, *, done: bool, tail: str) -> tuple[SandboxOutcome, str]:
+def decide_outcome(
+    run: RunResult | ExecResult, *, done: bool, tail: str, memory_bytes: int | None = None
+) -> tuple[SandboxOutcome, str]:
     """The outcome and its reason.
 
     A cancel (Arena killed it, not for the wall clock) wins; otherwise writing ``done`` means completed, even if the agent then
@@ -169,67 +179,103 @@ def decide_outcome(run: RunResult, *, done: bool, tail: str) -> tuple[SandboxOut
         return SandboxOutcome.COMPLETED, "agent wrote /sandbox/.arena/done"
     if run.timed_out:
         return SandboxOutcome.TIMED_OUT, f"wall clock of {run.duration_s:.0f}s exceeded"
+    if getattr(run, "oom_killed", False):
+        limit = f" of {memory_bytes // 2**20} MiB" if memory_bytes else ""
+        reason = f"out of memory: the OOM killer fired (memory limit{limit}); agent exited with code {run.exit_code}"
+        return SandboxOutcome.FAILED, reason + (f"; last output:\n{tail}" if tail else "")
     reason = f"agent exited with code {run.exit_code} without writing /sandbox/.arena/done"
     if tail:
         reason += "; last output:\n" + tail
     return SandboxOutcome.FAILED, reason
 
 
-def _read_log(path: Path, max_bytes: int) -> bytes:
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return b""
-    with open(path, "rb") as fh:
-        if size > max_bytes:
-            fh.seek(size - max_bytes)
-            return b"[arena: log truncated to its last %d bytes]\n" % max_bytes + fh.read()
-        return fh.read()
-
-
 # --------------------------------------------------------------------------- the job
+
+
+class _LogBuffer:
+    """The agent's output as it streams: the last ``max_bytes`` are kept."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.dropped = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.size > self.max_bytes and len(self.chunks) > 1:
+            first = self.chunks.pop(0)
+            self.size -= len(first)
+            self.dropped += len(first)
+
+    def data(self) -> bytes:
+        data = b"".join(self.chunks)
+        if self.dropped or len(data) > self.max_bytes:
+            data = data[-self.max_bytes :]
+            return b"[arena: log truncated to its last %d bytes]\n" % self.max_bytes + data
+        return data
 
 
 async def run_job(
     job: SandboxJob,
     *,
     data_dir: Path,
+    provider: SandboxProvider | WarmPool,
     config: RunnerConfig = RunnerConfig(),
     sandbox_id: str | None = None,
     cancel: asyncio.Event | None = None,
 ) -> JobRun:
-    """Run ``job`` in a fresh local sandbox; never raises for a problem of the job itself
-    (a missing repository, a broken workspace): that is a ``SandboxDone`` with outcome
-    ``error``."""
+    """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
+    for a problem of the job itself (a missing repository, a broken workspace): that is
+    a ``SandboxDone`` with outcome ``error``. The sandbox is destroyed on every path."""
     sandbox_id = sandbox_id or new_sandbox_id(job.rollout_id)
-    root = Path(data_dir) / "sandboxes" / sandbox_id
+    name = provider.provider.name if isinstance(provider, WarmPool) else provider.name
+    staging = Path(data_dir) / "staging" / sandbox_id
     extra = {"rollout_id": job.rollout_id, "sandbox_id": sandbox_id}
     started_at = time.time()
 
     def finish(outcome: SandboxOutcome, reason: str, **fields: Any) -> SandboxDone:
+        if name == "mock":
+            reason = f"mock provider (no process was run): {reason}"
         return SandboxDone(
-            rollout_id=job.rollout_id,
-            sandbox_id=sandbox_id,
-            provider=PROVIDER,
-            outcome=outcome,
-            reason=reason,
-            started_at=started_at,
-            finished_at=time.time(),
-            **fields,
+            rollout_id=job.rollout_id, sandbox_id=sandbox_id, provider=name, outcome=outcome, reason=reason,
+            started_at=started_at, finished_at=time.time(), **fields,
         )
 
+    sandbox: Sandbox | None = None
     try:
         try:
-            spec, base = await asyncio.to_thread(_prepare, job, root, config)  # copy + git: off the loop
-        except (OSError, ValueError, local.GitError) as exc:
+            plan, base = await asyncio.to_thread(_prepare, job, staging)  # copy + git: off the loop
+            spec = CreateSpec(image=job.task.image or "", limits=config.sandbox_limits)
+            sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
+            await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
+            if plan.agent_dir is not None:
+                await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
+            await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job)})
+        except (OSError, ValueError, local.GitError, SandboxError) as exc:
             log.warning("cannot prepare the sandbox: %s", exc, extra=extra)
             return JobRun(done=finish(SandboxOutcome.ERROR, f"cannot prepare the sandbox: {exc}"), log=b"")
-        log.info("sandbox starting", extra=extra)
-        run = await local.run(spec, cancel=cancel)
-        full_log = _read_log(root / "agent.log", config.max_log_bytes)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        log.info("sandbox starting (%s %s)", name, sandbox.id, extra=extra)
+        output = _LogBuffer(config.max_log_bytes)
+        try:
+            run = await sandbox.exec(
+                plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
+                proxy=plan.proxy, cancel=cancel, on_output=output,
+            )
+        except SandboxError as exc:
+            return JobRun(done=finish(SandboxOutcome.ERROR, str(exc)), log=output.data())
+        full_log = output.data()
         tail = log_tail(full_log, lines=config.log_tail_lines, max_chars=config.log_tail_chars)
-        outcome, reason = decide_outcome(run, done=done_written(root / "arena"), tail=tail)
-        result, note = read_result(root / "arena", max_bytes=config.max_result_bytes)
+        done_seen = await sandbox.exists(f"{local.ARENA_DIR}/done")
+        outcome, reason = decide_outcome(run, done=done_seen, tail=tail, memory_bytes=config.sandbox_limits.memory_bytes)
+        result_path = f"{local.ARENA_DIR}/result.json"
+        raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
+        result, note = parse_result(raw, max_bytes=config.max_result_bytes)
+        if raw is None and await sandbox.exists(result_path):
+            note = "result.json ignored: not a regular file (links are not followed)"
         if note:
             reason = f"{reason}; {note}"
         diff = ""
@@ -237,20 +283,30 @@ async def run_job(
             # Failed and timed-out rollouts keep their diff too (analytics); only a
             # completed one needs it, so only there is a broken diff an error.
             try:
-                diff = await local.git_diff(root / "workspace", base, timeout_s=config.diff_timeout_s)
+                diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s)
             except local.GitError as exc:
                 if outcome is SandboxOutcome.COMPLETED:
                     outcome, reason = SandboxOutcome.ERROR, f"cannot extract the diff: {exc}"
                 else:
                     reason = f"{reason}; no diff: {exc}"
         log.info("sandbox finished: %s", outcome.value, extra=extra)
-        done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail)
+        done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
+                      oom_killed=run.oom_killed)
         return JobRun(done=done, log=full_log, run=run)
     finally:
-        await asyncio.to_thread(shutil.rmtree, root, True)
+        if sandbox is not None:
+            await asyncio.shield(sandbox.destroy())
 
 
-def _prepare(job: SandboxJob, root: Path, config: RunnerConfig) -> tuple[SandboxSpec, str]:
+class _Plan(msgspec.Struct, frozen=True, kw_only=True):
+    command: list[str]
+    env: dict[str, str]
+    workdir: str
+    proxy: ProxyForward
+    agent_dir: Path | None
+
+
+def _prepare(job: SandboxJob, staging: Path) -> tuple[_Plan, str]:
     task = job.task
     forward = proxy_forward(job.proxy_url)
     agent_dir = Path(task.agent.path) if task.agent.path else None
@@ -263,22 +319,12 @@ def _prepare(job: SandboxJob, root: Path, config: RunnerConfig) -> tuple[Sandbox
         raise ValueError(f"workdir {task.workdir!r} must be a path inside the repository")
     env = agent_env(job)
     local.validate_env(env)
-    root.mkdir(parents=True)
-    base = local.prepare_workspace(Path(task.repo), root / "workspace")
-    if not (root / "workspace" / workdir).is_dir():
+    staging.mkdir(parents=True)
+    base = local.prepare_workspace(Path(task.repo), staging / "workspace")
+    if not (staging / "workspace" / workdir).is_dir():
         raise ValueError(f"workdir {task.workdir!r} is not a directory of the repository")
-    (root / "arena").mkdir()
-    (root / "arena" / "task.json").write_bytes(task_json(job))
-    spec = SandboxSpec(
-        command=list(task.agent.command),
-        workspace=root / "workspace",
-        arena_dir=root / "arena",
-        agent_dir=agent_dir,
-        env=env,
-        timeout_s=task.budget.wall_clock_s,
-        proxy=forward,
-        log_path=root / "agent.log",
-        workdir=workdir,
-        limits=config.limits,
+    plan = _Plan(
+        command=list(task.agent.command), env=env, workdir=os.path.normpath(os.path.join(local.WORKSPACE, workdir)),
+        proxy=forward, agent_dir=agent_dir,
     )
-    return spec, base
+    return plan, base

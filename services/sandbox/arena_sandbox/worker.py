@@ -32,7 +32,9 @@ from arena.schemas import (
     VerifyJob,
 )
 from arena.settings import Settings
-from arena_sandbox import local, runner
+from arena_sandbox import runner
+from arena_sandbox.pool import WarmPool
+from arena_sandbox.provider import SandboxProvider
 from arena_sandbox.runner import RunnerConfig
 
 log = logging.getLogger("arena.sandbox.worker")
@@ -45,7 +47,7 @@ _state_decoder = msgspec.json.Decoder(RolloutStateChanged)
 
 
 class SandboxWorker:
-    """Handles sandbox jobs for the ``local`` provider.
+    """Handles sandbox jobs for one provider (``arena.sandbox.run.{provider}``).
 
     ``stop`` (the service's shutdown event) kills running sandboxes and returns their
     jobs to the queue unacknowledged, so another worker runs them.
@@ -55,11 +57,16 @@ class SandboxWorker:
         self,
         bus: Bus,
         settings: Settings,
+        provider: SandboxProvider,
         *,
+        pool: WarmPool | None = None,
         config: RunnerConfig = RunnerConfig(),
         stop: asyncio.Event | None = None,
     ):
         self.bus = bus
+        self.provider = provider
+        self.pool = pool
+        self.name = provider.name
         self.settings = settings
         self.config = config
         self.data_dir = Path(settings.data_dir)
@@ -69,8 +76,8 @@ class SandboxWorker:
         return Consumer(
             self.bus,
             stream=STREAM,
-            durable=subjects.CONSUMER_SANDBOX.format(provider=runner.PROVIDER),
-            filter_subjects=[subjects.sandbox_run(runner.PROVIDER)],
+            durable=subjects.CONSUMER_SANDBOX.format(provider=self.name),
+            filter_subjects=[subjects.sandbox_run(self.name)],
             message_type=SandboxJob,
             handler=self.handle,
             concurrency=self.settings.sandbox_concurrency,
@@ -114,20 +121,21 @@ class SandboxWorker:
         sandbox_id = runner.new_sandbox_id(rid)
         await self.bus.publish(
             subjects.sandbox_started(rid),
-            SandboxStarted(rollout_id=rid, sandbox_id=sandbox_id, provider=runner.PROVIDER, at=_now()),
+            SandboxStarted(rollout_id=rid, sandbox_id=sandbox_id, provider=self.name, at=_now()),
             msg_id=subjects.msg_id(rid, "sandbox-started", job.attempt),
         )
-        unavailable = await asyncio.to_thread(local.available)  # probed once, then cached
+        unavailable = await self.provider.health()
         if unavailable is not None:
             done = SandboxDone(
-                rollout_id=rid, sandbox_id=sandbox_id, provider=runner.PROVIDER, outcome=SandboxOutcome.ERROR,
-                reason=f"the local sandbox provider is unavailable: {unavailable}", started_at=_now(),
+                rollout_id=rid, sandbox_id=sandbox_id, provider=self.name, outcome=SandboxOutcome.ERROR,
+                reason=f"the {self.name} sandbox provider is unavailable: {unavailable}", started_at=_now(),
                 finished_at=_now(),
             )
             await self._publish_done(job, done)
             return
         result = await runner.run_job(
-            job, data_dir=self.data_dir, config=self.config, sandbox_id=sandbox_id, cancel=cancel
+            job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
+            sandbox_id=sandbox_id, cancel=cancel,
         )
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:

@@ -61,7 +61,7 @@ async def main(settings: Settings) -> int:
 
 async def serve(settings: Settings, bus: Bus, store: TrajectoryStore) -> int:
     """Run the consumers and the HTTP API until a signal (0) or until one of them fails (1)."""
-    worker = TrajectoryWorker(bus, store)
+    worker = TrajectoryWorker(bus, store, group_timeout=settings.trajectory_group_timeout_s)
     server = _Server(uvicorn.Config(create_app(store), host=settings.host, port=settings.trajectory_port,
                                     log_level="warning"))
     stop = asyncio.Event()

@@ -4,26 +4,60 @@
 - ``GET /v1/trajectories/{rollout_id}``               -> ``Trajectory``
 - ``GET /v1/trajectories?task_id=&group_id=&state=&limit=`` -> ``{"trajectories": [TrajectorySummary]}``
 - ``GET /v1/groups/{group_id}``                       -> ``GroupView``
+- ``GET /v1/stats/rewards?by=task|policy_version``     -> ``{"rows": [RewardRow]}``
+- ``GET /v1/stats/pass-rates``                         -> ``{"rows": [PassRateRow]}``
+- ``GET /v1/stats/tokens``                             -> ``TokenStats``
+- ``GET /v1/stats/latency``                            -> ``LatencyStats``
+- ``GET /v1/export/trajectories?after_group=&after_rollout=&limit=`` -> ``ExportPage``
+- ``GET /v1/counts``                                   -> rows per table as queries see them
+
+Every listing, stats and export route takes the same filters: ``task_id``, ``group_id``,
+``state``, ``policy_version``, ``min_reward``, ``max_reward``, ``since``, ``until``.
 
 Errors are ``{"error": {"code", "message"}}`` like every Arena API.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
-from fastapi import FastAPI, Query
+from fastapi import Depends, FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from arena.errors import ArenaError, InvalidRequest, NotFound
 from arena.grpo import group_advantages
 from arena.schemas import ErrorBody, ErrorResponse, RolloutState, Trajectory, encode
-from arena_trajectory import assembler
-from arena_trajectory.store import TrajectoryStore, TrajectorySummary
+from arena_trajectory import analytics, assembler
+from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
+from arena_trajectory.store import TABLES, TrajectoryStore
 
 MAX_LIMIT = 1000
+MAX_EXPORT_PAGE = 2000
+
+
+class ExportPage(msgspec.Struct, frozen=True, kw_only=True):
+    """Full trajectories ordered by ``(group_id, rollout_id)``; pass ``next`` back as
+    ``after_group``/``after_rollout`` for the following page (``None``: no more)."""
+
+    trajectories: list[Trajectory]
+    next: list[str] | None = None
+    total: int | None = None  # trajectories matching the filters; on the first page only
+
+
+def trajectory_filter(
+    task_id: str | None = None,
+    group_id: str | None = None,
+    state: RolloutState | None = None,
+    policy_version: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    since: float | None = Query(None, description="completed_at >= since (unix seconds)"),
+    until: float | None = Query(None, description="completed_at < until (unix seconds)"),
+) -> TrajectoryFilter:
+    return TrajectoryFilter(task_id=task_id, group_id=group_id, state=state, policy_version=policy_version,
+                            min_reward=min_reward, max_reward=max_reward, since=since, until=until)
 
 
 class TrajectoryList(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,13 +129,48 @@ def create_app(store: TrajectoryStore) -> FastAPI:
 
     @app.get("/v1/trajectories")
     async def list_trajectories(
-        task_id: str | None = None,
-        group_id: str | None = None,
-        state: RolloutState | None = None,
+        f: TrajectoryFilter = Depends(trajectory_filter),
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
+        offset: int = Query(0, ge=0),
     ) -> Response:
-        rows = await store.list_trajectories(task_id=task_id, group_id=group_id, state=state, limit=limit)
+        rows = await store.list_trajectories(filter=f, limit=limit, offset=offset)
         return _json(TrajectoryList(trajectories=rows))
+
+    @app.get("/v1/stats/rewards")
+    async def reward_stats(f: TrajectoryFilter = Depends(trajectory_filter),
+                           by: Literal["task", "policy_version"] = "task") -> Response:
+        return _json({"by": by, "rows": await analytics.rewards(store, f, by=by)})
+
+    @app.get("/v1/stats/pass-rates")
+    async def pass_rate_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json({"rows": await analytics.pass_rates(store, f)})
+
+    @app.get("/v1/stats/tokens")
+    async def token_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json(await analytics.token_stats(store, f))
+
+    @app.get("/v1/stats/latency")
+    async def latency_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json(await analytics.latency(store, f))
+
+    @app.get("/v1/counts")
+    async def counts() -> Response:
+        return _json({table: await store.count_rows(table) for table in TABLES})
+
+    @app.get("/v1/export/trajectories")
+    async def export_trajectories(
+        f: TrajectoryFilter = Depends(trajectory_filter),
+        after_group: str | None = None,
+        after_rollout: str | None = None,
+        limit: int = Query(500, ge=1, le=MAX_EXPORT_PAGE),
+    ) -> Response:
+        if (after_group is None) != (after_rollout is None):
+            raise InvalidRequest("after_group and after_rollout go together")
+        after = (after_group, after_rollout) if after_group is not None else None
+        page = await store.export_page(f, after=after, limit=limit)
+        nxt = [page[-1].group_id or "", page[-1].rollout_id] if len(page) == limit else None
+        total = await store.count_filtered(f) if after is None else None
+        return _json(ExportPage(trajectories=page, next=nxt, total=total))
 
     @app.get("/v1/groups/{group_id}")
     async def get_group(group_id: str) -> Response:

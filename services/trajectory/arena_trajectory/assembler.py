@@ -13,6 +13,7 @@ from arena.schemas import (
     RolloutState,
     RolloutStateChanged,
     SandboxDone,
+    StateTransition,
     Step,
     Trajectory,
     VerificationResult,
@@ -83,11 +84,14 @@ def assemble(
     verification: VerificationResult | None,
     *,
     incomplete: Sequence[str] = (),
+    history: Sequence[StateTransition] = (),
 ) -> Trajectory:
     """Build the trajectory of the rollout that ``event`` (a final state) ended.
 
     ``incomplete`` names parts given up on (see ``missing_parts``); they are recorded in
-    ``metadata["incomplete"]`` so a trainer can filter such trajectories out.
+    ``Trajectory.incomplete`` (and, for older readers, ``metadata["incomplete"]``) so a
+    trainer can filter such trajectories out. ``history`` is the stored transitions; the
+    final one is added from ``event`` if it is not among them.
     """
     if not event.to_state.is_final:
         raise ValueError(f"rollout {event.rollout_id}: {event.to_state.value} is not a final state")
@@ -110,7 +114,16 @@ def assemble(
         policy_versions=policy_versions(ordered),
         completed_at=event.at,
         metadata=metadata,
+        history=full_history(event, history),
+        incomplete=list(incomplete),
     )
+
+
+def full_history(event: RolloutStateChanged, stored: Sequence[StateTransition]) -> list[StateTransition]:
+    """The ``stored`` non-final transitions by time, then the final one from ``event``
+    (a rollout has exactly one final state; stored rows carry millisecond times)."""
+    final = StateTransition(from_state=event.from_state, to_state=event.to_state, at=event.at, reason=event.reason)
+    return [*sorted((t for t in stored if not t.to_state.is_final), key=lambda t: t.at), final]
 
 
 def group_members(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
@@ -121,9 +134,10 @@ def group_members(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
     return [by_index[i] for i in sorted(by_index)]
 
 
-def complete_group(trajectories: Iterable[Trajectory]) -> GroupCompleted | None:
+def complete_group(trajectories: Iterable[Trajectory], *, allow_partial: bool = False) -> GroupCompleted | None:
     """The ``GroupCompleted`` message once every member ``0..group_size-1`` has a
-    trajectory, else ``None``. Deterministic: the same members give the same message."""
+    trajectory, else ``None``. With ``allow_partial`` (the group timed out), the members
+    present form a ``partial`` group. Deterministic: the same members give the same message."""
     members = group_members(trajectories)
     if not members:
         return None
@@ -131,11 +145,13 @@ def complete_group(trajectories: Iterable[Trajectory]) -> GroupCompleted | None:
     if first.group_id is None:
         return None
     size = first.group_size
-    if [t.group_index for t in members] != list(range(size)):
-        return None
     for t in members:
         if t.group_id != first.group_id or t.group_size != size:
             raise ValueError(f"group {first.group_id}: members disagree on group id or size")
+    present = [t.group_index for t in members]
+    missing = [i for i in range(size) if i not in set(present)]
+    if missing and not allow_partial:
+        return None
     rewards = [t.reward for t in members]
     return GroupCompleted(
         group_id=first.group_id,
@@ -145,4 +161,6 @@ def complete_group(trajectories: Iterable[Trajectory]) -> GroupCompleted | None:
         rewards=rewards,
         advantages=group_advantages(rewards),
         completed_at=max(t.completed_at for t in members),
+        partial=bool(missing),
+        missing_indexes=missing,
     )

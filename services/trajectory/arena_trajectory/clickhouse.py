@@ -13,6 +13,9 @@ from urllib.parse import urlparse
 from arena.errors import Unavailable
 
 
+Param = str | int | float | list[str]
+
+
 class Backend(Protocol):
     """The three things the store needs from ClickHouse. Calls block; the store runs
     them in a thread."""
@@ -22,10 +25,21 @@ class Backend(Protocol):
     def insert(self, table: str, rows: bytes) -> None:
         """Insert ``rows`` (JSONEachRow) into ``table`` (``database.table``)."""
 
-    def select(self, sql: str, params: Mapping[str, str | int | float]) -> bytes:
-        """Run ``sql`` with ``{name:Type}`` parameters bound; JSONEachRow result."""
+    def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
+        """Run ``sql`` with ``{name:Type}`` parameters bound (a list binds an
+        ``Array(String)``); JSONEachRow result."""
 
     def close(self) -> None: ...
+
+
+def array_literal(values: list[str]) -> str:
+    """A ClickHouse ``Array(String)`` literal of ``values``, quoted and escaped."""
+    quoted = (
+        "'" + v.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\t", "\\t")
+        .replace("\r", "\\r").replace("\0", "\\0") + "'"
+        for v in values
+    )
+    return "[" + ",".join(quoted) + "]"
 
 
 def escape_param(value: str) -> str:
@@ -64,14 +78,22 @@ class ChdbBackend:
         with self._lock:
             self._session.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + rows.decode())
 
-    def select(self, sql: str, params: Mapping[str, str | int | float]) -> bytes:
-        bound = {k: escape_param(v) if isinstance(v, str) else str(v) for k, v in params.items()}
+    def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
+        bound = {k: _bind(v) for k, v in params.items()}
         with self._lock:
             return self._session.query(sql, "JSONEachRow", params=bound).bytes()
 
     def close(self) -> None:
         with self._lock:
-            self._session.close()
+            if self._session is not None:  # idempotent
+                self._session.close()
+                self._session = None
+
+
+def _bind(value: Param) -> str:
+    if isinstance(value, list):
+        return array_literal(value)
+    return escape_param(value) if isinstance(value, str) else str(value)
 
 
 class ClickHouseConnectBackend:
@@ -103,7 +125,7 @@ class ClickHouseConnectBackend:
     def insert(self, table: str, rows: bytes) -> None:
         self.client.raw_insert(table, insert_block=rows, fmt="JSONEachRow", settings=self._insert_settings)
 
-    def select(self, sql: str, params: Mapping[str, str | int | float]) -> bytes:
+    def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
         return self.client.raw_query(sql, parameters=dict(params), fmt="JSONEachRow")
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """Trajectory storage in ClickHouse: embedded chDB or a ClickHouse server, same SQL for both.
 
-Every table is a ``ReplacingMergeTree`` keyed so that a redelivered message replaces its
-own row; reads use ``FINAL``, so a duplicate is never visible. Rows keep a few columns
-for analytics and the whole message as JSON in ``body`` (the source of truth).
+Tables and rows are in ``arena_trajectory.tables``; analytics queries in
+``arena_trajectory.analytics``. Writes come in batches (one ``INSERT`` per fetch batch) and
+reads of many rollouts at once take an ``Array(String)`` parameter, so the worker's cost
+per message is a fraction of one statement.
 
 Values never go into SQL text: reads bind ``{name:Type}`` query parameters and inserts
 send ``JSONEachRow`` data, whose JSON string escaping is done by msgspec.
@@ -11,238 +12,71 @@ send ``JSONEachRow`` data, whose JSON string escaping is done by msgspec.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
-from arena.schemas import RolloutState, SandboxDone, Step, Trajectory, VerificationResult
+from arena.schemas import (
+    RolloutState,
+    RolloutStateChanged,
+    SandboxDone,
+    StateTransition,
+    Step,
+    Trajectory,
+    VerificationResult,
+)
 from arena.settings import Settings
-from arena_trajectory.clickhouse import Backend, ChdbBackend, ClickHouseConnectBackend
-
-DATABASE = "arena"
-
-#: Tables, in creation order. ``rollout_id`` bloom filters serve per-rollout lookups on
-#: tables whose sort key does not start with it.
-DDL: tuple[str, ...] = (
-    f"CREATE DATABASE IF NOT EXISTS {DATABASE}",
-    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.steps (
-        rollout_id String,
-        step_index UInt32,
-        model String,
-        backend String,
-        policy_version String,
-        prompt_tokens UInt32,
-        completion_tokens UInt32,
-        finish_reason String,
-        total_ms Float64,
-        first_token_ms Float64,
-        queued_ms Float64,
-        mean_logprob Nullable(Float64),
-        started_at DateTime64(3, 'UTC'),
-        body String
-    ) ENGINE = ReplacingMergeTree
-    PARTITION BY toDate(started_at)
-    ORDER BY (rollout_id, step_index)""",
-    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.sandbox_results (
-        rollout_id String,
-        sandbox_id String,
-        provider String,
-        outcome LowCardinality(String),
-        exit_code Nullable(Int32),
-        reason String,
-        started_at DateTime64(3, 'UTC'),
-        finished_at DateTime64(3, 'UTC'),
-        body String
-    ) ENGINE = ReplacingMergeTree(finished_at)
-    ORDER BY rollout_id""",
-    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.verifications (
-        rollout_id String,
-        verifier LowCardinality(String),
-        reward Float64,
-        passed Bool,
-        flags Array(String),
-        finished_at DateTime64(3, 'UTC'),
-        body String
-    ) ENGINE = ReplacingMergeTree(finished_at)
-    ORDER BY (rollout_id, verifier)""",
-    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.trajectories (
-        rollout_id String,
-        task_id String,
-        group_id String,
-        group_index UInt32,
-        group_size UInt32,
-        final_state LowCardinality(String),
-        reward Float64,
-        num_steps UInt32,
-        prompt_tokens UInt64,
-        completion_tokens UInt64,
-        completed_at DateTime64(3, 'UTC'),
-        body String,
-        INDEX idx_rollout rollout_id TYPE bloom_filter GRANULARITY 4,
-        INDEX idx_group group_id TYPE bloom_filter GRANULARITY 4
-    ) ENGINE = ReplacingMergeTree
-    PARTITION BY toDate(completed_at)
-    ORDER BY (task_id, rollout_id)""",
+from arena_trajectory.clickhouse import Backend, ChdbBackend, ClickHouseConnectBackend, Param
+from arena_trajectory.listing import SUMMARY_COLUMNS, TrajectoryFilter, TrajectorySummary, summary_decoder
+from arena_trajectory.tables import (  # noqa: F401 - re-exported
+    DATABASE,
+    DDL,
+    MIGRATIONS,
+    TABLES,
+    group_row,
+    rows_bytes,
+    sandbox_row,
+    state_row,
+    step_row,
+    trajectory_row,
+    verification_row,
 )
 
-TABLES = ("steps", "sandbox_results", "verifications", "trajectories")
 
-
-class TrajectorySummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of ``GET /v1/trajectories``: a trajectory without its steps."""
-
-    rollout_id: str
-    task_id: str
-    group_id: str | None
-    group_index: int
-    group_size: int
-    final_state: RolloutState
-    reward: float
-    num_steps: int
-    prompt_tokens: int
-    completion_tokens: int
-    completed_at: float  # unix seconds
-
-
-# --------------------------------------------------------------------------- rows
-
-
-def _mean(values: Sequence[float] | None) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def step_row(step: Step) -> dict:
-    return {
-        "rollout_id": step.rollout_id,
-        "step_index": step.step_index,
-        "model": step.model,
-        "backend": step.backend,
-        "policy_version": step.policy_version or "",
-        "prompt_tokens": step.usage.prompt_tokens,
-        "completion_tokens": step.usage.completion_tokens,
-        "finish_reason": step.finish_reason or "",
-        "total_ms": step.timings.total_ms,
-        "first_token_ms": step.timings.first_token_ms,
-        "queued_ms": step.timings.queued_ms,
-        "mean_logprob": _mean(step.logprobs),
-        "started_at": step.started_at,
-        "body": _json(step),
-    }
-
-
-def sandbox_row(done: SandboxDone) -> dict:
-    return {
-        "rollout_id": done.rollout_id,
-        "sandbox_id": done.sandbox_id,
-        "provider": done.provider,
-        "outcome": done.outcome.value,
-        "exit_code": done.exit_code,
-        "reason": done.reason,
-        "started_at": done.started_at,
-        "finished_at": done.finished_at,
-        "body": _json(done),
-    }
-
-
-def verification_row(result: VerificationResult) -> dict:
-    return {
-        "rollout_id": result.rollout_id,
-        "verifier": result.verifier,
-        "reward": result.reward,
-        "passed": result.passed,
-        "flags": list(result.flags),
-        "finished_at": result.finished_at,
-        "body": _json(result),
-    }
-
-
-def trajectory_row(t: Trajectory) -> dict:
-    return {
-        "rollout_id": t.rollout_id,
-        "task_id": t.task_id,
-        "group_id": t.group_id or "",
-        "group_index": t.group_index,
-        "group_size": t.group_size,
-        "final_state": t.final_state.value,
-        "reward": t.reward,
-        "num_steps": len(t.steps),
-        "prompt_tokens": sum(s.usage.prompt_tokens for s in t.steps),
-        "completion_tokens": sum(s.usage.completion_tokens for s in t.steps),
-        "completed_at": t.completed_at,
-        "body": _json(t),
-    }
-
-
-_encoder = msgspec.json.Encoder()
-
-
-def _json(message: msgspec.Struct) -> str:
-    return _encoder.encode(message).decode()
-
-
-def _rows_bytes(rows: Sequence[dict]) -> bytes:
-    return b"\n".join(_encoder.encode(r) for r in rows)
-
-
-def _lines(data: bytes) -> list[bytes]:
-    return [line for line in data.split(b"\n") if line]
-
-
-class _Body(msgspec.Struct):
+class _KeyedBody(msgspec.Struct):
+    key: str
     body: str
 
 
-_body_decoder = msgspec.json.Decoder(_Body)
+class _TrajectoryRow(msgspec.Struct):
+    body: str
+    step_indexes: list[int] = []
+
+
+class _State(msgspec.Struct, kw_only=True):
+    rollout_id: str
+    from_state: str
+    to_state: RolloutState
+    at_ms: int
+    reason: str
+
+
+_keyed_decoder = msgspec.json.Decoder(_KeyedBody)
+_trajectory_row_decoder = msgspec.json.Decoder(_TrajectoryRow, strict=False)
+_state_decoder = msgspec.json.Decoder(_State, strict=False)
 _step_decoder = msgspec.json.Decoder(Step)
 _sandbox_decoder = msgspec.json.Decoder(SandboxDone)
 _verification_decoder = msgspec.json.Decoder(VerificationResult)
 _trajectory_decoder = msgspec.json.Decoder(Trajectory)
 
-_SUMMARY_COLUMNS = (
-    "rollout_id, task_id, group_id, group_index, group_size, final_state, reward, num_steps, "
-    "prompt_tokens, completion_tokens, toUnixTimestamp64Milli(completed_at) AS completed_ms"
-)
-
-
-class _SummaryRow(msgspec.Struct, frozen=True, kw_only=True):
-    rollout_id: str
-    task_id: str
-    group_id: str
-    group_index: int
-    group_size: int
-    final_state: RolloutState
-    reward: float
-    num_steps: int
-    prompt_tokens: int
-    completion_tokens: int
-    completed_ms: int
-
-    def summary(self) -> TrajectorySummary:
-        return TrajectorySummary(
-            rollout_id=self.rollout_id,
-            task_id=self.task_id,
-            group_id=self.group_id or None,
-            group_index=self.group_index,
-            group_size=self.group_size,
-            final_state=self.final_state,
-            reward=self.reward,
-            num_steps=self.num_steps,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            completed_at=self.completed_ms / 1000,
-        )
-
-
-# strict=False: a ClickHouse server may quote 64-bit integers in JSON output
-_summary_decoder = msgspec.json.Decoder(_SummaryRow, strict=False)
-
-
-# --------------------------------------------------------------------------- the store
+def _lines(data: bytes) -> list[bytes]:
+    return [line for line in data.split(b"\n") if line]
 
 
 class TrajectoryStore:
-    """Async facade over a ``Backend``: typed inserts and queries, run in a thread."""
+    """Async facade over a ``Backend``: typed batch inserts and queries, run in a thread."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -256,84 +90,219 @@ class TrajectoryStore:
         return cls(ChdbBackend(Path(settings.data_dir) / "clickhouse"))
 
     async def init(self) -> None:
-        """Create the database and tables. Idempotent."""
-        for sql in DDL:
+        """Create the database and tables and add newer columns. Idempotent."""
+        for sql in DDL + MIGRATIONS:
             await asyncio.to_thread(self.backend.execute, sql)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.backend.close)
 
     async def ping(self) -> None:
-        await self._select("SELECT 1 AS ok")
+        await self.select("SELECT 1 AS ok")
 
     # ----------------------------------------------------------------- inserts
 
     async def _insert(self, table: str, rows: Sequence[dict]) -> None:
         if rows:
-            await asyncio.to_thread(self.backend.insert, f"{DATABASE}.{table}", _rows_bytes(rows))
+            await asyncio.to_thread(self.backend.insert, f"{DATABASE}.{table}", rows_bytes(rows))
 
     async def insert_step(self, step: Step) -> None:
-        await self._insert("steps", [step_row(step)])
+        await self.insert_steps([step])
 
     async def insert_steps(self, steps: Sequence[Step]) -> None:
         await self._insert("steps", [step_row(s) for s in steps])
 
     async def insert_sandbox_result(self, done: SandboxDone) -> None:
-        await self._insert("sandbox_results", [sandbox_row(done)])
+        await self.insert_sandbox_results([done])
+
+    async def insert_sandbox_results(self, results: Sequence[SandboxDone]) -> None:
+        await self._insert("sandbox_results", [sandbox_row(d) for d in results])
 
     async def insert_verification(self, result: VerificationResult) -> None:
-        await self._insert("verifications", [verification_row(result)])
+        await self.insert_verifications([result])
+
+    async def insert_verifications(self, results: Sequence[VerificationResult]) -> None:
+        await self._insert("verifications", [verification_row(r) for r in results])
+
+    async def insert_states(self, events: Sequence[RolloutStateChanged]) -> None:
+        await self._insert("rollout_states", [state_row(e) for e in events])
 
     async def insert_trajectory(self, trajectory: Trajectory) -> None:
-        await self._insert("trajectories", [trajectory_row(trajectory)])
+        await self.insert_trajectories([trajectory])
+
+    async def insert_trajectories(self, trajectories: Sequence[Trajectory], *, steps_stored: bool = False) -> None:
+        """Store trajectories. Their steps are kept in ``steps`` only (see ``tables``):
+        unless ``steps_stored`` says they came from there, they are written there too."""
+        if not steps_stored:
+            await self.insert_steps([s for t in trajectories for s in t.steps])
+        await self._insert("trajectories", [trajectory_row(t) for t in trajectories])
+
+    async def insert_groups(self, rows: Sequence[dict]) -> None:
+        """Rows from ``tables.group_row``: which groups were published, partial or not."""
+        await self._insert("groups", rows)
 
     # ----------------------------------------------------------------- queries
 
-    async def _select(self, sql: str, params: Mapping[str, str | int | float] | None = None) -> list[bytes]:
+    async def select(self, sql: str, params: Mapping[str, Param] | None = None) -> list[bytes]:
+        """Raw JSONEachRow lines of ``sql`` (bound ``{name:Type}`` parameters)."""
         return _lines(await asyncio.to_thread(self.backend.select, sql, dict(params or {})))
 
-    async def _bodies(self, sql: str, params: Mapping[str, str | int | float]) -> list[str]:
-        return [_body_decoder.decode(line).body for line in await self._select(sql, params)]
+    _select = select  # the name tests and older callers use
+
+    async def _keyed(self, sql: str, params: Mapping[str, Param]) -> list[tuple[str, str]]:
+        out = []
+        for line in await self.select(sql, params):
+            row = _keyed_decoder.decode(line)
+            out.append((row.key, row.body))
+        return out
 
     async def steps_for(self, rollout_id: str) -> list[Step]:
         """The rollout's stored steps, by ``step_index``, one per index."""
-        bodies = await self._bodies(
-            f"SELECT body FROM {DATABASE}.steps FINAL WHERE rollout_id = {{rid:String}} ORDER BY step_index",
-            {"rid": rollout_id},
-        )
-        return [_step_decoder.decode(b) for b in bodies]
+        return (await self.steps_for_many([rollout_id])).get(rollout_id, [])
+
+    async def steps_for_many(self, rollout_ids: Sequence[str]) -> dict[str, list[Step]]:
+        """Stored steps of each rollout, by ``step_index`` (rollouts without steps absent)."""
+        out: dict[str, list[Step]] = defaultdict(list)
+        if rollout_ids:
+            rows = await self._keyed(
+                f"SELECT rollout_id AS key, body FROM {DATABASE}.steps FINAL "
+                "WHERE rollout_id IN {rids:Array(String)} ORDER BY rollout_id, step_index",
+                {"rids": list(rollout_ids)},
+            )
+            for rid, body in rows:
+                out[rid].append(_step_decoder.decode(body))
+        return dict(out)
 
     async def sandbox_result(self, rollout_id: str) -> SandboxDone | None:
-        bodies = await self._bodies(
-            f"SELECT body FROM {DATABASE}.sandbox_results FINAL WHERE rollout_id = {{rid:String}} LIMIT 1",
-            {"rid": rollout_id},
+        return (await self.sandbox_results_many([rollout_id])).get(rollout_id)
+
+    async def sandbox_results_many(self, rollout_ids: Sequence[str]) -> dict[str, SandboxDone]:
+        if not rollout_ids:
+            return {}
+        rows = await self._keyed(
+            f"SELECT rollout_id AS key, body FROM {DATABASE}.sandbox_results FINAL "
+            "WHERE rollout_id IN {rids:Array(String)} ORDER BY rollout_id, finished_at",
+            {"rids": list(rollout_ids)},
         )
-        return _sandbox_decoder.decode(bodies[0]) if bodies else None
+        return {rid: _sandbox_decoder.decode(body) for rid, body in rows}  # the latest wins
 
     async def verification(self, rollout_id: str) -> VerificationResult | None:
         """The rollout's latest verification (by ``finished_at``) if any."""
-        bodies = await self._bodies(
-            f"SELECT body FROM {DATABASE}.verifications FINAL WHERE rollout_id = {{rid:String}} "
-            "ORDER BY finished_at DESC LIMIT 1",
-            {"rid": rollout_id},
+        return (await self.verifications_many([rollout_id])).get(rollout_id)
+
+    async def verifications_many(self, rollout_ids: Sequence[str]) -> dict[str, VerificationResult]:
+        if not rollout_ids:
+            return {}
+        rows = await self._keyed(
+            f"SELECT rollout_id AS key, body FROM {DATABASE}.verifications FINAL "
+            "WHERE rollout_id IN {rids:Array(String)} ORDER BY rollout_id, finished_at",
+            {"rids": list(rollout_ids)},
         )
-        return _verification_decoder.decode(bodies[0]) if bodies else None
+        return {rid: _verification_decoder.decode(body) for rid, body in rows}  # the latest wins
+
+    async def histories_many(self, rollout_ids: Sequence[str]) -> dict[str, list[StateTransition]]:
+        """Stored state transitions of each rollout, oldest first."""
+        out: dict[str, list[StateTransition]] = defaultdict(list)
+        if rollout_ids:
+            lines = await self.select(
+                f"SELECT rollout_id, from_state, to_state, toUnixTimestamp64Milli(at) AS at_ms, reason "
+                f"FROM {DATABASE}.rollout_states FINAL WHERE rollout_id IN {{rids:Array(String)}} "
+                "ORDER BY rollout_id, at",
+                {"rids": list(rollout_ids)},
+            )
+            for line in lines:
+                s = _state_decoder.decode(line)
+                out[s.rollout_id].append(StateTransition(
+                    from_state=RolloutState(s.from_state) if s.from_state else None, to_state=s.to_state,
+                    at=s.at_ms / 1000, reason=s.reason))
+        return dict(out)
+
+    async def _trajectories(self, sql: str, params: Mapping[str, Param]) -> list[Trajectory]:
+        """Trajectories from ``SELECT body, step_indexes ...`` rows, their steps joined back."""
+        rows = [_trajectory_row_decoder.decode(line) for line in await self.select(sql, params)]
+        out = [(_trajectory_decoder.decode(r.body), r.step_indexes) for r in rows]
+        need = [t.rollout_id for t, indexes in out if indexes and not t.steps]
+        steps = await self.steps_for_many(need) if need else {}
+        result = []
+        for t, indexes in out:
+            if indexes and not t.steps:  # rows written before step_indexes carry their steps in the body
+                wanted = set(indexes)
+                t = msgspec.structs.replace(t, steps=[s for s in steps.get(t.rollout_id, []) if s.step_index in wanted])
+            result.append(t)
+        return result
 
     async def trajectory(self, rollout_id: str) -> Trajectory | None:
-        bodies = await self._bodies(
-            f"SELECT body FROM {DATABASE}.trajectories FINAL WHERE rollout_id = {{rid:String}} LIMIT 1",
-            {"rid": rollout_id},
+        return (await self.trajectories_many([rollout_id])).get(rollout_id)
+
+    async def trajectories_many(self, rollout_ids: Sequence[str]) -> dict[str, Trajectory]:
+        if not rollout_ids:
+            return {}
+        found = await self._trajectories(
+            f"SELECT body, step_indexes FROM {DATABASE}.trajectories FINAL WHERE rollout_id IN {{rids:Array(String)}}",
+            {"rids": list(rollout_ids)},
         )
-        return _trajectory_decoder.decode(bodies[0]) if bodies else None
+        return {t.rollout_id: t for t in found}
+
+    async def stored_rollouts(self, rollout_ids: Sequence[str]) -> set[str]:
+        """Which of ``rollout_ids`` have a stored trajectory (no bodies read)."""
+        if not rollout_ids:
+            return set()
+        lines = await self.select(
+            f"SELECT rollout_id AS key FROM {DATABASE}.trajectories FINAL WHERE rollout_id IN {{rids:Array(String)}}",
+            {"rids": list(rollout_ids)},
+        )
+        return {msgspec.json.decode(line)["key"] for line in lines}
 
     async def group(self, group_id: str) -> list[Trajectory]:
         """The stored trajectories of a group, by ``group_index``."""
-        bodies = await self._bodies(
-            f"SELECT body FROM {DATABASE}.trajectories FINAL WHERE group_id = {{gid:String}} "
-            "ORDER BY group_index, rollout_id",
-            {"gid": group_id},
+        return (await self.groups_many([group_id])).get(group_id, [])
+
+    async def groups_many(self, group_ids: Sequence[str]) -> dict[str, list[Trajectory]]:
+        out: dict[str, list[Trajectory]] = defaultdict(list)
+        if group_ids:
+            found = await self._trajectories(
+                f"SELECT body, step_indexes FROM {DATABASE}.trajectories FINAL "
+                "WHERE group_id IN {gids:Array(String)} ORDER BY group_id, group_index, rollout_id",
+                {"gids": list(group_ids)},
+            )
+            for t in found:
+                out[t.group_id or ""].append(t)
+        return dict(out)
+
+    async def whole_groups(self, group_ids: Sequence[str]) -> set[str]:
+        """Which of ``group_ids`` have a stored trajectory for every member (no bodies read)."""
+        if not group_ids:
+            return set()
+        lines = await self.select(
+            f"SELECT group_id AS key FROM {DATABASE}.trajectories FINAL WHERE group_id IN {{gids:Array(String)}} "
+            "GROUP BY group_id HAVING uniqExact(group_index) >= any(group_size)",
+            {"gids": list(group_ids)},
         )
-        return [_trajectory_decoder.decode(b) for b in bodies]
+        return {msgspec.json.decode(line)["key"] for line in lines}
+
+    async def published_groups(self, group_ids: Sequence[str]) -> set[str]:
+        """Which of ``group_ids`` already have a group message recorded."""
+        if not group_ids:
+            return set()
+        lines = await self.select(
+            f"SELECT group_id AS key FROM {DATABASE}.groups FINAL WHERE group_id IN {{gids:Array(String)}}",
+            {"gids": list(group_ids)},
+        )
+        return {msgspec.json.decode(line)["key"] for line in lines}
+
+    async def overdue_groups(self, *, older_than: float, limit: int = 100, window: float = 7 * 86400) -> list[str]:
+        """Groups with a stored member but no group message whose first member was stored
+        before ``older_than`` (unix seconds): candidates for a partial group. Only members
+        stored within ``window`` seconds before that are scanned."""
+        lines = await self.select(
+            f"SELECT group_id FROM {DATABASE}.trajectories FINAL WHERE group_id != '' "
+            "AND stored_at > fromUnixTimestamp64Milli(toInt64({from_ms:Int64})) "
+            f"AND group_id NOT IN (SELECT group_id FROM {DATABASE}.groups FINAL) "
+            "GROUP BY group_id HAVING min(stored_at) < fromUnixTimestamp64Milli(toInt64({before_ms:Int64})) "
+            "ORDER BY group_id LIMIT {limit:UInt32}",
+            {"before_ms": int(older_than * 1000), "from_ms": int((older_than - window) * 1000), "limit": int(limit)},
+        )
+        return [msgspec.json.decode(line)["group_id"] for line in lines]
 
     async def list_trajectories(
         self,
@@ -342,33 +311,52 @@ class TrajectoryStore:
         group_id: str | None = None,
         state: RolloutState | str | None = None,
         limit: int = 100,
+        offset: int = 0,
+        filter: TrajectoryFilter | None = None,  # noqa: A002 - the natural name
     ) -> list[TrajectorySummary]:
-        """Summaries, newest first."""
-        where, params = [], {"limit": int(limit)}
-        if task_id is not None:
-            where.append("task_id = {task_id:String}")
-            params["task_id"] = task_id
-        if group_id is not None:
-            where.append("group_id = {group_id:String}")
-            params["group_id"] = group_id
-        if state is not None:
-            where.append("final_state = {state:String}")
-            params["state"] = RolloutState(state).value
-        sql = (
-            f"SELECT {_SUMMARY_COLUMNS} FROM {DATABASE}.trajectories FINAL"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY completed_at DESC, rollout_id LIMIT {limit:UInt32}"
+        """Summaries, newest first. ``filter`` adds to the keyword filters."""
+        base = filter or TrajectoryFilter()
+        f = msgspec.structs.replace(
+            base,
+            task_id=task_id if task_id is not None else base.task_id,
+            group_id=group_id if group_id is not None else base.group_id,
+            state=RolloutState(state) if state is not None else base.state,
         )
-        return [_summary_decoder.decode(line).summary() for line in await self._select(sql, params)]
+        where, params = f.where()
+        params.update(limit=int(limit), offset=int(offset))
+        sql = (
+            f"SELECT {SUMMARY_COLUMNS} FROM {DATABASE}.trajectories FINAL{where}"
+            " ORDER BY completed_at DESC, rollout_id LIMIT {limit:UInt32} OFFSET {offset:UInt32}"
+        )
+        return [summary_decoder.decode(line).summary() for line in await self.select(sql, params)]
+
+    async def export_page(self, f: TrajectoryFilter, *, after: tuple[str, str] | None, limit: int
+                          ) -> list[Trajectory]:
+        """Full trajectories ordered by ``(group_id, rollout_id)`` after the keyset ``after``:
+        members of a group come together, so exports can page without splitting groups."""
+        where, params = f.where()
+        if after is not None:
+            where += (" AND " if where else " WHERE ") + "(group_id, rollout_id) > ({ag:String}, {ar:String})"
+            params.update(ag=after[0], ar=after[1])
+        params["limit"] = int(limit)
+        return await self._trajectories(
+            f"SELECT body, step_indexes FROM {DATABASE}.trajectories FINAL{where} ORDER BY group_id, rollout_id "
+            "LIMIT {limit:UInt32}", params)
+
+    async def count_filtered(self, f: TrajectoryFilter) -> int:
+        """Trajectories matching ``f``."""
+        where, params = f.where()
+        rows = await self.select(f"SELECT count() AS n FROM {DATABASE}.trajectories FINAL{where}", params)
+        return int(msgspec.json.decode(rows[0])["n"])
 
     async def count_rows(self, table: str, *, rollout_id: str | None = None, final: bool = True) -> int:
         """Rows in ``table`` (as queries see them with ``final``; physical rows without)."""
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}")
         sql = f"SELECT count() AS n FROM {DATABASE}.{table}" + (" FINAL" if final else "")
-        params: dict[str, str | int | float] = {}
+        params: dict[str, Param] = {}
         if rollout_id is not None:
             sql += " WHERE rollout_id = {rid:String}"
             params["rid"] = rollout_id
-        rows = await self._select(sql, params)
+        rows = await self.select(sql, params)
         return int(msgspec.json.decode(rows[0])["n"])

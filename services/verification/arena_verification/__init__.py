@@ -1,6 +1,9 @@
-"""The verification plane: verify an agent's diff on the pristine task in a fresh sandbox.
+"""The verification plane: grade an agent's work independently of the agent.
 
-Modules: ``pytest_parser`` (pytest output -> per-test results), ``reward`` (results ->
-SWE-bench score), ``patch`` (which files a diff touches), ``restore`` (pristine test
-files back), ``runner`` (one job end to end), ``worker`` (the bus wiring).
+Modules: ``parsers`` (test output of every common runner -> per-test results, by name),
+``parsed`` (their shared result type), ``reward`` (results -> SWE-bench score), ``patch``
+(which files a diff touches), ``protected`` (which touched files configure or shadow the
+runner), ``restore`` (pristine files back), ``tests_verifier`` (the ``tests`` verifier with
+real sandboxes), ``answers`` (``rubric``, ``exact``), ``judge`` (``llm_judge``), ``plugins``
+(``python``), ``runner`` (one job, any verifier, composition), ``worker`` (the bus wiring).
 """

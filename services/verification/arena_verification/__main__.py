@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -25,17 +26,36 @@ async def main(settings: Settings) -> None:
     bus = await Bus.connect(settings.nats_url, "verification")
     try:
         await bus.ensure_topology()
-        worker = VerificationWorker(bus, scratch_dir=Path(settings.data_dir) / "verify")
+        worker = VerificationWorker(bus, scratch_dir=Path(settings.data_dir) / "verify",
+                                    job_timeout_s=_job_timeout_from_env())
         log.info("verification workers running (concurrency %d)", settings.verify_concurrency)
-        await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
+        try:
+            await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
+        finally:
+            await worker.close()
     finally:
         await bus.close()
     log.info("verification service stopped")
 
 
+def _job_timeout_from_env() -> float | None:
+    """``ARENA_VERIFY_JOB_TIMEOUT_S``: one budget for every job (default: per verifier)."""
+    raw = os.environ.get("ARENA_VERIFY_JOB_TIMEOUT_S", "")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"ARENA_VERIFY_JOB_TIMEOUT_S={raw!r} is not a number") from None
+    if value <= 0:
+        raise SettingsError(f"ARENA_VERIFY_JOB_TIMEOUT_S={raw!r} must be positive")
+    return value
+
+
 if __name__ == "__main__":
     try:
         settings = Settings.from_env()
+        _job_timeout_from_env()
     except SettingsError as exc:
         sys.exit(f"arena-verification: {exc}")
     asyncio.run(main(settings))

@@ -24,9 +24,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import msgspec
 
 from arena.schemas import TestResult, TestStatus
+from arena_verification.parsed import ParsedOutput
 
 STATUS_WORDS: dict[str, TestStatus] = {
     "PASSED": TestStatus.PASSED,
@@ -54,6 +54,7 @@ _FINAL = re.compile(
 )
 _FINAL_COUNT = re.compile(r"(\d+) ([a-z]+)")
 _SINGULAR = {"errors": "error", "warnings": "warning"}
+_OUTCOME_WORDS = frozenset({"passed", "failed", "error", "skipped", "xfailed", "xpassed"})
 _SUMMARY_LINE = re.compile(r"^(?P<word>PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<rest>\S.*)$")
 _SUMMARY_SKIP = re.compile(r"^SKIPPED \[(?P<n>\d+)\] \S")
 #: A node id starts with a path to a .py file, then ``::``-separated names.
@@ -65,23 +66,6 @@ _VERBOSE_TAIL = re.compile(
 
 SUMMARY_TITLE = "short test summary info"
 SESSION_TITLE = "test session starts"
-
-
-class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
-    """What a pytest log says about its tests."""
-
-    results: list[TestResult]  # one per test id: summary order, then ids only -v lines name
-    complete: bool  # pytest's final "N passed ... in Xs" line follows the results
-    totals: dict[str, int] = {}  # the counts of that final line, e.g. {"passed": 5, "error": 1}
-    unattributed_skips: int = 0  # summary SKIPPED lines whose test id pytest does not print
-    source: str = "none"  # "summary", "verbose", "summary+verbose" or "none"
-
-    @property
-    def truncated(self) -> bool:
-        return not self.complete
-
-    def by_id(self) -> dict[str, TestStatus]:
-        return {r.test_id: r.status for r in self.results}
 
 
 def canonical_id(test_id: str) -> str:
@@ -201,6 +185,10 @@ def parse_pytest_output(text: str) -> ParsedOutput:
             word = _SINGULAR.get(word, word)
             totals[word] = totals.get(word, 0) + int(n)
 
+    # A log naming more tests than pytest's own final counts had result lines printed into it.
+    counted = sum(n for word, n in totals.items() if word in _OUTCOME_WORDS)
+    suspect = complete and len(merged) > counted
+    notes = [f"the log names {len(merged)} tests but the runner counted {counted}"] if suspect else []
     used_summary = bool(summary)
     used_verbose = any(test_id not in summary for test_id in merged)
     source = "+".join(name for name, used in (("summary", used_summary), ("verbose", used_verbose)) if used)
@@ -210,4 +198,6 @@ def parse_pytest_output(text: str) -> ParsedOutput:
         totals=totals,
         unattributed_skips=skips,
         source=source or "none",
+        suspect=suspect,
+        notes=notes,
     )

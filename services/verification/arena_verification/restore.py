@@ -108,3 +108,27 @@ def restore(workspace: Path, saved: dict[PurePosixPath, SavedFile | None]) -> No
         os.fchmod(fd, pristine.mode)  # O_CREAT's mode is masked by the umask
         with os.fdopen(fd, "wb") as fh:
             fh.write(pristine.data)
+
+
+def scrub_bytecode(workspace: Path) -> int:
+    """Remove every ``__pycache__`` directory and ``.pyc`` file under ``workspace``.
+
+    The tests then run with Python's normal bytecode cache (fast: the interpreter's own
+    library is already compiled), so no compiled file from the diff -- an *unchecked*
+    hash-based ``.pyc`` is loaded without looking at its source -- may stand in for a
+    restored test file. Symlinks are removed, never followed. Returns how many went.
+    """
+    removed = 0
+    for top, dirs, files in os.walk(workspace, followlinks=False):
+        if top == str(workspace):
+            dirs[:] = [d for d in dirs if d != ".git"]
+        for name in list(dirs):
+            if name == "__pycache__":
+                _remove(Path(top) / name)
+                dirs.remove(name)
+                removed += 1
+        for name in files:
+            if name.endswith((".pyc", ".pyo")):
+                _remove(Path(top) / name)
+                removed += 1
+    return removed

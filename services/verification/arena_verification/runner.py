@@ -1,214 +1,174 @@
-"""Verify one rollout: the agent's diff on the pristine task, tests run in a fresh sandbox.
+"""Verify one job: pick the verifier, run it, compose the parts into one result.
 
-``verify(job)`` does, in a temporary directory that is always removed:
+``verify(job)`` runs the task's verifier (or, for a replay, the one in the job's task):
 
-1. copy the pristine task repository and commit it as the base
-   (:func:`arena_sandbox.local.prepare_workspace`), and keep the pristine test files;
-2. ``git apply`` the agent's diff *inside a sandbox* (nothing the agent wrote runs on the
-   host); if it does not apply: reward 0, flag ``patch_failed``;
-3. flag ``tests_tampered`` if the diff touches a test file (and ``test_config_touched``
-   if it touches a ``conftest.py`` or pytest configuration), then restore every test
-   file from the pristine copy;
-4. run the verifier's command (``sh -c``) in another fresh sandbox without network;
-5. parse the log (:mod:`arena_verification.pytest_parser`) and score it
-   (:mod:`arena_verification.reward`).
+- ``tests``: :mod:`arena_verification.tests_verifier` (real sandboxes);
+- ``rubric`` / ``exact``: :mod:`arena_verification.answers` on the agent's answer or diff;
+- ``llm_judge``: :mod:`arena_verification.judge` (its call is kept on ``judge_calls``);
+- ``python``: :mod:`arena_verification.plugins` (entry point group ``arena.verifiers``);
+- ``composite``: each part above, reward = the weighted mean of the parts' rewards, one
+  component per part (``<name>``) plus the part's own components (``<name>.<key>``).
 
-A verdict is only positive for a complete run: a timeout (flag ``timeout``) or a log
-without pytest's final line (flag ``parse_failed``) scores 0.
-
-A failing test is a result, never an exception. An exception means Arena could not
-verify (the sandbox would not start, the disk is full, the task is invalid): the worker
-lets the bus retry it and finally dead-letter it.
+A failing verdict is a result. An exception means Arena could not verify: the worker
+lets the bus retry it and finally dead-letter it (at once for an invalid task).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import posixpath
 import tempfile
 import time
 from pathlib import Path
 
-from arena.errors import VerificationError
-from arena.schemas import TestResult, TestsVerifier, VerificationResult, VerifyJob
-from arena_sandbox import local
-from arena_verification import patch, reward
-from arena_verification.pytest_parser import parse_pytest_output
-from arena_verification.restore import InvalidTask, check_workdir, repo_path, restore, snapshot
+import httpx
+import msgspec
+
+from arena.schemas import (
+    CompositeVerifier,
+    ExactVerifier,
+    LlmJudgeVerifier,
+    PythonVerifier,
+    RubricVerifier,
+    TestCounts,
+    TestsVerifier,
+    VerificationResult,
+    VerifyJob,
+)
+from arena_verification import answers, judge, plugins
+from arena_verification.answers import InvalidRubric, Outcome
+from arena_verification.restore import InvalidTask
+from arena_verification.tests_verifier import job_budget_s, verify_tests
 
 log = logging.getLogger("arena.verification")
 
-FLAG_PATCH_FAILED = "patch_failed"
-FLAG_TESTS_TAMPERED = "tests_tampered"
-FLAG_TEST_CONFIG_TOUCHED = "test_config_touched"
-FLAG_TIMEOUT = "timeout"
-FLAG_PARSE_FAILED = "parse_failed"
-
-#: Files through which a diff can change how pytest runs or reports.
-TEST_CONFIG_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
-
-APPLY_TIMEOUT_S = 30.0
-LOG_TAIL_LINES = 40
-LOG_TAIL_CHARS = 8_000
-#: Only the end of a huge test log is parsed: pytest's summary is at the end.
-MAX_LOG_BYTES = 16 * 1024 * 1024
-#: Results carried on the wire: the listed tests first, then the others up to this many.
-MAX_REPORTED_TESTS = 2_000
-
-DIFF_FILE = "agent.diff"
+LeafSpec = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier
 
 
-async def verify(job: VerifyJob, *, scratch_dir: Path | None = None) -> VerificationResult:
+def verifier_type(spec: object) -> str:
+    return type(spec).__struct_config__.tag  # type: ignore[attr-defined]
+
+
+def grades_answer(spec: object) -> bool:
+    """Whether ``spec`` (or a part of it) reads the agent's ``result.json``."""
+    if isinstance(spec, CompositeVerifier):
+        return any(grades_answer(part.verifier) for part in spec.verifiers)
+    if isinstance(spec, (PythonVerifier, ExactVerifier)):
+        return True
+    if isinstance(spec, (RubricVerifier, LlmJudgeVerifier)):
+        return spec.source == "answer"
+    return False
+
+
+def time_budget_s(spec: object) -> float:
+    """An upper bound on how long verifying with ``spec`` may take (the worker's per-job timeout)."""
+    if isinstance(spec, CompositeVerifier):
+        return sum(time_budget_s(part.verifier) for part in spec.verifiers) or 60.0
+    if isinstance(spec, TestsVerifier):
+        return job_budget_s(spec)
+    if isinstance(spec, LlmJudgeVerifier):
+        return spec.timeout_s + 30.0
+    return 120.0
+
+
+async def verify(job: VerifyJob, *, scratch_dir: Path | None = None,
+                 http: httpx.AsyncClient | None = None) -> VerificationResult:
     """Verify ``job``; raises only when verification itself could not be done.
 
-    The temporary directory is made under ``scratch_dir`` (default: the system's).
+    Temporary directories are made under ``scratch_dir`` (default: the system's) and always
+    removed. ``http`` is the client for judge calls (default: one per call).
     """
     spec = job.task.verifier
-    if not isinstance(spec, TestsVerifier):
-        raise InvalidTask(f"unsupported verifier {type(spec).__name__}")
     started = time.time()
     if scratch_dir is not None:
         scratch_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
-        result = await _verify_tests(job, spec, Path(tmp), started)
-    log.info(
-        "verified: reward=%.2f flags=%s (%s)",
-        result.reward,
-        ",".join(result.flags) or "-",
-        result.reason,
-        extra={"rollout_id": job.rollout_id},
-    )
+    if isinstance(spec, CompositeVerifier):
+        result = await _composite(job, spec, started, scratch_dir, http)
+    else:
+        result = await _leaf(job, spec, started, scratch_dir, http)
+    if job.name:
+        result = msgspec.structs.replace(result, verifier=job.name)
+    log.info("verified: reward=%.2f verifier=%s flags=%s (%s)", result.reward, result.verifier,
+             ",".join(result.flags) or "-", result.reason, extra={"rollout_id": job.rollout_id})
     return result
 
 
-async def _verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started: float) -> VerificationResult:
-    task = job.task
-    workspace = root / "workspace"
-    arena_dir = root / "arena"
-    arena_dir.mkdir()
-    check_workdir(task.workdir)
-    test_paths = [repo_path(task.workdir, rel) for rel in spec.test_files]
-
+async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Path | None,
+                http: httpx.AsyncClient | None) -> VerificationResult:
+    if isinstance(spec, TestsVerifier):
+        with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
+            return await verify_tests(job, spec, Path(tmp), started)
+    text = job.diff if getattr(spec, "source", "answer") == "diff" else answers.answer_text(job.result)
+    judge_calls = []
     try:
-        await asyncio.to_thread(local.prepare_workspace, Path(task.repo), workspace)
-    except FileNotFoundError as exc:
+        if isinstance(spec, RubricVerifier):
+            outcome = answers.rubric(spec, text)
+        elif isinstance(spec, ExactVerifier):
+            outcome = answers.exact(spec, text)
+        elif isinstance(spec, LlmJudgeVerifier):
+            outcome, call = await judge.judge(spec, text, client=http)
+            judge_calls.append(call)
+        elif isinstance(spec, PythonVerifier):
+            request = plugins.PluginRequest(rollout_id=job.rollout_id, task=job.task, diff=job.diff,
+                                            answer=answers.answer_text(job.result), result=job.result,
+                                            config=spec.config)
+            outcome = await plugins.run_plugin(spec, request)
+        else:
+            raise InvalidTask(f"unsupported verifier {type(spec).__name__}")
+    except InvalidRubric as exc:
         raise InvalidTask(str(exc)) from exc
-    pristine = await asyncio.to_thread(snapshot, workspace, test_paths)
+    return _from_outcome(job, verifier_type(spec), outcome, started, judge_calls=judge_calls)
 
-    touched = patch.touched_paths(job.diff)
-    flags: list[str] = []
-    if any(patch.touches(touched, str(p)) for p in test_paths):
-        flags.append(FLAG_TESTS_TAMPERED)
-    if any(posixpath.basename(p) in TEST_CONFIG_NAMES for p in touched):
-        flags.append(FLAG_TEST_CONFIG_TOUCHED)
 
-    if job.diff.strip():
-        error = await _apply(job.diff, workspace, arena_dir, root / "apply.log")
-        if error is not None:
-            return VerificationResult(
-                rollout_id=job.rollout_id,
-                verifier="tests",
-                reward=0.0,
-                passed=False,
-                started_at=started,
-                finished_at=time.time(),
-                components={"tests": 0.0, "partial": 0.0},
-                flags=[FLAG_PATCH_FAILED, *flags],
-                reason=f"the diff does not apply: {error}",
-                log_tail=_tail(error),
-            )
-    await asyncio.to_thread(restore, workspace, pristine)
-
-    log_path = root / "tests.log"
-    run = await local.run(
-        local.SandboxSpec(
-            command=["sh", "-c", spec.command],
-            workspace=workspace,
-            workdir=task.workdir,
-            env={"PYTHONUNBUFFERED": "1"},  # a killed run still leaves what it printed
-            timeout_s=spec.timeout_s,
-            log_path=log_path,
-        )
-    )
-    text = _read_log(log_path)
-    _raise_if_sandbox_failed(run, text)
-
-    parsed = parse_pytest_output(text)
-    score = reward.score(spec, parsed.results)
-    flags += score.flags
-    reasons = [score.reason]
-    if run.timed_out:
-        flags.append(FLAG_TIMEOUT)
-        reasons.insert(0, f"the test command timed out after {spec.timeout_s:g}s")
-    if parsed.truncated or not parsed.results:
-        flags.append(FLAG_PARSE_FAILED)
-        if not run.timed_out:
-            reasons.insert(0, f"no complete pytest report (exit code {run.exit_code})")
-    trusted = not run.timed_out and parsed.complete
-    final_reward = score.reward if trusted else 0.0
+def _from_outcome(job: VerifyJob, name: str, outcome: Outcome, started: float, *, judge_calls=()) -> VerificationResult:
     return VerificationResult(
-        rollout_id=job.rollout_id,
-        verifier="tests",
-        reward=final_reward,
-        passed=final_reward == 1.0,
+        rollout_id=job.rollout_id, verifier=name, reward=outcome.reward, passed=outcome.passed,
+        started_at=started, finished_at=time.time(), components=dict(outcome.components),
+        flags=list(outcome.flags), reason=outcome.reason, judge_calls=list(judge_calls),
+    )
+
+
+async def _composite(job: VerifyJob, spec: CompositeVerifier, started: float, scratch_dir: Path | None,
+                     http: httpx.AsyncClient | None) -> VerificationResult:
+    if not spec.verifiers:
+        raise InvalidTask("a composite verifier needs at least one part")
+    names = [part.name for part in spec.verifiers]
+    if len(set(names)) != len(names) or any(not n for n in names):
+        raise InvalidTask(f"composite verifier part names must be unique and non-empty: {names}")
+    total_weight = sum(part.weight for part in spec.verifiers)
+    if total_weight <= 0 or any(part.weight < 0 for part in spec.verifiers):
+        raise InvalidTask("composite verifier weights must be >= 0 with a positive sum")
+    parts: list[tuple[str, float, VerificationResult]] = []
+    for part in spec.verifiers:
+        result = await _leaf(job, part.verifier, time.time(), scratch_dir, http)
+        parts.append((part.name, part.weight, result))
+    return compose(job.rollout_id, parts, started)
+
+
+def compose(rollout_id: str, parts: list[tuple[str, float, VerificationResult]], started: float) -> VerificationResult:
+    """Weighted mean of the parts; named components; flags, tests and judge calls carried over."""
+    total_weight = sum(w for _, w, _ in parts)
+    reward = sum(w * r.reward for _, w, r in parts) / total_weight
+    components: dict[str, float] = {}
+    flags: list[str] = []
+    for name, _, r in parts:
+        components[name] = r.reward
+        for key, value in r.components.items():
+            components[f"{name}.{key}"] = value
+        flags += [f for f in r.flags if f not in flags]
+    tests_part = next((r for _, _, r in parts if r.verifier == "tests"), None)
+    return VerificationResult(
+        rollout_id=rollout_id,
+        verifier="composite",
+        reward=reward,
+        passed=all(r.passed for _, _, r in parts),
         started_at=started,
         finished_at=time.time(),
-        components={**score.components, "tests": final_reward},
-        tests=_reported(parsed.results, spec),
-        counts=score.counts,
+        components=components,
+        tests=tests_part.tests if tests_part else [],
+        counts=tests_part.counts if tests_part else TestCounts(),
         flags=flags,
-        reason="; ".join(r for r in reasons if r),
-        log_tail=_tail(text),
+        reason="; ".join(f"{name} ({w:g}): {r.reward:g} {r.reason}".rstrip() for name, w, r in parts),
+        log_tail=tests_part.log_tail if tests_part else "",
+        judge_calls=[c for _, _, r in parts for c in r.judge_calls],
+        parser=tests_part.parser if tests_part else "",
     )
-
-
-async def _apply(diff: str, workspace: Path, arena_dir: Path, log_path: Path) -> str | None:
-    """``git apply`` in a sandbox; ``None`` on success, else git's complaint."""
-    (arena_dir / DIFF_FILE).write_text(diff, encoding="utf-8")
-    run = await local.run(
-        local.SandboxSpec(
-            command=["git", "apply", "--whitespace=nowarn", f"{local.ARENA_DIR}/{DIFF_FILE}"],
-            workspace=workspace,
-            arena_dir=arena_dir,
-            env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"},
-            timeout_s=APPLY_TIMEOUT_S,
-            log_path=log_path,
-        )
-    )
-    output = _read_log(log_path).strip()
-    _raise_if_sandbox_failed(run, output)
-    if run.timed_out:
-        return f"git apply timed out after {APPLY_TIMEOUT_S:g}s"
-    if run.exit_code != 0:
-        return output or f"git apply exited {run.exit_code}"
-    return None
-
-
-def _raise_if_sandbox_failed(run: local.RunResult, output: str) -> None:
-    """bubblewrap reports its own set-up failures as ``bwrap: ...`` with exit code 1."""
-    if run.exit_code not in (0, None) and output.startswith("bwrap:"):
-        raise VerificationError(f"the sandbox did not start: {output.splitlines()[0]}")
-
-
-def _read_log(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - MAX_LOG_BYTES))
-            return fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _tail(text: str) -> str:
-    tail = "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
-    return tail[-LOG_TAIL_CHARS:]
-
-
-def _reported(results: list[TestResult], spec: TestsVerifier) -> list[TestResult]:
-    listed = set(spec.fail_to_pass) | set(spec.pass_to_pass)
-    first = [r for r in results if r.test_id in listed]
-    rest = [r for r in results if r.test_id not in listed]
-    return (first + rest)[: max(MAX_REPORTED_TESTS, len(first))]

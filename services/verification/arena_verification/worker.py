@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+from nats.js.errors import NotFoundError
 
 from arena import subjects
 from arena.bus import Bus, Consumer, Delivery
-from arena.errors import Permanent
-from arena.schemas import VerifyJob
+from arena.errors import Permanent, VerificationError
+from arena.schemas import SandboxDone, VerifyJob
 from arena_verification import runner
+from arena_verification.plugins import InvalidPlugin
 from arena_verification.restore import InvalidTask
 
 log = logging.getLogger("arena.verification")
@@ -17,6 +24,16 @@ log = logging.getLogger("arena.verification")
 STREAM = "ARENA_VERIFY_JOBS"
 MAX_DELIVER = 3
 MSG_KIND = "verify-done"
+RESULTS_STREAM = "ARENA_RESULTS"
+
+_sandbox_done_decoder = msgspec.json.Decoder(SandboxDone)
+
+
+def result_msg_id(job: VerifyJob) -> str:
+    """``{rid}:verify-done:0`` for the rollout's own verification; a replay named ``N``
+    publishes ``{rid}:verify-done-N:0`` so JetStream never drops it as a duplicate."""
+    kind = MSG_KIND if not job.name else f"{MSG_KIND}-{subjects.token(job.name)}"
+    return subjects.msg_id(job.rollout_id, kind)
 
 
 class VerificationWorker:
@@ -24,27 +41,49 @@ class VerificationWorker:
 
     A failing test suite is a result (reward 0). An exception from the runner means
     Arena could not verify: it propagates, so the bus naks and redelivers, and
-    dead-letters the job after ``MAX_DELIVER`` attempts; an invalid task is
-    dead-lettered at once. Re-verifying a redelivered job publishes with the same
-    ``Nats-Msg-Id``, so JetStream drops the duplicate.
+    dead-letters the job after ``MAX_DELIVER`` attempts; an invalid task or plug-in is
+    dead-lettered at once. A job taking longer than its budget (``job_timeout_s``, else
+    :func:`runner.time_budget_s` of its verifier) is cancelled and counts as a failure.
+    Re-verifying a redelivered job publishes with the same ``Nats-Msg-Id``, so JetStream
+    drops the duplicate.
     """
 
-    def __init__(self, bus: Bus, *, scratch_dir: Path | None = None):
+    def __init__(self, bus: Bus, *, scratch_dir: Path | None = None, job_timeout_s: float | None = None):
         self.bus = bus
         self.scratch_dir = scratch_dir
+        self.job_timeout_s = job_timeout_s
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
 
     async def handle(self, job: VerifyJob, delivery: Delivery) -> None:
         log.info("verifying (delivery %d)", delivery.num_delivered,
                  extra={"rollout_id": job.rollout_id, "subject": delivery.subject})
+        if job.result is None and runner.grades_answer(job.task.verifier):
+            job = msgspec.structs.replace(job, result=await self._agent_result(job.rollout_id))
+        budget = self.job_timeout_s or runner.time_budget_s(job.task.verifier)
         try:
-            result = await runner.verify(job, scratch_dir=self.scratch_dir)
-        except InvalidTask as exc:
+            result = await asyncio.wait_for(
+                runner.verify(job, scratch_dir=self.scratch_dir, http=self.http), timeout=budget
+            )
+        except (InvalidTask, InvalidPlugin) as exc:
             raise Permanent(f"invalid task {job.task.id}: {exc}") from exc
-        await self.bus.publish(
-            subjects.verify_done(job.rollout_id),
-            result,
-            msg_id=subjects.msg_id(job.rollout_id, MSG_KIND),
-        )
+        except asyncio.TimeoutError as exc:
+            raise VerificationError(f"verification took longer than its {budget:g}s budget") from exc
+        await self.bus.publish(subjects.verify_done(job.rollout_id), result, msg_id=result_msg_id(job))
+
+    async def _agent_result(self, rollout_id: str) -> dict[str, Any] | None:
+        """The agent's ``result.json`` from the rollout's ``SandboxDone`` (``None`` if absent).
+
+        Jobs from the sandbox plane carry the diff but not the result; answer verifiers
+        (``rubric``/``exact``/``llm_judge`` on ``source: "answer"``, plug-ins) need it.
+        """
+        try:
+            raw = await self.bus.js.get_last_msg(RESULTS_STREAM, subjects.sandbox_done(rollout_id))
+        except NotFoundError:
+            return None
+        return _sandbox_done_decoder.decode(raw.data).result
+
+    async def close(self) -> None:
+        await self.http.aclose()
 
     def consumer(self, *, concurrency: int) -> Consumer[VerifyJob]:
         return Consumer(

@@ -1,0 +1,295 @@
+"""Added latency and throughput of Arena's LLM proxy (capture on) vs LiteLLM's proxy.
+
+One run, one machine, the same fixed-latency fake backend (``arena.scripted_llm``,
+vLLM-shaped) behind both:
+
+- direct: client -> backend (the baseline)
+- arena: client -> rollout service proxy (``python -m arena_rollout``, NATS JetStream,
+  every call captured as a Step and published) -> backend
+- litellm: client -> ``litellm --config`` (``litellm[proxy]`` from PyPI, installed by
+  this script into its own venv, ``.arena/bench-litellm``) -> backend
+
+Added latency = proxy p50/p99 minus direct p50/p99, from sequential calls. Max RPS =
+completed calls per second at a fixed concurrency for a fixed time; RPS per core =
+calls per CPU-second the proxy's processes used during that run (read from /proc).
+
+Run: ``.venv/bin/python benchmarks/proxy_overhead.py [--latency-ms 20] [--seconds 8]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".arena" / "bench-litellm"
+LITELLM_KEY = "sk-arena-bench-" + os.urandom(16).hex()
+CONTENT = "The middle pair is ordered[mid - 1] and ordered[mid]; fixed."  # ~60 tokens
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_litellm() -> Path:
+    exe = VENV / "bin" / "litellm"
+    if exe.exists():
+        return exe
+    print(f"installing litellm[proxy] into {VENV} (one time) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", "litellm[proxy]"], check=True)
+    return exe
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before answering {url}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and all its descendants, seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, parent in parents.items():
+            if parent == p and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
+def body(stream: bool) -> dict:
+    return {"model": "scripted", "messages": [{"role": "user", "content": "fix the median"}], "max_tokens": 128,
+            "stream": stream}
+
+
+async def one(client: httpx.AsyncClient, url: str, headers: dict, stream: bool) -> float:
+    t0 = time.perf_counter()
+    if stream:
+        async with client.stream("POST", url, json=body(True), headers=headers) as resp:
+            resp.raise_for_status()
+            async for _ in resp.aiter_raw():
+                pass
+    else:
+        resp = await client.post(url, json=body(False), headers=headers)
+        resp.raise_for_status()
+    return (time.perf_counter() - t0) * 1000
+
+
+async def latency(url: str, headers: dict, stream: bool, n: int) -> list[float]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(10):
+            await one(client, url, headers, stream)
+        return [await one(client, url, headers, stream) for _ in range(n)]
+
+
+async def throughput(url: str, headers: dict, stream: bool, seconds: float, concurrency: int,
+                     pids: list[int]) -> tuple[float, float | None, int]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        done = errors = 0
+        first_error: list[str] = []
+        stop_at = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done, errors
+            while time.perf_counter() < stop_at:
+                try:
+                    await one(client, url, headers, stream)
+                    done += 1
+                except httpx.HTTPError as exc:
+                    errors += 1
+                    if not first_error:
+                        first_error.append(f"{type(exc).__name__}: {exc}")
+
+        cpu0 = sum(cpu_seconds(p) for p in pids)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+        cpu = (sum(cpu_seconds(p) for p in pids) - cpu0) if pids else None
+    if first_error:
+        print(f"  first error against {url}: {first_error[0][:300]}", flush=True)
+    return done / elapsed, (done / cpu if cpu else None), errors
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def start_arena(tmp: Path, backend_url: str) -> tuple[list, str, dict]:
+    from arena.natsserver import NatsServer
+
+    nats = NatsServer(tmp / "nats").start()
+    port = free_port()
+    env = {**os.environ, "ARENA_NATS_URL": nats.url, "ARENA_ROLLOUT_PORT": str(port), "ARENA_BACKEND_URL": backend_url,
+           "ARENA_PUBLIC_URL": f"http://127.0.0.1:{port}", "ARENA_DATA_DIR": str(tmp / "data"),
+           "ARENA_LOG_LEVEL": "WARNING", "ARENA_BACKEND_MAX_INFLIGHT": "1024"}
+    proc = subprocess.Popen([sys.executable, "-m", "arena_rollout"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp / "arena.log", "wb"))
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/healthz", proc, 60)
+    repo = tmp / "repo"
+    repo.mkdir()
+    task = {"id": "bench", "repo": str(repo), "instructions": "bench", "agent": {"command": ["true"]},
+            "verifier": {"type": "tests", "fail_to_pass": ["t::x"]}, "budget": {"wall_clock_s": 86400}}
+    answer = httpx.post(base + "/v1/rollouts", json={"task": task}, timeout=10)
+    if answer.status_code != 201:
+        raise RuntimeError(f"cannot submit the benchmark rollout: {answer.status_code} {answer.text}")
+    rid = answer.json()["rollout_id"]
+    key = asyncio.run(_rollout_key(nats.url, rid))
+    return [proc, nats], f"{base}/proxy/{rid}/v1/chat/completions", {"authorization": f"Bearer {key}"}
+
+
+async def _rollout_key(nats_url: str, rid: str) -> str:
+    from arena import subjects
+    from arena.bus import Bus
+    from arena.schemas import RolloutRecord
+    import msgspec
+
+    bus = await Bus.connect(nats_url, "bench")
+    try:
+        entry = await (await bus.kv(subjects.KV_ROLLOUTS)).get(rid)
+        return msgspec.json.decode(entry.value, type=RolloutRecord).api_key
+    finally:
+        await bus.close()
+
+
+def start_litellm(tmp: Path, backend_url: str) -> tuple[subprocess.Popen, str]:
+    exe = ensure_litellm()
+    port = free_port()
+    config = tmp / "litellm.yaml"
+    config.write_text(json.dumps({
+        "model_list": [{"model_name": "scripted", "litellm_params": {
+            "model": "openai/scripted", "api_base": backend_url, "api_key": "none"}}],
+        "litellm_settings": {"telemetry": False, "drop_params": True},
+    }))
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "HOME": str(tmp),
+           "LITELLM_MASTER_KEY": LITELLM_KEY}
+    proc = subprocess.Popen([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], env=env, stdout=open(tmp / "litellm.log", "wb"),
+                            stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, 180)
+    return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+def stop(proc) -> None:
+    if hasattr(proc, "stop"):
+        proc.stop()
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="fixed backend latency")
+    ap.add_argument("--requests", type=int, default=300, help="sequential calls per latency run")
+    ap.add_argument("--seconds", type=float, default=8.0, help="length of each throughput run")
+    ap.add_argument("--concurrency", type=int, default=32)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="arena-bench-"))
+    script = tmp / "script.json"
+    script.write_text(json.dumps({"responses": [{"label": "a", "content": CONTENT}]}))
+    bport = free_port()
+    backend = subprocess.Popen([sys.executable, "-m", "arena.scripted_llm", "--script", str(script), "--port",
+                                str(bport), "--latency-ms", str(args.latency_ms), "--chunk-tokens", "4"],
+                               stdout=subprocess.DEVNULL, stderr=open(tmp / "backend.log", "wb"))
+    procs: list = [backend]
+    backend_url = f"http://127.0.0.1:{bport}/v1"
+    results: dict[str, dict] = {}
+    try:
+        wait_http(backend_url + "/models", backend, 30)
+        arena_procs, arena_url, arena_headers = start_arena(tmp, backend_url)
+        procs += arena_procs
+        try:
+            litellm_proc, litellm_url = start_litellm(tmp, backend_url)
+            procs.append(litellm_proc)
+            litellm_error = None
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+            litellm_url, litellm_proc, litellm_error = None, None, str(exc)
+        # Arena's CPU includes its nats-server: capture is part of the cost
+        targets = [("direct", backend_url + "/chat/completions", {}, []),
+                   ("arena", arena_url, arena_headers, [arena_procs[0].pid, arena_procs[1].proc.pid])]
+        if litellm_url:
+            targets.append(("litellm", litellm_url, {"authorization": f"Bearer {LITELLM_KEY}"}, [litellm_proc.pid]))
+        for stream in (False, True):
+            mode = "stream" if stream else "whole"
+            for name, url, headers, pids in targets:
+                lat = asyncio.run(latency(url, headers, stream, args.requests))
+                rps, per_core, errors = asyncio.run(throughput(url, headers, stream, args.seconds,
+                                                               args.concurrency, pids))
+                results[f"{name}/{mode}"] = {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "rps": rps,
+                                             "per_core": per_core, "errors": errors}
+                print(f"  measured {name:8s} {mode:6s} p50 {results[f'{name}/{mode}']['p50']:7.2f} ms  "
+                      f"rps {rps:7.1f}", flush=True)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    print()
+    print(f"backend fixed latency {args.latency_ms:g} ms; {args.requests} sequential calls for latency; "
+          f"{args.seconds:g} s at concurrency {args.concurrency} for throughput; {os.cpu_count()} cores (shared)")
+    print(f"{'mode':7s} {'proxy':8s} {'added p50 ms':>13s} {'added p99 ms':>13s} {'max rps':>9s} "
+          f"{'rps/core':>9s} {'errors':>7s}")
+    for mode in ("whole", "stream"):
+        base = results[f"direct/{mode}"]
+        for name in ("arena", "litellm"):
+            r = results.get(f"{name}/{mode}")
+            if r is None:
+                continue
+            per_core = f"{r['per_core']:9.1f}" if r["per_core"] else f"{'n/a':>9s}"
+            print(f"{mode:7s} {name:8s} {r['p50'] - base['p50']:13.2f} {r['p99'] - base['p99']:13.2f} "
+                  f"{r['rps']:9.1f} {per_core} {r['errors']:7d}")
+        a, l = results.get(f"arena/{mode}"), results.get(f"litellm/{mode}")
+        if a and l:
+            added_a, added_l = a["p50"] - base["p50"], l["p50"] - base["p50"]
+            print(f"{mode:7s} ratio    arena/litellm added p50 {added_a / added_l if added_l > 0 else float('nan'):.2f}"
+                  f"; rps x{a['rps'] / l['rps']:.2f}"
+                  + (f"; rps/core x{a['per_core'] / l['per_core']:.2f}" if a["per_core"] and l["per_core"] else ""))
+    if litellm_error:
+        print(f"litellm could not be run: {litellm_error} (log: {tmp / 'litellm.log'})")
+    shutil.rmtree(tmp, ignore_errors=True) if not litellm_error else None
+
+
+if __name__ == "__main__":
+    main()

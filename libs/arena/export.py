@@ -1,0 +1,229 @@
+"""Training views of stored trajectories: pure functions from groups of ``Trajectory`` to rows.
+
+No I/O and no pyarrow here (``arena.export_io`` reads and writes). Every view drops
+trajectories marked ``incomplete`` unless asked not to, and says what it skipped in
+``ExportStats``.
+
+- ``grpo``   one row per member of a group, with the group-normalised advantage
+- ``dpo``    chosen/rejected pairs from a group (best vs worst, or every pair)
+- ``sft``    the best member of each group if its reward reaches a threshold, as chat messages
+- ``tokens`` one row per token sequence of a member (a multi-turn rollout is usually one):
+             ``input_ids``, ``loss_mask``, ``logprobs``, ``advantage``, ready for a
+             PPO/GRPO token-level loss
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arena.grpo import group_advantages
+from arena.schemas import Step, Trajectory
+from arena.tokens import sequences
+
+View = Literal["grpo", "dpo", "sft", "tokens"]
+VIEWS: tuple[str, ...] = ("grpo", "dpo", "sft", "tokens")
+
+
+@dataclass
+class ExportOptions:
+    include_incomplete: bool = False  # keep trajectories the plane assembled with parts missing
+    include_partial_groups: bool = False  # grpo/dpo/tokens: use groups missing members
+    normalize_std: bool = True  # grpo/tokens: divide by the group's std (False: Dr. GRPO)
+    sft_threshold: float = 1.0  # sft: minimum reward of the best member
+    dpo_margin: float = 0.0  # dpo: chosen.reward - rejected.reward must exceed this
+    dpo_pairs: Literal["best-worst", "all"] = "best-worst"
+
+
+@dataclass
+class ExportStats:
+    trajectories: int = 0
+    groups: int = 0
+    rows: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def group_trajectories(trajectories: Iterable[Trajectory]) -> Iterator[list[Trajectory]]:
+    """Consecutive trajectories sharing a ``group_id`` (the export order keeps members
+    together); a trajectory without a group is a group of one."""
+    for _, members in itertools.groupby(trajectories, key=lambda t: t.group_id or f"\0{t.rollout_id}"):
+        yield sorted(members, key=lambda t: t.group_index)
+
+
+def date_of(t: Trajectory) -> str:
+    return dt.datetime.fromtimestamp(t.completed_at, dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+def _usable(group: list[Trajectory], options: ExportOptions, stats: ExportStats, *, needs_group: bool
+            ) -> list[Trajectory]:
+    stats.groups += 1
+    stats.trajectories += len(group)
+    members = group
+    if not options.include_incomplete:
+        members = [t for t in group if not (t.incomplete or "incomplete" in t.metadata)]
+        if len(members) < len(group):
+            stats.skip("incomplete trajectory", len(group) - len(members))
+    if needs_group:
+        if group[0].group_id is None:
+            stats.skip("not in a group", len(members))
+            return []
+        if len(members) < group[0].group_size and not options.include_partial_groups:
+            stats.skip("partial group", len(members))
+            return []
+        if len(members) < 2:
+            stats.skip("group of one", len(members))
+            return []
+    return members
+
+
+# --------------------------------------------------------------------------- text helpers
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+
+
+def prompt_messages(t: Trajectory) -> str:
+    """The first step's request messages as JSON text ('' without steps)."""
+    return json.dumps(t.steps[0].request_messages, ensure_ascii=False) if t.steps else ""
+
+
+def completions(t: Trajectory) -> list[str]:
+    return [s.completion_text for s in t.steps]
+
+
+def chat_messages(t: Trajectory) -> list[dict[str, str]]:
+    """The whole conversation: the last step's request messages plus its completion,
+    contents as text (non-text contents as JSON)."""
+    if not t.steps:
+        return []
+    last = t.steps[-1]
+    messages = [{"role": str(m.get("role", "")), "content": _text(m.get("content", ""))}
+                for m in last.request_messages]
+    return [*messages, {"role": "assistant", "content": last.completion_text}]
+
+
+# --------------------------------------------------------------------------- views
+
+
+def grpo_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
+    members = _usable(group, options, stats, needs_group=True)
+    if not members:
+        return []
+    advantages = group_advantages([t.reward for t in members], normalize_std=options.normalize_std)
+    return [{
+        "date": date_of(t), "task_id": t.task_id, "group_id": t.group_id or "", "group_size": t.group_size,
+        "group_index": t.group_index, "rollout_id": t.rollout_id, "reward": float(t.reward), "advantage": a,
+        "final_state": t.final_state.value, "policy_versions": list(t.policy_versions), "num_steps": len(t.steps),
+        "prompt_messages": prompt_messages(t), "completions": completions(t),
+    } for t, a in zip(members, advantages)]
+
+
+def dpo_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
+    members = _usable(group, options, stats, needs_group=True)
+    if not members:
+        return []
+    ranked = sorted(members, key=lambda t: (-t.reward, t.group_index))
+    if options.dpo_pairs == "best-worst":
+        candidates = [(ranked[0], ranked[-1])]
+    else:
+        candidates = [(a, b) for a, b in itertools.combinations(ranked, 2)]
+    rows = []
+    for chosen, rejected in candidates:
+        if chosen.reward - rejected.reward <= options.dpo_margin:
+            continue
+        rows.append({
+            "date": date_of(chosen), "task_id": chosen.task_id, "group_id": chosen.group_id or "",
+            "prompt_messages": prompt_messages(chosen),
+            "chosen": completions(chosen), "rejected": completions(rejected),
+            "chosen_messages": chat_messages(chosen), "rejected_messages": chat_messages(rejected),
+            "chosen_reward": float(chosen.reward), "rejected_reward": float(rejected.reward),
+            "chosen_rollout_id": chosen.rollout_id, "rejected_rollout_id": rejected.rollout_id,
+        })
+    if not rows:
+        stats.skip("no pair above the margin")
+    return rows
+
+
+def sft_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
+    members = _usable(group, options, stats, needs_group=False)
+    if not members:
+        return []
+    best = max(members, key=lambda t: (t.reward, -t.group_index))
+    if best.reward < options.sft_threshold:
+        stats.skip("best below the threshold")
+        return []
+    return [{
+        "date": date_of(best), "task_id": best.task_id, "group_id": best.group_id or "", "rollout_id": best.rollout_id,
+        "reward": float(best.reward), "messages": chat_messages(best),
+    }]
+
+
+def step_tokens(step: Step) -> tuple[list[int], list[int], list[float]] | None:
+    """``(input_ids, loss_mask, logprobs)`` of one step alone, prompt then completion: mask 1
+    on the completion tokens the policy sampled, 0 on the prompt; ``logprobs`` are the
+    sampling policy's, 0.0 on the prompt. ``None`` when the backend did not return token
+    ids or the logprobs do not line up with them."""
+    if step.prompt_token_ids is None or step.completion_token_ids is None:
+        return None
+    prompt, completion = list(step.prompt_token_ids), list(step.completion_token_ids)
+    logprobs = list(step.logprobs or [])
+    if len(logprobs) != len(completion):
+        return None
+    return (prompt + completion, [0] * len(prompt) + [1] * len(completion), [0.0] * len(prompt) + logprobs)
+
+
+def token_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
+    """One row per token sequence of each member (``arena.tokens.sequences``): a multi-turn
+    rollout whose prompts extend each other is one sequence, its tool/user tokens masked 0
+    and every sampled completion masked 1; a rollout whose history was rewritten gives
+    several. Members with a step lacking token ids, or whose logprobs do not line up
+    with their completion ids, are skipped (nothing is re-tokenized or padded)."""
+    members = _usable(group, options, stats, needs_group=True)
+    if not members:
+        return []
+    advantages = group_advantages([t.reward for t in members], normalize_std=options.normalize_std)
+    rows = []
+    for t, a in zip(members, advantages):
+        used = [s for s in t.steps if not s.incomplete]
+        if len(used) < len(t.steps):
+            stats.skip("step cut short (incomplete)", len(t.steps) - len(used))
+        if any(step_tokens(s) is None for s in used):
+            stats.skip("trajectory with a step without token ids or aligned logprobs")
+            continue
+        versions = {s.step_index: s.policy_version or "" for s in used}
+        for seq in sequences(used):
+            rows.append({
+                "date": date_of(t), "task_id": t.task_id, "group_id": t.group_id or "", "rollout_id": t.rollout_id,
+                "steps": list(seq.steps), "policy_versions": sorted({versions[i] for i in seq.steps}),
+                "input_ids": seq.ids, "loss_mask": seq.loss_mask, "logprobs": seq.logprobs,
+                "num_loss_tokens": sum(seq.loss_mask), "advantage": a, "reward": float(t.reward),
+            })
+    return rows
+
+
+VIEW_FUNCTIONS = {"grpo": grpo_rows, "dpo": dpo_rows, "sft": sft_rows, "tokens": token_rows}
+
+
+def export_rows(trajectories: Iterable[Trajectory], view: View, options: ExportOptions | None = None,
+                stats: ExportStats | None = None) -> Iterator[dict]:
+    """Rows of ``view`` for trajectories ordered so that each group's members are adjacent."""
+    if view not in VIEW_FUNCTIONS:
+        raise ValueError(f"unknown view {view!r}: one of {', '.join(VIEWS)}")
+    options = options or ExportOptions()
+    stats = stats if stats is not None else ExportStats()
+    fn = VIEW_FUNCTIONS[view]
+    for group in group_trajectories(trajectories):
+        rows = fn(group, options, stats)
+        stats.rows += len(rows)
+        yield from rows

@@ -1,0 +1,298 @@
+"""One proxied LLM call, end to end: validate, budget, inject, route, relay, capture, record.
+
+``ProxyHandler.call`` returns the answer as bytes/dict (non-streaming) or an async
+iterator of SSE bytes (streaming), relayed chunk by chunk as the backend sends them.
+The captured ``Step`` is stored (the rollout's counters, compare-and-set) and published
+on ``arena.step.{rollout_id}``; a stream that ends early (client gone, replica dead,
+invalid chunk) is still recorded, ``incomplete`` with the reason.
+
+Recording runs off the answer's path (two JetStream writes, fsynced): a rollout's steps
+are recorded in order, and its next call waits for the previous recording before its
+budget check, so budgets stay exact. ``drain`` waits for pending recordings (shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import httpx
+import msgspec
+
+from arena import subjects
+from arena.bus import Bus
+from arena.errors import ArenaError, BudgetExhausted, UpstreamError, WallClockExceeded
+from arena.schemas import RolloutRecord, RolloutState, SamplingParams, Timings
+
+from arena_rollout.proxy import anthropic
+from arena_rollout.proxy.budget import check_budget
+from arena_rollout.proxy.capture import Capture
+from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
+from arena_rollout.proxy.policy import Api, apply_sampling
+from arena_rollout.proxy.routing import Router
+from arena_rollout.proxy.upstream import ClientPool, Upstream, open_call, sse_events
+from arena_rollout.store import RolloutStore
+
+log = logging.getLogger("arena.rollout.proxy")
+
+_PATHS = {"openai.chat": "/chat/completions", "openai.completions": "/completions",
+          "anthropic.messages": "/chat/completions"}
+
+
+class Lifecycle(Protocol):
+    async def transition(self, rollout_id: str, target: RolloutState, *, reason: str) -> Any: ...
+
+
+class _Broken(Exception):
+    def __init__(self, message: str, replica_down: bool):
+        super().__init__(message)
+        self.message = message
+        self.replica_down = replica_down
+
+
+class _Call(msgspec.Struct, kw_only=True):
+    """What recording a call needs besides the captured answer."""
+
+    rollout_id: str
+    api: str
+    sent: dict[str, Any]
+    applied: SamplingParams
+    started_at: float
+    t0: float
+    stream: bool
+
+
+class Relay:
+    """A relayed stream; closing it before it started still runs ``on_unstarted`` (an
+    async generator that never started would skip its ``finally``)."""
+
+    def __init__(self, gen: AsyncIterator[bytes], on_unstarted):
+        self._gen = gen
+        self._on_unstarted = on_unstarted
+        self._started = False
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._started = True
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            self._on_unstarted()
+        await self._gen.aclose()
+
+
+class ProxyHandler:
+    def __init__(self, *, bus: Bus, store: RolloutStore, lifecycle: Lifecycle, router: Router,
+                 http: httpx.AsyncClient | ClientPool):
+        self.bus = bus
+        self.store = store
+        self.lifecycle = lifecycle
+        self.router = router
+        self.http = http
+        self._background: set[asyncio.Task] = set()
+        self._tail: dict[str, asyncio.Task] = {}  # the last step being recorded, per rollout
+
+    # ---------------------------------------------------------------- entry
+
+    async def call(self, record: RolloutRecord, api: Api, payload: Any) -> bytes | dict | Relay:
+        rid = record.rollout_id
+        pending = self._tail.get(rid)
+        if pending is not None:  # the rollout's previous step is still being recorded: its counts first
+            await asyncio.shield(pending)
+            record = await self.store.current(rid)
+        if api == "anthropic.messages":
+            body = anthropic.to_openai(payload)
+        elif api == "openai.completions":
+            body = validate_completions_body(payload)
+        else:
+            body = validate_chat_body(payload)
+        stream = bool(body.get("stream"))
+        client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        try:
+            body = check_budget(record, body, now=time.time())
+        except WallClockExceeded as exc:
+            await self.lifecycle.transition(rid, RolloutState.TIMED_OUT, reason=exc.message)
+            raise
+        except BudgetExhausted as exc:
+            await self.lifecycle.transition(rid, RolloutState.BUDGET_EXHAUSTED, reason=exc.message)
+            raise
+        sent, applied = apply_sampling(body, record.sampling, api=api)
+        if record.model and record.model != "default":
+            sent["model"] = record.model
+        call = _Call(rollout_id=rid, api=api, sent=sent, applied=applied, started_at=time.time(),
+                     t0=time.perf_counter(), stream=stream)
+        up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
+                             path=_PATHS[api], body=msgspec.json.encode(sent))
+        if not stream:
+            return await self._whole(call, up, payload)
+
+        def unstarted() -> None:  # the client went away before the first byte: still free the slot, record
+            total_ms = (time.perf_counter() - call.t0) * 1000
+            self._spawn(self._finish(call, up, Capture(), None, total_ms,
+                                     "client disconnected before the stream started"), rollout_id=rid)
+
+        return Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or "")),
+                     unstarted)
+
+    # ---------------------------------------------------------------- whole answers
+
+    async def _whole(self, call: _Call, up: Upstream, payload: dict[str, Any]) -> bytes | dict:
+        rid = up.replica.id
+        try:
+            data = await up.response.aread()
+        except httpx.HTTPError as exc:
+            self.router.mark_down(rid, f"{type(exc).__name__}: {exc}")
+            raise UpstreamError(f"backend replica {rid} failed while answering: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await up.close()
+        total_ms = (time.perf_counter() - call.t0) * 1000
+        try:
+            answer = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise UpstreamError(f"backend replica {rid} answered invalid JSON ({exc}): {data[:200]!r}") from exc
+        cap = Capture()
+        if call.api == "openai.completions":
+            cap.add_completion(answer)
+        else:
+            cap.add_chat(answer)
+        # recorded off the answer's path; the rollout's next call waits for it (see ``call``)
+        self._spawn(self._finish(call, up, cap, total_ms, total_ms, None), rollout_id=call.rollout_id)
+        if call.api == "anthropic.messages":
+            return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
+        return data
+
+    # ---------------------------------------------------------------- streams
+
+    async def _relay(self, call: _Call, up: Upstream, *, client_usage: bool,
+                     client_model: str) -> AsyncIterator[bytes]:
+        cap = Capture()
+        add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
+        translator = anthropic.StreamTranslator(model=client_model) if call.api == "anthropic.messages" else None
+        buffer = bytearray()
+        first_ms: float | None = None
+        phase = "streaming"
+        replica = up.replica.id
+        out: list[bytes] = []  # what arrived in one read, relayed at once
+        try:
+            done = False
+            try:
+                async for data in up.response.aiter_raw():
+                    for payload in sse_events(buffer, data):
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            chunk = msgspec.json.decode(payload)
+                        except msgspec.DecodeError as exc:
+                            raise _Broken(f"backend replica {replica} sent an invalid stream chunk ({exc}): "
+                                          f"{payload[:200]!r}", False) from None
+                        if not isinstance(chunk, dict) or "error" in chunk:
+                            raise _Broken(f"backend replica {replica} reported an error mid-stream: "
+                                          f"{payload[:300]!r}", False)
+                        if first_ms is None and chunk.get("choices"):
+                            first_ms = (time.perf_counter() - call.t0) * 1000
+                        add(chunk)
+                        if translator is not None:
+                            out += translator.feed(chunk)
+                        elif chunk.get("choices") or client_usage:
+                            out.append(b"data: " + payload + b"\n\n")
+                    if out:
+                        relay, out = b"".join(out), []
+                        yield relay
+                    if done:
+                        break
+            except httpx.HTTPError as exc:
+                raise _Broken(f"backend replica {replica} died mid-stream: {type(exc).__name__}: {exc}", True) from None
+            if not done:
+                raise _Broken(f"backend replica {replica} closed the stream before [DONE]", True)
+            phase = "done"
+            total_ms = (time.perf_counter() - call.t0) * 1000
+            self._spawn(self._finish(call, up, cap, first_ms, total_ms, None), rollout_id=call.rollout_id)
+            yield b"".join(translator.end()) if translator is not None else b"data: [DONE]\n\n"
+        except _Broken as exc:
+            phase = "broken"
+            log.warning("%s", exc.message, extra={"rollout_id": call.rollout_id})
+            if exc.replica_down:
+                self.router.mark_down(replica, exc.message)
+            total_ms = (time.perf_counter() - call.t0) * 1000
+            self._spawn(self._finish(call, up, cap, first_ms, total_ms, exc.message), rollout_id=call.rollout_id)
+            if translator is not None:
+                out.append(anthropic.error_event(exc.message))
+            else:
+                out.append(b"data: " + msgspec.json.encode(
+                    {"error": {"message": exc.message, "type": "upstream_error", "code": "upstream_error"}}) + b"\n\n")
+            yield b"".join(out)  # what was captured before the break reaches the client too
+        finally:
+            if phase == "streaming":  # the client went away (or the server is stopping)
+                total_ms = (time.perf_counter() - call.t0) * 1000
+                self._spawn(self._finish(call, up, cap, first_ms, total_ms, "client disconnected mid-stream"),
+                            rollout_id=call.rollout_id)
+
+    def _spawn(self, coro, *, rollout_id: str) -> asyncio.Task:
+        """Record a step in the background, after the rollout's previous one (steps keep their order)."""
+        previous = self._tail.get(rollout_id)
+
+        async def ordered() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await coro
+
+        task = asyncio.get_running_loop().create_task(ordered())
+        self._background.add(task)
+        self._tail[rollout_id] = task
+
+        def done(t: asyncio.Task) -> None:
+            self._background.discard(t)
+            if self._tail.get(rollout_id) is t:
+                del self._tail[rollout_id]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _finish(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
+                      error: str | None) -> None:
+        try:
+            await up.close()
+        except httpx.HTTPError:
+            pass
+        try:
+            await self._record(call, up, cap, first_token_ms=first_ms or total_ms, total_ms=total_ms,
+                               incomplete=error is not None, error=error)
+        except (ArenaError, OSError) as exc:  # never lose the reason a step is missing
+            log.error("step of rollout %s not recorded: %s", call.rollout_id, exc,
+                      extra={"rollout_id": call.rollout_id})
+
+    async def drain(self) -> None:
+        """Wait for steps still being recorded (used at shutdown and by tests)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # ---------------------------------------------------------------- recording
+
+    async def _record(self, call: _Call, up: Upstream, cap: Capture, *, first_token_ms: float, total_ms: float,
+                      incomplete: bool = False, error: str | None = None) -> None:
+        spent = cap.usage_totals().total_tokens
+
+        def count(r: RolloutRecord) -> RolloutRecord:
+            return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent)
+
+        before, _ = await self.store.update(call.rollout_id, count)
+        replica = up.replica.replica
+        step = cap.to_step(
+            rollout_id=call.rollout_id, step_index=before.steps, api=call.api, request=call.sent,
+            applied=call.applied, backend=replica.url, replica=replica.replica_id,
+            policy_version=replica.policy_version or None,
+            timings=Timings(queued_ms=up.queued_ms, first_token_ms=first_token_ms, total_ms=total_ms),
+            started_at=call.started_at, stream=call.stream, incomplete=incomplete, error=error,
+            failovers=up.failovers,
+        )
+        await self.bus.publish(subjects.step(call.rollout_id), step,
+                               msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))
+

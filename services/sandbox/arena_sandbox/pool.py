@@ -1,0 +1,69 @@
+"""A warm pool per image: sandboxes created ahead so acquiring one is near-instant.
+
+``acquire(spec)`` hands out a ready sandbox for ``spec`` if one is waiting, else
+creates one; either way a refill to ``size`` starts in the background. Sandboxes are
+never reused: the caller destroys what it acquired. ``close`` destroys the idle ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from arena_sandbox.provider import CreateSpec, Sandbox, SandboxProvider
+
+log = logging.getLogger("arena.sandbox.pool")
+
+
+class WarmPool:
+    def __init__(self, provider: SandboxProvider, *, size: int):
+        self.provider = provider
+        self.size = size
+        self._idle: dict[CreateSpec, list[Sandbox]] = {}
+        self._filling: dict[CreateSpec, asyncio.Task] = {}
+        self._closed = False
+
+    async def prefill(self, spec: CreateSpec) -> None:
+        """Fill the pool for ``spec`` to ``size`` and wait until it is full."""
+        if self.size > 0:
+            self._refill(spec)
+            await asyncio.shield(self._filling[spec])
+
+    def idle(self, spec: CreateSpec) -> int:
+        return len(self._idle.get(spec, []))
+
+    async def acquire(self, spec: CreateSpec) -> Sandbox:
+        idle = self._idle.get(spec)
+        sandbox = idle.pop() if idle else None
+        if self.size > 0:
+            self._refill(spec)
+        return sandbox if sandbox is not None else await self.provider.create(spec)
+
+    def _refill(self, spec: CreateSpec) -> None:
+        task = self._filling.get(spec)
+        if self._closed or (task is not None and not task.done()):
+            return
+        self._filling[spec] = asyncio.create_task(self._fill(spec))
+
+    async def _fill(self, spec: CreateSpec) -> None:
+        idle = self._idle.setdefault(spec, [])
+        while not self._closed and len(idle) < self.size:
+            try:
+                sandbox = await self.provider.create(spec)
+            except Exception as exc:  # noqa: BLE001 - the pool is best effort; acquire still creates
+                log.warning("warm pool (%s %s): cannot create a sandbox: %s", self.provider.name, spec.image, exc)
+                return
+            if self._closed:
+                await sandbox.destroy()
+                return
+            idle.append(sandbox)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._filling.values():  # each stops after its current create (and destroys it)
+            with contextlib.suppress(Exception):
+                await task
+        for idle in self._idle.values():
+            while idle:
+                await idle.pop().destroy()

@@ -1,0 +1,106 @@
+"""Filters and summaries shared by listing, analytics and exports: ``TrajectoryFilter``
+(a ``WHERE`` clause over ``trajectories`` with bound parameters) and ``TrajectorySummary``
+(a trajectory without its steps)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from arena.schemas import RolloutState
+from arena_trajectory.clickhouse import Param
+
+
+class TrajectorySummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``GET /v1/trajectories``: a trajectory without its steps."""
+
+    rollout_id: str
+    task_id: str
+    group_id: str | None
+    group_index: int
+    group_size: int
+    final_state: RolloutState
+    reward: float
+    num_steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    completed_at: float  # unix seconds
+    policy_versions: list[str] = []
+    passed: bool = False
+
+
+SUMMARY_COLUMNS = (
+    "rollout_id, task_id, group_id, group_index, group_size, final_state, reward, num_steps, "
+    "prompt_tokens, completion_tokens, toUnixTimestamp64Milli(completed_at) AS completed_ms, policy_versions, passed"
+)
+
+
+class _SummaryRow(msgspec.Struct, frozen=True, kw_only=True):
+    rollout_id: str
+    task_id: str
+    group_id: str
+    group_index: int
+    group_size: int
+    final_state: RolloutState
+    reward: float
+    num_steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    completed_ms: int
+    policy_versions: list[str] = []
+    passed: bool = False
+
+    def summary(self) -> TrajectorySummary:
+        return TrajectorySummary(
+            rollout_id=self.rollout_id, task_id=self.task_id, group_id=self.group_id or None,
+            group_index=self.group_index, group_size=self.group_size, final_state=self.final_state,
+            reward=self.reward, num_steps=self.num_steps, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, completed_at=self.completed_ms / 1000,
+            policy_versions=self.policy_versions, passed=self.passed,
+        )
+
+
+# strict=False: a ClickHouse server may quote 64-bit integers in JSON output
+summary_decoder = msgspec.json.Decoder(_SummaryRow, strict=False)
+
+
+class TrajectoryFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Filters shared by listing, analytics and exports (``None``: no filter)."""
+
+    task_id: str | None = None
+    group_id: str | None = None
+    state: RolloutState | None = None
+    policy_version: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    since: float | None = None  # completed_at >= since (unix seconds)
+    until: float | None = None  # completed_at < until
+
+    def where(self) -> tuple[str, dict[str, Param]]:
+        """A ``WHERE`` clause over ``trajectories`` ('' if no filter) and its parameters."""
+        where: list[str] = []
+        params: dict[str, Param] = {}
+        if self.task_id is not None:
+            where.append("task_id = {task_id:String}")
+            params["task_id"] = self.task_id
+        if self.group_id is not None:
+            where.append("group_id = {group_id:String}")
+            params["group_id"] = self.group_id
+        if self.state is not None:
+            where.append("final_state = {state:String}")
+            params["state"] = RolloutState(self.state).value
+        if self.policy_version is not None:
+            where.append("has(policy_versions, {pv:String})")
+            params["pv"] = self.policy_version
+        if self.min_reward is not None:
+            where.append("reward >= {min_reward:Float64}")
+            params["min_reward"] = float(self.min_reward)
+        if self.max_reward is not None:
+            where.append("reward <= {max_reward:Float64}")
+            params["max_reward"] = float(self.max_reward)
+        if self.since is not None:
+            where.append("completed_at >= fromUnixTimestamp64Milli(toInt64({since_ms:Int64}))")
+            params["since_ms"] = int(self.since * 1000)
+        if self.until is not None:
+            where.append("completed_at < fromUnixTimestamp64Milli(toInt64({until_ms:Int64}))")
+            params["until_ms"] = int(self.until * 1000)
+        return (" WHERE " + " AND ".join(where) if where else ""), params

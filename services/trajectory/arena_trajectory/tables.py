@@ -1,0 +1,226 @@
+"""The ClickHouse tables of the trajectory plane and the rows written to them.
+
+Every table is a ``ReplacingMergeTree`` whose sort key is the identity of the message it
+stores, so a redelivered message replaces its own row; every read uses ``FINAL``, so a
+duplicate is never visible. Rows keep the columns analytics need and the whole message as
+JSON in ``body`` (the source of truth). Day partitions keep old data cheap to drop or move.
+
+A trajectory row's ``body`` is the ``Trajectory`` without its steps and ``step_indexes``
+says which stored steps belong to it: steps are stored once, in ``steps``, and joined
+back on read (a step that arrives after the trajectory was given up on stays out).
+
+``MIGRATIONS`` adds columns introduced after a table was first created (idempotent
+``ADD COLUMN IF NOT EXISTS``), so an existing data directory keeps working.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from arena.schemas import RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
+
+DATABASE = "arena"
+
+#: Tables, in creation order.
+DDL: tuple[str, ...] = (
+    f"CREATE DATABASE IF NOT EXISTS {DATABASE}",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.steps (
+        rollout_id String,
+        step_index UInt32,
+        model String,
+        backend String,
+        policy_version String,
+        prompt_tokens UInt32,
+        completion_tokens UInt32,
+        finish_reason String,
+        total_ms Float64,
+        first_token_ms Float64,
+        queued_ms Float64,
+        mean_logprob Nullable(Float64),
+        started_at DateTime64(3, 'UTC'),
+        body String
+    ) ENGINE = ReplacingMergeTree
+    PARTITION BY toDate(started_at)
+    ORDER BY (rollout_id, step_index)""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.sandbox_results (
+        rollout_id String,
+        sandbox_id String,
+        provider String,
+        outcome LowCardinality(String),
+        exit_code Nullable(Int32),
+        reason String,
+        started_at DateTime64(3, 'UTC'),
+        finished_at DateTime64(3, 'UTC'),
+        body String
+    ) ENGINE = ReplacingMergeTree(finished_at)
+    ORDER BY rollout_id""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.verifications (
+        rollout_id String,
+        verifier LowCardinality(String),
+        reward Float64,
+        passed Bool,
+        flags Array(String),
+        finished_at DateTime64(3, 'UTC'),
+        body String
+    ) ENGINE = ReplacingMergeTree(finished_at)
+    ORDER BY (rollout_id, verifier)""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.trajectories (
+        rollout_id String,
+        task_id String,
+        group_id String,
+        group_index UInt32,
+        group_size UInt32,
+        final_state LowCardinality(String),
+        reward Float64,
+        num_steps UInt32,
+        prompt_tokens UInt64,
+        completion_tokens UInt64,
+        completed_at DateTime64(3, 'UTC'),
+        body String,
+        INDEX idx_rollout rollout_id TYPE bloom_filter GRANULARITY 4,
+        INDEX idx_group group_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = ReplacingMergeTree
+    PARTITION BY toDate(completed_at)
+    ORDER BY (task_id, rollout_id)""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.rollout_states (
+        rollout_id String,
+        task_id String,
+        from_state LowCardinality(String),
+        to_state LowCardinality(String),
+        at DateTime64(3, 'UTC'),
+        reason String
+    ) ENGINE = ReplacingMergeTree
+    PARTITION BY toDate(at)
+    ORDER BY (rollout_id, to_state, at)""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.groups (
+        group_id String,
+        task_id String,
+        size UInt32,
+        members UInt32,
+        partial Bool,
+        published_at DateTime64(3, 'UTC')
+    ) ENGINE = ReplacingMergeTree(published_at)
+    ORDER BY group_id""",
+)
+
+#: Columns added after the first release of a table (idempotent).
+MIGRATIONS: tuple[str, ...] = (
+    f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS min_logprob Nullable(Float64) AFTER mean_logprob",
+    f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS sum_logprob Float64 DEFAULT 0 AFTER min_logprob",
+    f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS num_logprobs UInt32 DEFAULT 0 AFTER sum_logprob",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS policy_versions Array(String) AFTER reward",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS passed Bool DEFAULT false AFTER policy_versions",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS started_at DateTime64(3, 'UTC') "
+    "DEFAULT completed_at AFTER completion_tokens",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS stored_at DateTime64(3, 'UTC') "
+    "DEFAULT completed_at AFTER completed_at",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS step_indexes Array(UInt32) AFTER num_steps",
+)
+
+TABLES = ("steps", "sandbox_results", "verifications", "trajectories", "rollout_states", "groups")
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def step_row(step: Step) -> dict:
+    logprobs = step.logprobs or []
+    return {
+        "rollout_id": step.rollout_id,
+        "step_index": step.step_index,
+        "model": step.model,
+        "backend": step.backend,
+        "policy_version": step.policy_version or "",
+        "prompt_tokens": step.usage.prompt_tokens,
+        "completion_tokens": step.usage.completion_tokens,
+        "finish_reason": step.finish_reason or "",
+        "total_ms": step.timings.total_ms,
+        "first_token_ms": step.timings.first_token_ms,
+        "queued_ms": step.timings.queued_ms,
+        "mean_logprob": sum(logprobs) / len(logprobs) if logprobs else None,
+        "min_logprob": min(logprobs) if logprobs else None,
+        "sum_logprob": sum(logprobs),
+        "num_logprobs": len(logprobs),
+        "started_at": step.started_at,
+        "body": json_text(step),
+    }
+
+
+def sandbox_row(done: SandboxDone) -> dict:
+    return {
+        "rollout_id": done.rollout_id,
+        "sandbox_id": done.sandbox_id,
+        "provider": done.provider,
+        "outcome": done.outcome.value,
+        "exit_code": done.exit_code,
+        "reason": done.reason,
+        "started_at": done.started_at,
+        "finished_at": done.finished_at,
+        "body": json_text(done),
+    }
+
+
+def verification_row(result: VerificationResult) -> dict:
+    return {
+        "rollout_id": result.rollout_id,
+        "verifier": result.verifier,
+        "reward": result.reward,
+        "passed": result.passed,
+        "flags": list(result.flags),
+        "finished_at": result.finished_at,
+        "body": json_text(result),
+    }
+
+
+def state_row(event: RolloutStateChanged) -> dict:
+    return {
+        "rollout_id": event.rollout_id,
+        "task_id": event.task_id,
+        "from_state": event.from_state.value if event.from_state else "",
+        "to_state": event.to_state.value,
+        "at": event.at,
+        "reason": event.reason,
+    }
+
+
+def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
+    started = min((h.at for h in t.history), default=t.completed_at)
+    return {
+        "rollout_id": t.rollout_id,
+        "task_id": t.task_id,
+        "group_id": t.group_id or "",
+        "group_index": t.group_index,
+        "group_size": t.group_size,
+        "final_state": t.final_state.value,
+        "reward": t.reward,
+        "policy_versions": list(t.policy_versions),
+        "passed": bool(t.verification and t.verification.passed and t.final_state.value == "completed"),
+        "num_steps": len(t.steps),
+        # the body leaves the steps out (they are in ``steps`` already); reads join them back
+        "step_indexes": [s.step_index for s in t.steps],
+        "prompt_tokens": sum(s.usage.prompt_tokens for s in t.steps),
+        "completion_tokens": sum(s.usage.completion_tokens for s in t.steps),
+        "started_at": started,
+        "completed_at": t.completed_at,
+        "stored_at": time.time() if stored_at is None else stored_at,
+        "body": json_text(msgspec.structs.replace(t, steps=[])),
+    }
+
+
+def group_row(*, group_id: str, task_id: str, size: int, members: int, partial: bool) -> dict:
+    return {"group_id": group_id, "task_id": task_id, "size": size, "members": members, "partial": partial,
+            "published_at": time.time()}
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def json_text(message: msgspec.Struct) -> str:
+    return _encoder.encode(message).decode()
+
+
+def rows_bytes(rows: Sequence[dict]) -> bytes:
+    return b"\n".join(_encoder.encode(r) for r in rows)

@@ -1,0 +1,92 @@
+"""What a test log says about its tests: the one result type every parser returns.
+
+Pure. Shared rules (docs/verification.md, "Parsers"):
+
+- one result per canonical test id; when an id is reported twice (a pass followed by a
+  teardown error, a fake "ok" printed by a failing test and then the real failure) the
+  *worse* outcome wins, so printing a pass can never hide a real failure;
+- ``complete`` only when the runner's own end-of-run summary follows the results; a
+  crashed, killed or timed-out run yields the tests seen so far and ``complete=False``;
+- ``suspect`` when the log names more tests than the runner's own total counts: some
+  result line was printed by a test. The verdict of a suspect log is not trusted.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from arena.schemas import TestResult, TestStatus
+
+#: Higher is worse.
+SEVERITY = {
+    TestStatus.SKIPPED: 0,
+    TestStatus.XFAILED: 1,
+    TestStatus.PASSED: 2,
+    TestStatus.XPASSED: 3,
+    TestStatus.FAILED: 4,
+    TestStatus.ERROR: 5,
+}
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """What one test log says about its tests."""
+
+    results: list[TestResult]  # one per canonical test id, in the order first seen
+    complete: bool  # the runner's end-of-run summary follows the results
+    totals: dict[str, int] = {}  # the runner's own counts, e.g. {"passed": 5, "failed": 1}
+    unattributed_skips: int = 0  # skips the log counts but does not name (pytest -rA)
+    source: str = "none"  # which part of the log the results came from
+    suspect: bool = False  # more tests named than the runner counted: a test printed results
+    notes: list[str] = []  # why the log is incomplete or suspect
+
+    @property
+    def truncated(self) -> bool:
+        return not self.complete
+
+    def by_id(self) -> dict[str, TestStatus]:
+        return {r.test_id: r.status for r in self.results}
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def merge(into: dict[str, TestStatus], test_id: str, status: TestStatus) -> None:
+    """Record ``status`` for ``test_id``; the worse of two reports wins."""
+    current = into.get(test_id)
+    if current is None or SEVERITY[status] > SEVERITY[current]:
+        into[test_id] = status
+
+
+def results_of(found: dict[str, TestStatus]) -> list[TestResult]:
+    return [TestResult(test_id=k, status=v) for k, v in found.items()]
+
+
+def build(
+    found: dict[str, TestStatus],
+    *,
+    complete: bool,
+    reported_total: int | None,
+    source: str,
+    totals: dict[str, int] | None = None,
+    notes: list[str] | None = None,
+) -> ParsedOutput:
+    """A ``ParsedOutput``, ``suspect`` when ``found`` names more tests than the runner counted."""
+    notes = list(notes or [])
+    suspect = reported_total is not None and len(found) > reported_total
+    if suspect:
+        notes.append(f"the log names {len(found)} tests but the runner counted {reported_total}")
+    if not complete:
+        notes.append("the runner's end-of-run summary is missing (crash, kill or timeout)")
+    return ParsedOutput(
+        results=results_of(found),
+        complete=complete,
+        totals=totals or {},
+        source=source if found else "none",
+        suspect=suspect,
+        notes=notes,
+    )

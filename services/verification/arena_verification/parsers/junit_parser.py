@@ -1,0 +1,123 @@
+"""JUnit XML (Maven Surefire, Gradle, ``pytest --junitxml``) -> per-test results. Pure.
+
+Canonical ids:
+
+- ``junit``: ``<classname>#<name>`` (Maven's ``-Dtest=Class#method`` syntax),
+  e.g. ``calc.CalcTest#adds``;
+- ``pytest_junit``: the pytest node id rebuilt from ``classname`` + ``name``: the
+  trailing capitalised parts of ``classname`` are classes, the rest the module path
+  (``tests.test_x.TestGroup`` + ``test_a[1]`` -> ``tests/test_x.py::TestGroup::test_a[1]``).
+
+A ``<testcase>`` with ``<failure>`` is failed, with ``<error>`` errored, with ``<skipped>``
+skipped, else passed. What tests print is inside ``<system-out>`` as text, so it cannot
+add a test case. The XML is read incrementally: a truncated file yields the test cases
+before the cut and ``complete=False``; a ``<testsuite tests="N">`` holding more than N
+cases makes the result ``suspect``. Several XML documents (one per test class, as
+Surefire writes them) may be concatenated: each is parsed on its own. Expat resolves no
+external entities.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+
+import msgspec
+
+from arena.schemas import TestStatus
+from arena_verification.parsed import ParsedOutput, build, merge
+
+_XML_DECL = re.compile(r"<\?xml[^>]*\?>")
+
+
+def junit_id(classname: str, name: str) -> str:
+    return f"{classname}#{name}" if classname else name
+
+
+def pytest_id(classname: str, name: str) -> str:
+    parts = classname.split(".") if classname else []
+    classes: list[str] = []
+    while parts and parts[-1][:1].isupper():
+        classes.insert(0, parts.pop())
+    if not parts:
+        return "::".join([*classes, name])
+    return "::".join(["/".join(parts) + ".py", *classes, name])
+
+
+def _documents(text: str) -> list[str]:
+    """Split concatenated XML documents at their ``<?xml ...?>`` declarations."""
+    starts = [m.start() for m in _XML_DECL.finditer(text)]
+    if not starts:
+        return [text] if text.strip() else []
+    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
+
+
+def _events(parser: ET.XMLPullParser):
+    """The parser's events up to the first error (which it raises from ``read_events``)."""
+    events = parser.read_events()
+    while True:
+        try:
+            yield next(events)
+        except (StopIteration, ET.ParseError):
+            return
+
+
+def _parse_document(doc: str, make_id: Callable[[str, str], str], found: dict[str, TestStatus]) -> tuple[bool, int | None, int]:
+    """Parse one document into ``found``; (complete, declared total, cases seen)."""
+    parser = ET.XMLPullParser(events=("start", "end"))
+    declared: int | None = None
+    seen = 0
+    case_status: TestStatus | None = None
+    complete = False
+    try:
+        parser.feed(doc)
+        parser.close()
+        complete = True
+    except ET.ParseError:
+        complete = False
+    for event, elem in _events(parser):
+        tag = elem.tag.rsplit("}", 1)[-1]
+        if event == "start":
+            if tag == "testsuite" and elem.get("tests", "").isdigit():
+                declared = (declared or 0) + int(elem.get("tests", "0"))
+            elif tag == "testcase":
+                case_status = TestStatus.PASSED
+            elif case_status is not None and tag in ("failure", "error", "skipped"):
+                status = {"failure": TestStatus.FAILED, "error": TestStatus.ERROR, "skipped": TestStatus.SKIPPED}[tag]
+                case_status = status if case_status is TestStatus.PASSED else case_status
+            continue
+        if tag == "testcase" and case_status is not None:
+            merge(found, make_id(elem.get("classname", ""), elem.get("name", "")), case_status)
+            seen += 1
+            case_status = None
+    return complete, declared, seen
+
+
+def _parse(text: str, make_id: Callable[[str, str], str], source: str) -> ParsedOutput:
+    found: dict[str, TestStatus] = {}
+    docs = _documents(text)
+    complete = bool(docs)
+    suspect_notes: list[str] = []
+    declared_total: int | None = 0
+    for doc in docs:
+        ok, declared, seen = _parse_document(doc, make_id, found)
+        complete = complete and ok
+        if declared is None or declared_total is None:
+            declared_total = None
+        else:
+            declared_total += declared
+        if declared is not None and seen > declared:
+            suspect_notes.append(f"a report declares {declared} tests and holds {seen}")
+    parsed = build(found, complete=complete, reported_total=declared_total, source=source, notes=suspect_notes)
+    if suspect_notes and not parsed.suspect:
+        parsed = msgspec.structs.replace(parsed, suspect=True)
+    return parsed
+
+
+def parse_junit_xml(text: str) -> ParsedOutput:
+    return _parse(text, junit_id, "junit")
+
+
+def parse_pytest_junit_xml(text: str) -> ParsedOutput:
+    return _parse(text, pytest_id, "pytest_junit")

@@ -1,0 +1,213 @@
+"""The trajectory plane under crashes, as real processes: a nats-server with file storage,
+``python -m arena_trajectory`` and a ``TrajectoryStream`` trainer process.
+
+The test publishes what the rollout, sandbox and verification planes would (state
+transitions, 5,000 steps, sandbox and verification results for 200 rollouts in 50 groups
+of 4) while the trajectory service is killed with SIGKILL three times, the NATS server is
+stopped and restarted once on the same port and store, and the trainer is killed with
+SIGKILL once mid-stream. Afterwards: every rollout has its whole trajectory, ClickHouse
+holds exactly the expected rows (no loss, no visible duplicate), the training stream
+holds each trajectory and group once, and the trainer committed every group exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from arena import subjects
+from arena.bus import Bus
+from arena.natsserver import DEFAULT_SYNC, NatsServer, free_port
+from arena.schemas import (
+    RolloutState,
+    RolloutStateChanged,
+    SandboxDone,
+    SandboxOutcome,
+    Step,
+    Timings,
+    Usage,
+    VerificationResult,
+)
+
+GROUPS, SIZE, STEPS = 50, 4, 25
+ROLLOUTS = GROUPS * SIZE
+CONSUMER = Path(__file__).with_name("trajectory_stream_consumer.py")
+LIFECYCLE = [RolloutState.PENDING, RolloutState.PROVISIONING, RolloutState.RUNNING, RolloutState.VERIFYING,
+             RolloutState.COMPLETED]
+
+
+def rid(g: int, i: int) -> str:
+    return f"r-{g:03d}-{i}"
+
+
+def spawn(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, env=env, stdout=out, stderr=out)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+async def publish_rollout(bus: Bus, g: int, i: int) -> None:
+    r, task = rid(g, i), f"task-{g % 5}"
+    now = time.time()
+
+    def state(k: int) -> RolloutStateChanged:
+        return RolloutStateChanged(rollout_id=r, task_id=task, from_state=LIFECYCLE[k - 1] if k else None,
+                                   to_state=LIFECYCLE[k], at=now + k * 0.001, steps=STEPS if k >= 3 else 0,
+                                   group_id=f"g-{g:03d}", group_index=i, group_size=SIZE)
+
+    async def pub(subject, message, kind, seq=0):
+        await bus.publish(subject, message, msg_id=subjects.msg_id(r, kind, seq))
+
+    for k in range(3):
+        await pub(subjects.rollout_state(r), state(k), "state", k)
+    await asyncio.gather(*(pub(subjects.step(r), Step(
+        rollout_id=r, step_index=s, model="m", backend="b0", policy_version=str(g % 3),
+        prompt_token_ids=list(range(40 + s)), completion_token_ids=list(range(16)), logprobs=[-0.25] * 16,
+        completion_text=f"{r} step {s}", usage=Usage(prompt_tokens=40 + s, completion_tokens=16),
+        timings=Timings(total_ms=20.0 + s), started_at=now + s * 0.001), "step", s) for s in range(STEPS)))
+    await pub(subjects.sandbox_done(r), SandboxDone(rollout_id=r, sandbox_id=f"sb-{r}", provider="local",
+                                                    outcome=SandboxOutcome.COMPLETED, reason="done",
+                                                    started_at=now, finished_at=now + 0.5), "sandbox-done")
+    await pub(subjects.verify_done(r), VerificationResult(rollout_id=r, verifier="tests", reward=float(i % 2),
+                                                          passed=i % 2 == 1, started_at=now + 0.6,
+                                                          finished_at=now + 0.7), "verify-done")
+    for k in (3, 4):
+        await pub(subjects.rollout_state(r), state(k), "state", k)
+
+
+async def http_json(url: str, timeout: float = 5.0):
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        r = await client.get(url)
+        r.raise_for_status()
+        return r.json()
+
+
+async def until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = await predicate()
+            if last is True:
+                return
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what} not reached in {timeout}s (last: {last})")
+
+
+def consumer_log(path: Path) -> list[tuple[str, list[str]]]:
+    if not path.exists():
+        return []
+    return [(line[0], line[2:].split()) for line in path.read_text().splitlines() if line]
+
+
+async def test_no_loss_no_duplicate_under_kill9_and_a_nats_restart(tmp_path):
+    nats = NatsServer(tmp_path / "nats", sync=DEFAULT_SYNC).start()
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, ARENA_NATS_URL=nats.url, ARENA_DATA_DIR=str(tmp_path / "data"), ARENA_HOST="127.0.0.1",
+               ARENA_TRAJECTORY_PORT=str(port), ARENA_TRAJECTORY_GROUP_TIMEOUT_S="0", ARENA_LOG_LEVEL="WARNING")
+    service_cmd = [sys.executable, "-m", "arena_trajectory"]
+    trainer_log = tmp_path / "trainer.log"
+    trainer_cmd = [sys.executable, str(CONSUMER), nats.url, "reliability", str(trainer_log)]
+    procs: dict[str, subprocess.Popen] = {}
+    bus = await Bus.connect(nats.url, "test-load")
+    try:
+        await bus.ensure_topology()
+        procs["service"] = spawn(service_cmd, env, tmp_path / "service.log")
+        procs["trainer"] = spawn(trainer_cmd, env, tmp_path / "trainer.out")
+        kills = 0
+
+        def committed() -> set[str]:
+            return {gid for tag, ids in consumer_log(trainer_log) if tag == "C" for gid in ids}
+
+        async def some_committed():
+            return len(committed()) > 0
+
+        async def all_committed():
+            return len(committed()) == GROUPS or len(committed())
+
+        # ten waves of 5 groups; crashes between and during them
+        for wave in range(10):
+            load = asyncio.gather(*(publish_rollout(bus, g, i) for g in range(wave * 5, wave * 5 + 5)
+                                    for i in range(SIZE)))
+            if wave in (2, 5, 8):  # SIGKILL the service mid-wave, start it again at once
+                await asyncio.sleep(0.3)
+                kill9(procs["service"])
+                kills += 1
+                procs["service"] = spawn(service_cmd, env, tmp_path / "service.log")
+            if wave == 6:  # stop the NATS server (by PID) mid-wave; restart on the same port and store
+                await asyncio.sleep(0.2)
+                nats.stop()
+                await asyncio.sleep(1.0)
+                nats.start()
+            await load
+            if wave == 4:  # SIGKILL the trainer once it has committed something
+                await until(some_committed, 60, "a first trainer commit")
+                kill9(procs["trainer"])
+                procs["trainer"] = spawn(trainer_cmd, env, tmp_path / "trainer.out")
+        assert kills == 3
+
+        async def all_stored():
+            counts = await http_json(f"{api}/v1/counts")
+            return counts["trajectories"] == ROLLOUTS and counts["groups"] == GROUPS or counts
+
+        await until(all_stored, 90, "every trajectory and group stored")
+        await until(all_committed, 60, "every group committed by the trainer")
+
+        # ClickHouse, through the restarted service: exactly the expected rows
+        counts = await http_json(f"{api}/v1/counts")
+        assert counts == {"steps": ROLLOUTS * STEPS, "sandbox_results": ROLLOUTS, "verifications": ROLLOUTS,
+                          "trajectories": ROLLOUTS, "rollout_states": ROLLOUTS * len(LIFECYCLE), "groups": GROUPS}
+        listed = (await http_json(f"{api}/v1/trajectories?limit=1000"))["trajectories"]
+        assert sorted(t["rollout_id"] for t in listed) == sorted(rid(g, i) for g in range(GROUPS) for i in range(SIZE))
+        assert all(t["final_state"] == "completed" and t["num_steps"] == STEPS for t in listed)
+        one = await http_json(f"{api}/v1/trajectories/{rid(7, 1)}")
+        assert [s["step_index"] for s in one["steps"]] == list(range(STEPS)) and one["reward"] == 1.0
+        assert "incomplete" not in one and [h["to_state"] for h in one["history"]] == [s.value for s in LIFECYCLE]
+
+        # the training log: each trajectory and each group exactly once, nothing dead-lettered
+        info = await bus.js.stream_info("ARENA_TRAJECTORIES", subjects_filter=">")
+        per_subject = info.state.subjects or {}
+        assert len(per_subject) == ROLLOUTS + GROUPS and set(per_subject.values()) == {1}
+        assert (await bus.js.stream_info("ARENA_DEAD")).state.messages == 0
+
+        # the trainer: every group committed once; a group came back only if its batch was
+        # handed out but not committed when the trainer was killed
+        entries = consumer_log(trainer_log)
+        commits = [gid for tag, ids in entries if tag == "C" for gid in ids]
+        assert sorted(commits) == sorted(f"g-{g:03d}" for g in range(GROUPS)), "each group committed exactly once"
+        handed: dict[str, int] = {}
+        for tag, ids in entries:
+            for gid in ids if tag == "Y" else ():
+                handed[gid] = handed.get(gid, 0) + 1
+        again = {gid for gid, n in handed.items() if n > 1}
+        interrupted = set()  # batches yielded right before a restart marker, never committed
+        for n, (tag, ids) in enumerate(entries):
+            if tag == "Y" and (n + 1 == len(entries) or entries[n + 1][0] == "S"):
+                interrupted |= set(ids)
+        assert again <= interrupted, f"re-delivered although committed: {again - interrupted}"
+        assert sum(1 for tag, _ in entries if tag == "S") == 2
+    finally:
+        await bus.close()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        nats.stop()
