@@ -38,6 +38,9 @@ case "${1:-}" in
   start)
     sock="$2"; pidfile="$3"
     need_root; install; configure
+    if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then  # one service per pidfile
+      kill "$(cat "$pidfile")"; sleep 1
+    fi
     rm -f "$sock"
     podman system service --time=0 "unix://$sock" >"$sock.log" 2>&1 &
     echo $! > "$pidfile"
@@ -47,7 +50,12 @@ case "${1:-}" in
     ;;
   stop)
     pidfile="$2"
-    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+    if [ -f "$pidfile" ]; then
+      pid="$(cat "$pidfile")"
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      rm -f "$pidfile"
+    fi
     ;;
   images) need_root; install; configure; images ;;
   *) echo "usage: $0 start SOCKET PIDFILE | stop PIDFILE | images" >&2; exit 2 ;;

@@ -67,7 +67,13 @@ class SandboxCgroup:
 
     def create(self, *, pids: int, memory_bytes: int, cpus: float) -> None:
         for d in self.dirs:
-            d.mkdir(parents=True, exist_ok=True)
+            for attempt in range(3):  # a sibling's destroy may remove the empty owner group meanwhile
+                try:
+                    d.mkdir(parents=True, exist_ok=True)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
         if mode() == "v2":
             d = self.dirs[0]
             _write(d / "pids.max", str(pids))
@@ -118,6 +124,8 @@ class SandboxCgroup:
         for d in self.dirs:
             with contextlib.suppress(OSError):
                 d.rmdir()
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()  # the owner's group, once its last sandbox is gone
 
 
 def reap(owner: str) -> int:
