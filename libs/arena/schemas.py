@@ -332,6 +332,9 @@ class RolloutStateChanged(Base, kw_only=True):
     group_size: int = 1
     reward: float | None = None
     metadata: dict[str, str] = {}
+    #: On a final state: every transition of the rollout, from its record (the
+    #: authoritative order). Empty on other states and from older producers.
+    history: list[StateTransition] = []
 
 
 class GroupSubmitted(Base, kw_only=True):

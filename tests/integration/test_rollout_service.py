@@ -140,6 +140,10 @@ async def test_group_lifecycle_through_the_api(rollout, bus, tmp_path):
     states = await fetch_all(bus, "ARENA_ROLLOUTS", f"arena.rollout.state.{rid}", RolloutStateChanged)
     assert [s.to_state.value for s in states] == ["pending", "provisioning", "running", "verifying", "completed"]
     assert states[-1].steps == 1 and states[-1].reward == 1.0
+    # the final event carries the whole history, so the trajectory never misses a transition
+    assert [h.to_state.value for h in states[-1].history] == ["pending", "provisioning", "running", "verifying",
+                                                              "completed"]
+    assert all(not s.history for s in states[:-1])
 
     # cancel the other one; the SSE stream ends with it
     cancelled = await api.post(f"/v1/rollouts/{other.rollout_id}/cancel")

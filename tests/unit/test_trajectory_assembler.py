@@ -119,3 +119,21 @@ def test_a_single_rollout_makes_no_group():
     t = assembler.assemble(final("r"), [], sandbox("r"), verified("r", 1.0))
     assert assembler.complete_group([t]) is None
     assert assembler.complete_group([]) is None
+
+
+def test_the_final_events_history_wins_over_stored_rows():
+    from arena.schemas import StateTransition
+
+    S = RolloutState
+    chain = [StateTransition(from_state=None, to_state=S.PENDING, at=1.0),
+             StateTransition(from_state=S.PENDING, to_state=S.PROVISIONING, at=2.0),
+             StateTransition(from_state=S.PROVISIONING, to_state=S.RUNNING, at=3.0),
+             StateTransition(from_state=S.RUNNING, to_state=S.VERIFYING, at=4.0),
+             StateTransition(from_state=S.VERIFYING, to_state=S.COMPLETED, at=5.0, reason="done")]
+    event = msgspec.structs.replace(final("r"), history=chain)
+    # after a crash only the late rows may be stored yet: the event's history is still whole
+    assert assembler.full_history(event, chain[3:4]) == chain
+    # an older producer without history: stored rows plus the final transition
+    older = final("r")
+    assert [t.to_state for t in assembler.full_history(older, chain[:4])] == [
+        S.PENDING, S.PROVISIONING, S.RUNNING, S.VERIFYING, S.COMPLETED]

@@ -242,6 +242,7 @@ class RolloutService:
             group_size=record.group_size,
             reward=record.reward,
             metadata=record.metadata,
+            history=record.history if record.state.is_final else [],
         )
         await self.bus.publish(
             subjects.rollout_state(record.rollout_id),

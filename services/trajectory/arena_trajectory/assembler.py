@@ -120,8 +120,13 @@ def assemble(
 
 
 def full_history(event: RolloutStateChanged, stored: Sequence[StateTransition]) -> list[StateTransition]:
-    """The ``stored`` non-final transitions by time, then the final one from ``event``
-    (a rollout has exactly one final state; stored rows carry millisecond times)."""
+    """The rollout's transitions. A final event carries the full history from the
+    rollout's record, which is authoritative (stored state rows can still be on their
+    way after a crash). Without it (an older producer): the ``stored`` non-final
+    transitions by time, then the final one from ``event`` (a rollout has exactly one
+    final state; stored rows carry millisecond times)."""
+    if event.history:
+        return list(event.history)
     final = StateTransition(from_state=event.from_state, to_state=event.to_state, at=event.at, reason=event.reason)
     return [*sorted((t for t in stored if not t.to_state.is_final), key=lambda t: t.at), final]
 
