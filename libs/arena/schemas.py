@@ -166,7 +166,8 @@ class LlmJudgeVerifier(Request, kw_only=True, tag="llm_judge"):
     """A judge model grades the answer against ``rubric`` through an OpenAI-compatible API.
 
     The judge's call is recorded on the result (``judge_calls``), never in the policy's steps.
-    ``base_url`` empty: the verification service's ``ARENA_JUDGE_BASE_URL``.
+    ``base_url`` empty: the verification service's ``ARENA_JUDGE_BASE_URL``, else Arena's
+    proxy (the rollout service's judge route, with ``ARENA_JUDGE_KEY``).
     """
 
     rubric: str

@@ -48,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Docker-API engine URL ("" = the docker SDK's environment, DOCKER_HOST).
     docker_url: str = ""
     verify_concurrency: int = 2
+    #: Shared secret of the verification service on the rollout service's judge route
+    #: (``/judge/{rollout_id}/v1``); "" disables the route. ``arena up`` makes one per run.
+    judge_key: str = ""
     #: Largest request body the proxy and API accept, bytes.
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "INFO"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+import msgspec
 
 from arena import subjects
 from arena.natsserver import DEFAULT_SYNC, NatsServer, wait_port
@@ -88,6 +90,8 @@ class Stack:
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
                  nats_sync: str = DEFAULT_SYNC, log=print):
+        if not settings.judge_key:  # one judge key per run, shared by rollout and verification
+            settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         self.settings = settings
         self.data_dir = Path(settings.data_dir).resolve()
         self.llm_script = Path(llm_script).resolve() if llm_script else None

@@ -159,6 +159,21 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_messages(rollout_id: str, request: Request) -> Response:
         return await proxied(service, rollout_id, request, "anthropic.messages")
 
+    # -------------------------------------------------------------- the judge route
+
+    @app.post("/judge/{rollout_id}/v1/chat/completions")
+    async def judge_chat(rollout_id: str, request: Request) -> Response:
+        """A verifier's judge call about a rollout: the verification service's key, routed like
+        the agent's calls, never a step of the rollout nor counted against its budgets."""
+        record = await service.authorize_judge(rollout_id, request.headers.get("authorization"),
+                                               request.headers.get("x-api-key"))
+        body = await read_body(request, limit)
+        try:
+            payload = msgspec.json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        return Response(await service.proxy.judge(record, payload), media_type="application/json")
+
     return RolloutApp(service, app)
 
 

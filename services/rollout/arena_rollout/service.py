@@ -20,7 +20,7 @@ import msgspec
 
 from arena import subjects, telemetry
 from arena.bus import Bus, Delivery
-from arena.errors import Conflict, InvalidRequest, Retryable, Unauthorized
+from arena.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena.schemas import (
     DeadLetter,
     GroupSubmitted,
@@ -382,3 +382,20 @@ class RolloutService:
         if record.state not in (S.PROVISIONING, S.RUNNING):
             raise Unauthorized(f"rollout {rollout_id} is {record.state.value}; its key is no longer valid")
         return record
+
+    async def authorize_judge(self, rollout_id: str, authorization: str | None,
+                              api_key_header: str | None) -> RolloutRecord:
+        """The verification service's judge key (``ARENA_JUDGE_KEY``), valid for any existing
+        rollout in any state: judging happens after the rollout's sandbox finished."""
+        expected = self.settings.judge_key
+        if not expected:
+            raise Unauthorized("the judge route is disabled: ARENA_JUDGE_KEY is not set on the rollout service")
+        key = api_key_header
+        if authorization and authorization.lower().startswith("bearer "):
+            key = authorization[7:].strip()
+        if not key or not secrets.compare_digest(key, expected):
+            raise Unauthorized("invalid judge key: send 'Authorization: Bearer <ARENA_JUDGE_KEY>'")
+        try:
+            return await self.store.current(rollout_id)
+        except NotFound:
+            raise NotFound(f"rollout {rollout_id} not found") from None

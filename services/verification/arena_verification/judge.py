@@ -1,9 +1,12 @@
 """The ``llm_judge`` verifier: a judge model grades the answer against a rubric.
 
-The judge is called through an OpenAI-compatible ``/chat/completions`` endpoint (Arena's
-proxy or any vLLM / OpenAI server) with its own key -- never the rollout's -- so the call
-is not captured as a policy step. It is recorded instead on the result as a
-:class:`~arena.schemas.JudgeCall`. The judge must end its answer with ``SCORE: <x>``,
+By default the judge is called through Arena's LLM proxy, on the rollout service's judge
+route ``{ARENA_PUBLIC_URL}/judge/{rollout_id}/v1`` with the verification service's
+``ARENA_JUDGE_KEY`` -- never the rollout's key -- so it uses the same backend replicas
+but is never captured as a policy step nor counted against the rollout's budgets. An
+explicit endpoint (the verifier's ``base_url``, else ``ARENA_JUDGE_BASE_URL``, with the
+bearer key ``ARENA_JUDGE_API_KEY``) sends it to any OpenAI-compatible server instead.
+Either way the call is recorded on the result as a :class:`~arena.schemas.JudgeCall`. The judge must end its answer with ``SCORE: <x>``,
 ``x`` between 0 and 1; the last such line counts. A judge that answers without a score
 gives reward 0 and the flag ``judge_unparseable``; a judge that cannot be reached (HTTP
 error, timeout) is an error, so the job is retried and finally dead-lettered.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -21,11 +25,14 @@ import msgspec
 
 from arena.errors import VerificationError
 from arena.schemas import JudgeCall, LlmJudgeVerifier, Usage
+from arena.settings import Settings
 from arena_verification.answers import FLAG_NO_ANSWER, Outcome
 
 FLAG_JUDGE_UNPARSEABLE = "judge_unparseable"
 ENV_BASE_URL = "ARENA_JUDGE_BASE_URL"
 ENV_API_KEY = "ARENA_JUDGE_API_KEY"
+ENV_JUDGE_KEY = "ARENA_JUDGE_KEY"
+ENV_PUBLIC_URL = "ARENA_PUBLIC_URL"
 MAX_TEXT_CHARS = 60_000
 
 _SCORE = re.compile(r"SCORE:\s*(?P<x>[01](?:\.\d+)?|\.\d+)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -51,11 +58,20 @@ def parse_score(text: str) -> float | None:
     return x if 0.0 <= x <= 1.0 else None
 
 
-def base_url_of(spec: LlmJudgeVerifier) -> str:
-    url = spec.base_url or os.environ.get(ENV_BASE_URL, "")
-    if not url:
-        raise VerificationError(f"llm_judge: no judge endpoint (set the verifier's base_url or {ENV_BASE_URL})")
-    return url.rstrip("/")
+def endpoint_of(spec: LlmJudgeVerifier, rollout_id: str = "",
+                env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(base URL, bearer key or "") of the judge: the verifier's ``base_url``, else
+    ``ARENA_JUDGE_BASE_URL`` (both with ``ARENA_JUDGE_API_KEY``), else Arena's proxy."""
+    env = os.environ if env is None else env
+    explicit = spec.base_url or env.get(ENV_BASE_URL, "")
+    if explicit:
+        return explicit.rstrip("/"), env.get(ENV_API_KEY, "")
+    key = env.get(ENV_JUDGE_KEY, "")
+    if not key or not rollout_id:
+        raise VerificationError(f"llm_judge: no judge endpoint (set {ENV_JUDGE_KEY} to judge through Arena's "
+                                f"proxy, or the verifier's base_url or {ENV_BASE_URL})")
+    public = env.get(ENV_PUBLIC_URL) or Settings().public_url
+    return f"{public.rstrip('/')}/judge/{rollout_id}/v1", key
 
 
 class _Choice(msgspec.Struct):
@@ -68,16 +84,14 @@ class _Completion(msgspec.Struct):
     usage: Usage | None = None
 
 
-async def judge(spec: LlmJudgeVerifier, text: str | None, *, client: httpx.AsyncClient | None = None
-                ) -> tuple[Outcome, JudgeCall]:
-    """Ask the judge; the outcome and the recorded call."""
-    url = base_url_of(spec)
+async def judge(spec: LlmJudgeVerifier, text: str | None, *, client: httpx.AsyncClient | None = None,
+                rollout_id: str = "", env: Mapping[str, str] | None = None) -> tuple[Outcome, JudgeCall]:
+    """Ask the judge about ``rollout_id``'s answer; the outcome and the recorded call."""
+    url, key = endpoint_of(spec, rollout_id, env)
     messages = judge_messages(spec.rubric, text or "")
     body = {"model": spec.model, "messages": messages, "temperature": spec.temperature,
             "max_tokens": spec.max_tokens}
-    headers = {}
-    if key := os.environ.get(ENV_API_KEY):
-        headers["Authorization"] = f"Bearer {key}"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     started = time.time()
     owned = client is None
     http = client or httpx.AsyncClient(timeout=spec.timeout_s)

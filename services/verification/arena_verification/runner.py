@@ -105,7 +105,7 @@ async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Pat
         elif isinstance(spec, ExactVerifier):
             outcome = answers.exact(spec, text)
         elif isinstance(spec, LlmJudgeVerifier):
-            outcome, call = await judge.judge(spec, text, client=http)
+            outcome, call = await judge.judge(spec, text, client=http, rollout_id=job.rollout_id)
             judge_calls.append(call)
         elif isinstance(spec, PythonVerifier):
             request = plugins.PluginRequest(rollout_id=job.rollout_id, task=job.task, diff=job.diff,

@@ -24,7 +24,7 @@ import msgspec
 
 from arena import subjects
 from arena.bus import Bus
-from arena.errors import ArenaError, BudgetExhausted, UpstreamError, WallClockExceeded
+from arena.errors import ArenaError, BudgetExhausted, InvalidRequest, UpstreamError, WallClockExceeded
 from arena.schemas import RolloutRecord, RolloutState, SamplingParams, Timings
 
 from arena_rollout.proxy import anthropic
@@ -140,6 +140,30 @@ class ProxyHandler:
 
         return Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or "")),
                      unstarted)
+
+    # ---------------------------------------------------------------- the judge
+
+    async def judge(self, record: RolloutRecord, payload: Any) -> bytes:
+        """A verifier's judge call about ``record``: routed like the agent's calls (replicas,
+        health, failover; logprobs and token ids requested) but never recorded as a step,
+        never counted against the rollout's budgets and never published. Whole answers only."""
+        body = validate_chat_body(payload)
+        if body.get("stream"):
+            raise InvalidRequest("the judge route answers whole completions only; send \"stream\": false")
+        sent, _ = apply_sampling(body, SamplingParams(), api="openai.chat")
+        model = str(sent.get("model") or "")
+        key = f"judge:{record.rollout_id}"  # a routing key of its own: never moves the rollout's sticky replica
+        up = await open_call(router=self.router, http=self.http, rollout_id=key,
+                             model=model, path=_PATHS["openai.chat"], body=msgspec.json.encode(sent))
+        self.router.forget(key)
+        try:
+            return await up.response.aread()
+        except httpx.HTTPError as exc:
+            self.router.mark_down(up.replica.id, f"{type(exc).__name__}: {exc}")
+            raise UpstreamError(f"backend replica {up.replica.id} failed while judging: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            await up.close()
 
     # ---------------------------------------------------------------- whole answers
 
