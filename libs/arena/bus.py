@@ -343,3 +343,23 @@ class Consumer(Generic[T]):
 
 async def run_consumers(consumers: Sequence[Consumer], stop: asyncio.Event) -> None:
     await asyncio.gather(*(c.run(stop) for c in consumers))
+
+
+async def follow_kv(kv, stop: asyncio.Event, on_entry: Callable[[Any], None],
+                    on_ready: Callable[[], None] | None = None) -> None:
+    """Call ``on_entry`` with every entry of a KV bucket, then with each change, until
+    ``stop``; ``on_ready`` once the initial values are all in."""
+    watcher = await kv.watchall()
+    try:
+        while not stop.is_set():
+            try:
+                entry = await watcher.updates(timeout=1.0)
+            except Exception:  # noqa: BLE001 - nats TimeoutError: nothing changed
+                continue
+            if entry is None:  # the initial values are all in
+                if on_ready is not None:
+                    on_ready()
+                continue
+            on_entry(entry)
+    finally:
+        await watcher.stop()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from arena.bus import follow_kv
 from arena.errors import Conflict, NotFound
 from arena.schemas import RolloutRecord
 
@@ -50,25 +51,22 @@ class RecordCache:
 
     async def watch(self, kv, stop: asyncio.Event) -> None:
         """Follow the bucket until ``stop``; the cache answers once the initial values are in."""
-        watcher = await kv.watchall()
+
+        def on_entry(entry) -> None:
+            if entry.value is None or entry.operation is not None:
+                return  # records are never deleted by Arena
+            try:
+                self.put(_decoder.decode(entry.value), entry.revision)
+            except msgspec.DecodeError as exc:
+                log.error("arena_rollouts key %s is not a RolloutRecord: %s", entry.key, exc)
+
+        def on_ready() -> None:
+            self.watching = True
+
         try:
-            while not stop.is_set():
-                try:
-                    entry = await watcher.updates(timeout=1.0)
-                except Exception:  # noqa: BLE001 - nats TimeoutError: nothing changed
-                    continue
-                if entry is None:  # the initial values are all in
-                    self.watching = True
-                    continue
-                if entry.value is None or entry.operation is not None:
-                    continue  # records are never deleted by Arena
-                try:
-                    self.put(_decoder.decode(entry.value), entry.revision)
-                except msgspec.DecodeError as exc:
-                    log.error("arena_rollouts key %s is not a RolloutRecord: %s", entry.key, exc)
+            await follow_kv(kv, stop, on_entry, on_ready)
         finally:
             self.watching = False
-            await watcher.stop()
 
 
 class RolloutStore:

@@ -16,6 +16,7 @@ import time
 import httpx
 import msgspec
 
+from arena.bus import follow_kv
 from arena.schemas import BackendReplica
 from arena.settings import Settings
 
@@ -74,19 +75,11 @@ class BackendRegistry:
         log.info("backend replica %s at %s (policy %s)", replica.replica_id, replica.url, replica.policy_version)
 
     async def watch(self, kv, stop: asyncio.Event) -> None:
-        watcher = await kv.watchall()
-        try:
-            while not stop.is_set():
-                try:
-                    entry = await watcher.updates(timeout=1.0)
-                except Exception:  # noqa: BLE001 - nats TimeoutError: nothing changed
-                    continue
-                if entry is None:  # end of the initial values
-                    continue
-                deleted = entry.operation is not None or entry.value is None
-                self.apply(entry.key, None if deleted else entry.value)
-        finally:
-            await watcher.stop()
+        def on_entry(entry) -> None:
+            deleted = entry.operation is not None or entry.value is None
+            self.apply(entry.key, None if deleted else entry.value)
+
+        await follow_kv(kv, stop, on_entry)
 
     async def check(self) -> None:
         """Probe every replica's ``/models``; mark it up or down."""
