@@ -81,7 +81,8 @@ async def demo(args: argparse.Namespace) -> int:
 
             await run_loop(client=client, trainer=trainer, nats_url=settings.nats_url, train_items=train,
                            config=LoopConfig(steps=args.steps, group_size=args.group_size, seed=args.seed),
-                           metrics_path=str(data / "metrics.jsonl"), on_step=show)
+                           metrics_path=str(data / "metrics.jsonl"), on_step=show,
+                           metrics_url=settings.trajectory_url)
             after = await asyncio.to_thread(evaluate, client, heldout, repeats=args.eval_repeats)
             print(f"held-out after:  mean reward {after.mean_reward:.3f} over {after.n} rollouts "
                   f"(policy {after.policy_versions}, states {after.states})")

@@ -620,6 +620,20 @@ class GroupCompleted(Base, kw_only=True):
     missing_indexes: list[int] = []
 
 
+class TrainerMetrics(Base, kw_only=True):
+    """``POST /v1/trainer-metrics`` on the trajectory service: one trainer step's metrics,
+    for the dashboard (mean reward, loss, KL, clip fraction, tokens/s, staleness, ...).
+
+    ``(run, step)`` is the key: posting a step again replaces it.
+    """
+
+    run: str
+    step: int
+    at: float
+    policy_version: str = ""
+    metrics: dict[str, float] = {}
+
+
 class DeadLetter(Base, kw_only=True):
     """``arena.dead.{stream}``: a message that could not be processed, with why."""
 
@@ -671,5 +685,6 @@ MESSAGES: dict[str, type] = {
     "Trajectory": Trajectory,
     "GroupCompleted": GroupCompleted,
     "DeadLetter": DeadLetter,
+    "TrainerMetrics": TrainerMetrics,
     "ErrorResponse": ErrorResponse,
 }

@@ -66,7 +66,8 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
         with ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60) as client:
             history = await asyncio.wait_for(
                 run_loop(client=client, trainer=trainer, nats_url=settings.nats_url, train_items=train,
-                         config=LoopConfig(steps=2, group_size=4), metrics_path=str(tmp_path / "m.jsonl")),
+                         config=LoopConfig(steps=2, group_size=4), metrics_path=str(tmp_path / "m.jsonl"),
+                         metrics_url=settings.trajectory_url),
                 timeout=240)
         assert [m.policy_version for m in history] == [1, 2]
         assert all(m.groups == 1 and m.trajectories == 4 for m in history)
@@ -77,6 +78,12 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
             health = (await http.get(f"http://127.0.0.1:{policy_port}/health")).json()
         assert health["policy_version"] == "2"
         assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 2
+        # the same metrics reached the trajectory service for the dashboard
+        with httpx.Client() as http:
+            posted = http.get(f"{settings.trajectory_url}/v1/trainer-metrics", params={"run": "grpo-loop"}).json()
+        assert [s["step"] for s in posted["steps"]] == [m.step for m in history]
+        assert [s["policy_version"] for s in posted["steps"]] == ["1", "2"]
+        assert posted["steps"][0]["metrics"]["mean_reward"] == history[0].mean_reward
         _, _, version = load_checkpoint(trainer.checkpoint(tmp_path / "v2.pt"))
         assert version == 2
     finally:

@@ -84,3 +84,26 @@ async def test_group_view_grows_until_complete(client):
     assert [t["rollout_id"] for t in body["trajectories"]] == ["a", "b", "c"]
     r = await c.get("/v1/groups/unknown")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+async def test_trainer_metrics_round_trip(tmp_path):
+    import msgspec
+
+    from arena.schemas import TrainerMetrics
+
+    store = TrajectoryStore(ChdbBackend(str(tmp_path / "ch")))
+    await store.init()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(store)), base_url="http://t") as api:
+            for step, loss in ((1, 0.5), (2, 0.25), (2, 0.125)):  # step 2 posted again: replaced
+                body = TrainerMetrics(run="r1", step=step, at=float(step), policy_version=str(step),
+                                      metrics={"loss": loss})
+                resp = await api.post("/v1/trainer-metrics", content=msgspec.json.encode(body))
+                assert resp.status_code == 201, resp.text
+            got = (await api.get("/v1/trainer-metrics", params={"run": "r1"})).json()["steps"]
+            assert [(s["step"], s["metrics"]["loss"]) for s in got] == [(1, 0.5), (2, 0.125)]
+            assert (await api.get("/v1/trainer-metrics", params={"run": "other"})).json()["steps"] == []
+            bad = await api.post("/v1/trainer-metrics", content=b'{"run": "r1"}')
+            assert bad.status_code == 422 and "missing required field" in bad.json()["error"]["message"]
+    finally:
+        await store.close()

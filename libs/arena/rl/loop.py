@@ -99,7 +99,8 @@ class Driver:
 
 async def run_loop(*, client: ArenaClient, trainer: GRPOTrainer, nats_url: str, train_items: list[str],
                    config: LoopConfig, metrics_path: str | None = None, stream_name: str = "grpo-loop",
-                   on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+                   on_step: Callable[[StepMetrics], None] | None = None,
+                   metrics_url: str | None = None) -> list[StepMetrics]:
     """Drive rollouts and train ``config.steps`` steps; returns the per-step metrics."""
     cfg = trainer.config
     stream = TrajectoryStream(nats_url, name=stream_name,
@@ -111,7 +112,8 @@ async def run_loop(*, client: ArenaClient, trainer: GRPOTrainer, nats_url: str, 
         task = asyncio.create_task(driver.run(stop))
         try:
             history = await trainer.run(stream, steps=config.steps, metrics_path=metrics_path,
-                                        accept=lambda g: not is_heldout(g.task_id), on_step=on_step)
+                                        accept=lambda g: not is_heldout(g.task_id), on_step=on_step,
+                                        metrics_url=metrics_url, run_name=stream_name)
         finally:
             stop.set()
             await asyncio.gather(task, return_exceptions=True)

@@ -14,8 +14,9 @@ Modes: ``sync`` trains on exactly ``batch_groups`` groups and the rollout driver
 for the new version before submitting more (on-policy); ``async`` never blocks the
 rollouts: the stream drops groups more than ``max_staleness`` versions behind
 (``TrajectoryStream(max_staleness=...)``), and the staleness of what is trained on is
-reported per step. Metrics go to a JSONL file, one line per step (the trajectory
-service has no metrics endpoint yet, so there is no dashboard feed).
+reported per step. Metrics go to a JSONL file, one line per step, and, with
+``metrics_url`` (the trajectory service), to ``POST /v1/trainer-metrics`` for the
+dashboard (``GET /v1/trainer-metrics?run=NAME`` reads them back).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from arena.grpo import group_advantages
 from arena.rl.loss import grpo_loss, pad
 from arena.rl.model import PolicyModel, completion_logprobs, save_checkpoint, to_blob
 from arena.rl.tokenizer import CharTokenizer
-from arena.schemas import GroupCompleted
+from arena.schemas import GroupCompleted, TrainerMetrics
 
 log = logging.getLogger("arena.rl.trainer")
 
@@ -246,7 +247,8 @@ class GRPOTrainer:
 
     async def run(self, stream, *, steps: int, metrics_path: str | Path | None = None,
                   accept: Callable[[GroupCompleted], bool] = lambda g: True,
-                  on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+                  on_step: Callable[[StepMetrics], None] | None = None,
+                  metrics_url: str | None = None, run_name: str = "grpo") -> list[StepMetrics]:
         """Train ``steps`` steps of ``batch_groups`` groups from ``stream`` (a
         :class:`arena.stream.TrajectoryStream`); groups ``accept`` rejects (held-out
         evaluation) are committed without training. Groups are committed after the step
@@ -273,6 +275,8 @@ class GRPOTrainer:
                 if path:
                     with path.open("ab") as f:
                         f.write(msgspec.json.encode(metrics) + b"\n")
+                if metrics_url:
+                    await post_metrics(http, metrics_url, run_name, metrics)
                 if on_step is not None:
                     on_step(metrics)
                 log.info("step %d: version %d, reward %.3f, loss %.4f, clip %.3f, staleness %.1f",
@@ -281,3 +285,19 @@ class GRPOTrainer:
                 if len(history) >= steps:
                     break
         return history
+
+
+async def post_metrics(http: httpx.AsyncClient, url: str, run: str, metrics: StepMetrics) -> None:
+    """Send one step's metrics to the trajectory service. A failure is logged, never
+    fatal: the JSONL file is the record, the service feeds the dashboard."""
+    values = {k: float(v) for k, v in msgspec.structs.asdict(metrics).items()
+              if isinstance(v, (int, float)) and k not in ("step", "at")}
+    body = TrainerMetrics(run=run, step=metrics.step, at=metrics.at, policy_version=str(metrics.policy_version),
+                          metrics=values)
+    try:
+        resp = await http.post(url.rstrip("/") + "/v1/trainer-metrics", content=msgspec.json.encode(body),
+                               headers={"content-type": "application/json"})
+        if resp.status_code >= 400:
+            log.warning("trajectory service refused metrics of step %d: %s", metrics.step, resp.text[:300])
+    except httpx.HTTPError as exc:
+        log.warning("could not send metrics of step %d to %s: %s", metrics.step, url, exc)

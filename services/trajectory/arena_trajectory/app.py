@@ -22,16 +22,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from arena.errors import ArenaError, InvalidRequest, NotFound
 from arena.grpo import group_advantages
-from arena.schemas import ErrorBody, ErrorResponse, RolloutState, Trajectory, encode
+from arena.schemas import ErrorBody, ErrorResponse, RolloutState, TrainerMetrics, Trajectory, encode
 from arena_trajectory import analytics, assembler
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TABLES, TrajectoryStore
+
+MAX_METRICS_BODY = 1 << 20
 
 MAX_LIMIT = 1000
 MAX_EXPORT_PAGE = 2000
@@ -171,6 +173,25 @@ def create_app(store: TrajectoryStore) -> FastAPI:
         nxt = [page[-1].group_id or "", page[-1].rollout_id] if len(page) == limit else None
         total = await store.count_filtered(f) if after is None else None
         return _json(ExportPage(trajectories=page, next=nxt, total=total))
+
+    @app.post("/v1/trainer-metrics")
+    async def post_trainer_metrics(request: Request) -> Response:
+        """One trainer step's metrics, for the dashboard (``TrainerMetrics``)."""
+        body = await request.body()
+        if len(body) > MAX_METRICS_BODY:
+            raise InvalidRequest(f"trainer metrics body over {MAX_METRICS_BODY} bytes")
+        try:
+            metrics = msgspec.json.decode(body, type=TrainerMetrics)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise InvalidRequest(f"invalid trainer metrics: {exc}") from None
+        if not metrics.run or metrics.step < 0:
+            raise InvalidRequest("trainer metrics need a non-empty run and a step >= 0")
+        await store.insert_trainer_metrics(metrics)
+        return _json({"stored": True}, 201)
+
+    @app.get("/v1/trainer-metrics")
+    async def get_trainer_metrics(run: str, limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
+        return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit)})
 
     @app.get("/v1/groups/{group_id}")
     async def get_group(group_id: str) -> Response:

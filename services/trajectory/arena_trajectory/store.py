@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from arena.schemas import (
+    TrainerMetrics,
     RolloutState,
     RolloutStateChanged,
     SandboxDone,
@@ -40,6 +41,7 @@ from arena_trajectory.tables import (  # noqa: F401 - re-exported
     sandbox_row,
     state_row,
     step_row,
+    trainer_metrics_row,
     trajectory_row,
     verification_row,
 )
@@ -69,6 +71,7 @@ _state_decoder = msgspec.json.Decoder(_State, strict=False)
 _step_decoder = msgspec.json.Decoder(Step)
 _sandbox_decoder = msgspec.json.Decoder(SandboxDone)
 _verification_decoder = msgspec.json.Decoder(VerificationResult)
+_trainer_metrics_decoder = msgspec.json.Decoder(TrainerMetrics)
 _trajectory_decoder = msgspec.json.Decoder(Trajectory)
 
 def _lines(data: bytes) -> list[bytes]:
@@ -136,6 +139,16 @@ class TrajectoryStore:
         if not steps_stored:
             await self.insert_steps([s for t in trajectories for s in t.steps])
         await self._insert("trajectories", [trajectory_row(t) for t in trajectories])
+
+    async def insert_trainer_metrics(self, metrics: TrainerMetrics) -> None:
+        await self._insert("trainer_metrics", [trainer_metrics_row(metrics)])
+
+    async def trainer_metrics(self, run: str, *, limit: int = 10_000) -> list[TrainerMetrics]:
+        """A trainer run's metrics by step (a re-posted step shows once, its latest)."""
+        lines = await self.select(
+            f"SELECT body FROM {DATABASE}.trainer_metrics FINAL WHERE run = {{run:String}} "
+            "ORDER BY step LIMIT {limit:UInt32}", {"run": run, "limit": limit})
+        return [_trainer_metrics_decoder.decode(msgspec.json.decode(line)["body"]) for line in lines]
 
     async def insert_groups(self, rows: Sequence[dict]) -> None:
         """Rows from ``tables.group_row``: which groups were published, partial or not."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from arena.schemas import RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
+from arena.schemas import RolloutStateChanged, SandboxDone, Step, TrainerMetrics, Trajectory, VerificationResult
 
 DATABASE = "arena"
 
@@ -104,6 +104,14 @@ DDL: tuple[str, ...] = (
         published_at DateTime64(3, 'UTC')
     ) ENGINE = ReplacingMergeTree(published_at)
     ORDER BY group_id""",
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.trainer_metrics (
+        run String,
+        step UInt64,
+        policy_version String,
+        at DateTime64(3, 'UTC'),
+        body String
+    ) ENGINE = ReplacingMergeTree(at)
+    ORDER BY (run, step)""",
 )
 
 #: Columns added after the first release of a table (idempotent).
@@ -216,6 +224,10 @@ def group_row(*, group_id: str, task_id: str, size: int, members: int, partial: 
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def trainer_metrics_row(m: TrainerMetrics) -> dict:
+    return {"run": m.run, "step": m.step, "policy_version": m.policy_version, "at": m.at, "body": json_text(m)}
 
 
 def json_text(message: msgspec.Struct) -> str:
