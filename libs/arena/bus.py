@@ -209,7 +209,69 @@ class Delivery:
 Handler = Callable[[T, Delivery], Awaitable[None]]
 
 
-class Consumer(Generic[T]):
+async def settle(coro: Awaitable[None]) -> None:
+    """Await an ack/nak/term/in_progress; a failure is logged, never raised: an unsettled
+    message is redelivered, and every handler is idempotent."""
+    try:
+        await coro
+    except Exception as exc:  # noqa: BLE001 - connection trouble
+        log.warning("could not settle message: %s", exc)
+
+
+class PullConsumer:
+    """What every durable pull consumer shares: the consumer declaration, the retry
+    backoff, dead-lettering and ``in_progress`` heartbeats. Subclasses fetch and handle."""
+
+    def __init__(self, bus: Bus, *, stream: str, durable: str, filter_subjects: Sequence[str], message_type: Any,
+                 max_deliver: int, ack_wait: float, max_backoff: float, max_ack_pending: int):
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = list(filter_subjects)
+        self.decoder = msgspec.json.Decoder(message_type)
+        self.max_deliver = max_deliver
+        self.ack_wait = ack_wait
+        self.max_backoff = max_backoff
+        self.max_ack_pending = max_ack_pending
+
+    async def _subscribe(self):
+        config = jsapi.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=jsapi.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending,
+            deliver_policy=jsapi.DeliverPolicy.ALL,
+        )
+        if len(self.filter_subjects) == 1:
+            config.filter_subject = self.filter_subjects[0]
+        else:
+            config.filter_subjects = self.filter_subjects
+        await self.bus.js.add_consumer(self.stream, config)
+        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
+
+    def backoff(self, num_delivered: int) -> float:
+        return min(2.0 ** num_delivered / 4, self.max_backoff)
+
+    def last_delivery(self, msg: Msg) -> bool:
+        return msg.metadata.num_delivered >= self.max_deliver
+
+    async def _heartbeat(self, msgs: Sequence[Msg]) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            for msg in msgs:
+                await settle(msg.in_progress())
+
+    async def _dead(self, msg: Msg, error: str) -> None:
+        try:
+            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error)
+        except Exception:  # noqa: BLE001 - keep the message for redelivery instead of losing it
+            log.exception("could not dead-letter %s; leaving it for redelivery", msg.subject)
+            return
+        await settle(msg.term())
+
+
+class Consumer(PullConsumer, Generic[T]):
     """A durable pull consumer that runs ``handler`` on each message with the ack policy."""
 
     def __init__(
@@ -226,33 +288,12 @@ class Consumer(Generic[T]):
         ack_wait: float = 30.0,
         max_backoff: float = 30.0,
     ):
-        self.bus = bus
-        self.stream = stream
-        self.durable = durable
-        self.filter_subjects = list(filter_subjects)
-        self.decoder = msgspec.json.Decoder(message_type)
+        super().__init__(bus, stream=stream, durable=durable, filter_subjects=filter_subjects,
+                         message_type=message_type, max_deliver=max_deliver, ack_wait=ack_wait,
+                         max_backoff=max_backoff, max_ack_pending=max(concurrency * 4, 64))
         self.handler = handler
         self.concurrency = concurrency
-        self.max_deliver = max_deliver
-        self.ack_wait = ack_wait
-        self.max_backoff = max_backoff
         self._tasks: set[asyncio.Task] = set()
-
-    async def _subscribe(self):
-        config = jsapi.ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=jsapi.AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver,
-            max_ack_pending=max(self.concurrency * 4, 64),
-            deliver_policy=jsapi.DeliverPolicy.ALL,
-        )
-        if len(self.filter_subjects) == 1:
-            config.filter_subject = self.filter_subjects[0]
-        else:
-            config.filter_subjects = self.filter_subjects
-        await self.bus.js.add_consumer(self.stream, config)
-        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle messages until ``stop`` is set; then finish in-flight ones."""
@@ -284,18 +325,10 @@ class Consumer(Generic[T]):
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _heartbeat(self, msg: Msg) -> None:
-        while True:
-            await asyncio.sleep(self.ack_wait / 3)
-            try:
-                await msg.in_progress()
-            except Exception:  # noqa: BLE001 - connection trouble; the next beat retries
-                pass
-
     async def _process(self, msg: Msg, slots: asyncio.Semaphore) -> None:
         delivery = Delivery(msg)
         extra = {"subject": msg.subject, "consumer": self.durable}
-        beat = asyncio.create_task(self._heartbeat(msg))
+        beat = asyncio.create_task(self._heartbeat([msg]))
         try:
             try:
                 body = self.decoder.decode(msg.data)
@@ -305,40 +338,25 @@ class Consumer(Generic[T]):
                 await self.handler(body, delivery)
         except Retryable as exc:
             log.info("retrying %s in %.1fs: %s", msg.subject, exc.delay, exc, extra=extra)
-            await self._settle(msg.nak(delay=exc.delay))
+            await settle(msg.nak(delay=exc.delay))
         except Permanent as exc:
             log.error("dead-lettering %s: %s", msg.subject, exc, extra=extra)
             await self._dead(msg, str(exc))
         except Exception as exc:  # noqa: BLE001 - any handler bug must not kill the worker
-            if delivery.num_delivered >= self.max_deliver:
+            if self.last_delivery(msg):
                 log.exception("dead-lettering %s after %d deliveries", msg.subject, delivery.num_delivered,
                               extra=extra)
                 await self._dead(msg, f"{type(exc).__name__}: {exc}")
             else:
-                delay = min(2.0 ** delivery.num_delivered / 4, self.max_backoff)
+                delay = self.backoff(delivery.num_delivered)
                 log.warning("handler failed on %s (delivery %d), retrying in %.1fs: %s: %s",
                             msg.subject, delivery.num_delivered, delay, type(exc).__name__, exc, extra=extra)
-                await self._settle(msg.nak(delay=delay))
+                await settle(msg.nak(delay=delay))
         else:
-            await self._settle(msg.ack())
+            await settle(msg.ack())
         finally:
             beat.cancel()
             slots.release()
-
-    async def _dead(self, msg: Msg, error: str) -> None:
-        try:
-            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error)
-        except Exception:  # noqa: BLE001 - keep the message for redelivery instead of losing it
-            log.exception("could not dead-letter %s; leaving it for redelivery", msg.subject)
-            return
-        await self._settle(msg.term())
-
-    @staticmethod
-    async def _settle(coro: Awaitable[None]) -> None:
-        try:
-            await coro
-        except Exception as exc:  # noqa: BLE001 - unacked messages are redelivered; handlers are idempotent
-            log.warning("could not settle message: %s", exc)
 
 
 async def run_consumers(consumers: Sequence[Consumer], stop: asyncio.Event) -> None:

@@ -26,9 +26,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js import api as jsapi
 
-from arena.bus import Bus, Delivery
+from arena.bus import Bus, Delivery, PullConsumer, settle
 
 log = logging.getLogger("arena.trajectory")
 
@@ -55,7 +54,7 @@ Item = tuple[Any, Delivery]
 BatchHandler = Callable[[list[Item]], Awaitable[Sequence[Verdict] | None]]
 
 
-class BatchConsumer(Generic[T]):
+class BatchConsumer(PullConsumer, Generic[T]):
     """Fetch up to ``batch_size`` messages, handle them together, settle each."""
 
     def __init__(
@@ -74,34 +73,13 @@ class BatchConsumer(Generic[T]):
         linger: float = 0.1,
         max_backoff: float = 30.0,
     ):
-        self.bus = bus
-        self.stream = stream
-        self.durable = durable
-        self.filter_subjects = list(filter_subjects)
-        self.decoder = msgspec.json.Decoder(message_type)
+        super().__init__(bus, stream=stream, durable=durable, filter_subjects=filter_subjects,
+                         message_type=message_type, max_deliver=max_deliver, ack_wait=ack_wait,
+                         max_backoff=max_backoff, max_ack_pending=batch_size * 4)
         self.handler = handler
         self.batch_size = batch_size
-        self.max_deliver = max_deliver
-        self.ack_wait = ack_wait
         self.fetch_timeout = fetch_timeout
         self.linger = linger
-        self.max_backoff = max_backoff
-
-    async def _subscribe(self):
-        config = jsapi.ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=jsapi.AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver,
-            max_ack_pending=self.batch_size * 4,
-            deliver_policy=jsapi.DeliverPolicy.ALL,
-        )
-        if len(self.filter_subjects) == 1:
-            config.filter_subject = self.filter_subjects[0]
-        else:
-            config.filter_subjects = self.filter_subjects
-        await self.bus.js.add_consumer(self.stream, config)
-        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch, handle and settle batches until ``stop`` is set (the batch in hand is finished)."""
@@ -171,37 +149,15 @@ class BatchConsumer(Generic[T]):
             raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(kept)} messages")
         for msg, verdict in zip(kept, verdicts):
             if verdict is None:
-                await _settle(msg.ack())
+                await settle(msg.ack())
             elif isinstance(verdict, Retry):
-                await _settle(msg.nak(delay=verdict.delay))
+                await settle(msg.nak(delay=verdict.delay))
             else:
                 log.error("dead-lettering %s: %s", msg.subject, verdict.reason, extra={"consumer": self.durable})
                 await self._dead(msg, verdict.reason)
 
     async def _fail(self, msg: Msg, error: str) -> None:
-        delivered = msg.metadata.num_delivered
-        if delivered >= self.max_deliver:
+        if self.last_delivery(msg):
             await self._dead(msg, error)
         else:
-            await _settle(msg.nak(delay=min(2.0 ** delivered / 4, self.max_backoff)))
-
-    async def _heartbeat(self, msgs: list[Msg]) -> None:
-        while True:
-            await asyncio.sleep(self.ack_wait / 3)
-            for msg in msgs:
-                await _settle(msg.in_progress())
-
-    async def _dead(self, msg: Msg, error: str) -> None:
-        try:
-            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error)
-        except Exception:  # noqa: BLE001 - keep it for redelivery rather than lose it
-            log.exception("could not dead-letter %s; leaving it for redelivery", msg.subject)
-            return
-        await _settle(msg.term())
-
-
-async def _settle(coro: Awaitable[None]) -> None:
-    try:
-        await coro
-    except Exception as exc:  # noqa: BLE001 - unsettled messages are redelivered; handlers are idempotent
-        log.warning("could not settle message: %s", exc)
+            await settle(msg.nak(delay=self.backoff(msg.metadata.num_delivered)))
