@@ -1,43 +1,106 @@
-"""Process plumbing shared by the service entry points: signals, uvicorn, consumers."""
+"""Process plumbing shared by the service entry points: signals, uvicorn, consumers.
+
+A service owns SIGTERM/SIGINT itself (``stop_on_signals``) and ``serve`` stops the HTTP
+server and the consumers together: the consumers finish their in-flight messages, the
+server drains its connections. A second signal skips the HTTP drain.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import signal
 from collections.abc import Sequence
+from typing import Protocol
 
-from arena.bus import Consumer
+import uvicorn
+
+log = logging.getLogger("arena.runtime")
 
 
-def stop_on_signals() -> asyncio.Event:
+class Runner(Protocol):
+    """A consumer, or any loop that runs until ``stop`` is set."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+class StopEvent(asyncio.Event):
+    """Set by the first signal; ``repeated`` by any later one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.repeated = asyncio.Event()
+
+
+def stop_on_signals() -> StopEvent:
     """An event set on SIGTERM or SIGINT, so a service can stop cleanly."""
-    stop = asyncio.Event()
+    stop = StopEvent()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            stop.repeated.set()
+            return
+        log.info("%s: stopping", sig.name)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     return stop
 
 
-async def serve(stop: asyncio.Event, *, consumers: Sequence[Consumer] = (), app=None, host: str = "127.0.0.1",
-                port: int = 0) -> None:
-    """Run ``consumers`` and, if given, the ASGI ``app`` under uvicorn until ``stop`` is set."""
-    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the service owns the signals (uvicorn would
+    otherwise re-raise a signal after its shutdown, before the consumers finish)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # uvicorn >= 0.29
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn
+        pass
+
+
+async def _serve_http(server: uvicorn.Server) -> None:
+    try:
+        await server.serve()
+    except SystemExit as exc:  # uvicorn calls sys.exit when it cannot bind
+        raise RuntimeError(f"HTTP server could not start (exit {exc.code})") from None
+
+
+async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=None, host: str = "127.0.0.1",
+                port: int = 0) -> int:
+    """Run ``consumers`` and, if given, the ASGI ``app`` under uvicorn until ``stop`` is set.
+
+    Returns 0 after a requested stop, 1 when the server or a consumer ended on its own
+    (a failure, logged)."""
+    tasks = [asyncio.create_task(c.run(stop), name=getattr(c, "durable", type(c).__name__)) for c in consumers]
     server = None
     if app is not None:
-        import uvicorn
-
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_keep_alive=30)
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # we own the signals
-        tasks.append(asyncio.create_task(server.serve()))
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                        lifespan="off", timeout_keep_alive=30))
+        tasks.append(asyncio.create_task(_serve_http(server), name="http"))
     waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    for task in done:
-        if task is not waiter and task.exception() is not None:
-            stop.set()
-            raise task.exception()
+    await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    code = 0 if stop.is_set() else 1
     stop.set()
+    waiter.cancel()
+    forcing = None
     if server is not None:
         server.should_exit = True
-    await asyncio.gather(*tasks, return_exceptions=True)
+        repeated = getattr(stop, "repeated", None)
+        if repeated is not None:
+            async def force() -> None:
+                await repeated.wait()
+                server.force_exit = True  # do not wait for open connections
+            forcing = asyncio.create_task(force())
+    for task in tasks:
+        try:
+            await task
+        except Exception as exc:  # noqa: BLE001 - report and exit non-zero
+            log.error("%s failed: %s", task.get_name(), exc)
+            code = 1
+    if forcing is not None:
+        forcing.cancel()
+    return code

@@ -267,11 +267,9 @@ def load_policy(args: argparse.Namespace) -> Policy:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    import signal
-
-    import uvicorn
-
     import torch
+
+    from arena.runtime import serve, stop_on_signals
 
     torch.set_num_threads(args.threads)
     server = PolicyServer(load_policy(args), model_name=args.model, max_batch=args.max_batch,
@@ -284,16 +282,8 @@ async def _main(args: argparse.Namespace) -> None:
                                     model=args.model)
         await registration.start(server.policy.version)
         server.on_swap.append(registration.put)
-    config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level="warning",
-                            access_log=False)
-    userver = uvicorn.Server(config)
-    userver.install_signal_handlers = lambda: None  # we own the signals
-    userver.capture_signals = lambda: __import__("contextlib").nullcontext()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: setattr(userver, "should_exit", True))
     try:
-        await userver.serve()
+        await serve(stop_on_signals(), app=create_app(server), host=args.host, port=args.port)
     finally:
         if registration is not None:
             await registration.stop()

@@ -21,7 +21,7 @@ from arena_rollout.store import RolloutStore
 from arena_rollout.worker import consumers
 
 
-async def main(settings: Settings) -> None:
+async def main(settings: Settings) -> int:
     log = logs.setup("rollout", settings.log_level)
     telemetry.setup("rollout")
     stop = stop_on_signals()
@@ -40,13 +40,14 @@ async def main(settings: Settings) -> None:
                       asyncio.create_task(registry.health_loop(stop)),
                       asyncio.create_task(store.cache.watch(rollouts_kv, stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
-        await serve(stop, consumers=consumers(bus, service), app=create_app(service),
-                    host=settings.host, port=settings.rollout_port)
+        code = await serve(stop, consumers=consumers(bus, service), app=create_app(service),
+                           host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()
         await upstream.aclose()
     await bus.close()
     log.info("rollout service stopped")
+    return code
 
 
 if __name__ == "__main__":
@@ -54,4 +55,4 @@ if __name__ == "__main__":
         settings = Settings.from_env()
     except SettingsError as exc:
         sys.exit(f"arena-rollout: {exc}")
-    asyncio.run(main(settings))
+    sys.exit(asyncio.run(main(settings)))

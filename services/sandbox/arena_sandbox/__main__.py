@@ -16,7 +16,7 @@ from arena_sandbox.provider import CreateSpec
 from arena_sandbox.worker import SandboxWorker
 
 
-async def main(settings: Settings) -> None:
+async def main(settings: Settings) -> int:
     log = logs.setup("sandbox", settings.log_level)
     telemetry.setup("sandbox")
     providers = build_providers(settings)
@@ -37,18 +37,20 @@ async def main(settings: Settings) -> None:
         workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop))
         log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
                  provider.name, settings.sandbox_concurrency, settings.sandbox_pool_size)
-    await serve(stop, consumers=[w.consumer() for w in workers])
+    code = await serve(stop, consumers=[w.consumer() for w in workers])
     for pool in pools:
         await pool.close()
     for provider in providers:
         await provider.close()
     await bus.close()
     log.info("sandbox worker stopped")
+    return code
 
 
 if __name__ == "__main__":
     try:
         settings = Settings.from_env()
-        asyncio.run(main(settings))
+        code = asyncio.run(main(settings))
     except SettingsError as exc:
         sys.exit(f"arena-sandbox: {exc}")
+    sys.exit(code)

@@ -15,7 +15,7 @@ from arena_sandbox import local
 from arena_verification.worker import VerificationWorker
 
 
-async def main(settings: Settings) -> None:
+async def main(settings: Settings) -> int:
     log = logs.setup("verification", settings.log_level)
     telemetry.setup("verification")
     problem = await asyncio.to_thread(local.available)
@@ -30,12 +30,13 @@ async def main(settings: Settings) -> None:
                                     job_timeout_s=_job_timeout_from_env())
         log.info("verification workers running (concurrency %d)", settings.verify_concurrency)
         try:
-            await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
+            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
         finally:
             await worker.close()
     finally:
         await bus.close()
     log.info("verification service stopped")
+    return code
 
 
 def _job_timeout_from_env() -> float | None:
@@ -58,4 +59,4 @@ if __name__ == "__main__":
         _job_timeout_from_env()
     except SettingsError as exc:
         sys.exit(f"arena-verification: {exc}")
-    asyncio.run(main(settings))
+    sys.exit(asyncio.run(main(settings)))
