@@ -3,6 +3,12 @@ warm pool), for `local` and `docker`, and sandboxes per second at concurrency 1,
 
     python benchmarks/sandbox_latency.py [--docker-url unix:///path.sock] [--n 40]
 
+Cold: a new sandbox (docker: a new container from the image) is created, `true` runs in
+it, and it is destroyed; warm: the sandbox comes from a full warm pool. The p50 of each
+phase is printed too: acquire (create, or the pool's pop), exec, destroy. A destroy
+returns when the sandbox is fully removed (docker: every process in it dead, the
+container removed from the engine, its host directories deleted).
+
 Without --docker-url (or ARENA_DOCKER_URL / DOCKER_HOST) the docker rows are skipped.
 """
 
@@ -25,14 +31,22 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-async def one(provider, pool: WarmPool | None, spec: CreateSpec) -> tuple[float, float]:
+async def one(provider, pool: WarmPool | None, spec: CreateSpec) -> tuple[float, float, float, float]:
+    """(acquire, exec, destroy, total) seconds of one sandbox."""
     t0 = time.perf_counter()
     sandbox = await (pool.acquire(spec) if pool else provider.create(spec))
-    acquired = time.perf_counter() - t0
+    t1 = time.perf_counter()
     result = await sandbox.exec(["true"], env={}, timeout_s=60)
     assert result.exit_code == 0, result
+    t2 = time.perf_counter()
     await sandbox.destroy()
-    return acquired, time.perf_counter() - t0
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, t3 - t0
+
+
+def row(name: str, mode: str, runs: list[tuple[float, float, float, float]]) -> tuple:
+    total = [r[3] for r in runs]
+    return (name, mode, pct(total, 50), pct(total, 99), *(pct([r[i] for r in runs], 50) for i in range(3)))
 
 
 async def bench(name: str, url: str, n: int, data: Path) -> list[tuple]:
@@ -44,8 +58,7 @@ async def bench(name: str, url: str, n: int, data: Path) -> list[tuple]:
     rows = []
     await one(provider, None, spec)  # warm caches
     cold = [await one(provider, None, spec) for _ in range(n)]
-    rows.append((name, "cold", pct([c[1] for c in cold], 50), pct([c[1] for c in cold], 99),
-                 pct([c[0] for c in cold], 50)))
+    rows.append(row(name, "cold", cold))
     pool = WarmPool(provider, size=4)
     await pool.prefill(spec)
     warm = []
@@ -53,8 +66,7 @@ async def bench(name: str, url: str, n: int, data: Path) -> list[tuple]:
         await pool.prefill(spec)  # measure acquisition from a full pool
         warm.append(await one(provider, pool, spec))
     await pool.close()
-    rows.append((name, "warm", pct([w[1] for w in warm], 50), pct([w[1] for w in warm], 99),
-                 pct([w[0] for w in warm], 50)))
+    rows.append(row(name, "warm", warm))
     for conc in (1, 8, 32):
         total = max(conc * 2, 16)
         sem = asyncio.Semaphore(conc)
@@ -75,20 +87,24 @@ async def main() -> None:
     ap.add_argument("--docker-url", default=os.environ.get("ARENA_DOCKER_URL", os.environ.get("DOCKER_HOST", "")))
     ap.add_argument("--n", type=int, default=40)
     args = ap.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         rows = await bench("local", "", args.n, Path(tmp))
         if args.docker_url:
             rows += await bench("docker", args.docker_url, args.n, Path(tmp))
         else:
             rows.append(("docker", "skipped: no --docker-url"))
-    print(f"{'provider':8} {'mode':18} {'p50 ms':>8} {'p99 ms':>8} {'acquire p50 ms':>15}")
-    for row in rows:
-        if len(row) == 5:
-            print(f"{row[0]:8} {row[1]:18} {row[2]*1e3:8.1f} {row[3]*1e3:8.1f} {row[4]*1e3:15.2f}")
-        elif len(row) == 3:
-            print(f"{row[0]:8} {row[1]:18} {row[2]:8.1f} sandboxes/s")
+    load = lambda values: " ".join(f"{x:.2f}" for x in values)  # noqa: E731
+    print(f"load average (1/5/15 min): {load(load_before)} before, {load(os.getloadavg())} after")
+    print(f"{'provider':8} {'mode':18} {'p50 ms':>8} {'p99 ms':>8} {'acquire p50':>12} {'exec p50':>9} "
+          f"{'destroy p50':>12}")
+    for r in rows:
+        if len(r) == 7:
+            print(f"{r[0]:8} {r[1]:18} {r[2]*1e3:8.1f} {r[3]*1e3:8.1f} {r[4]*1e3:12.2f} {r[5]*1e3:9.1f} {r[6]*1e3:12.1f}")
+        elif len(r) == 3:
+            print(f"{r[0]:8} {r[1]:18} {r[2]:8.1f} sandboxes/s")
         else:
-            print(f"{row[0]:8} {row[1]}")
+            print(f"{r[0]:8} {r[1]}")
 
 
 if __name__ == "__main__":

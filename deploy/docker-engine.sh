@@ -7,6 +7,20 @@
 #                                                  write its PID to PIDFILE, build the images
 #   deploy/docker-engine.sh stop PIDFILE           stop the service by its PID
 #   deploy/docker-engine.sh images                 build the images only (arena/agent-base, arena/quickstart)
+#   deploy/docker-engine.sh podman ARGS...         podman on the engine's store (e.g. `podman ps -a`)
+#
+# Configuration for a host that runs ephemeral sandboxes (measured in docs/sandbox.md):
+# the engine has its own store in memory, $ARENA_ENGINE_DIR (default
+# /dev/shm/arena-engine, a tmpfs): image and container storage (--root), run state
+# (--runroot) and temporary files (--tmpdir). Creating and removing a container then
+# writes Podman's state (its database, the storage's container and layer lists, the
+# container's run files) without going to disk. Nothing in it has to outlive a reboot:
+# sandbox containers are never reused, and the images are rebuilt from deploy/images
+# (a few seconds) when missing. Where that directory's file system has less than
+# 1 GiB free (a container's small /dev/shm), /var/lib/arena-engine is used, and said.
+# The OCI runtime is runc (Debian's crun 1.8 refuses this kind of host: cgroup v1
+# hybrid). Events stay in a file under --tmpdir, the container log driver is k8s-file
+# (the provider reads a container's log only when its start fails).
 #
 # Exits 3 with a reason on stderr when the engine cannot be had here (not root, no apt, ...).
 set -euo pipefail
@@ -30,8 +44,25 @@ configure() {
   fi
 }
 
+store_dir() {  # the engine's store: in memory unless there is too little of it
+  local dir="${ARENA_ENGINE_DIR:-/dev/shm/arena-engine}" parent avail
+  parent="$(dirname "$dir")"
+  avail="$(df --output=avail -B1 "$parent" 2>/dev/null | tail -1 || echo 0)"
+  if [ -z "${ARENA_ENGINE_DIR:-}" ] && { [ ! -d "$parent" ] || [ "${avail:-0}" -lt $((1 << 30)) ]; }; then
+    echo "docker engine: less than 1 GiB free in $parent; the engine's store is /var/lib/arena-engine (disk)" >&2
+    dir=/var/lib/arena-engine
+  fi
+  mkdir -p "$dir"
+  echo "$dir"
+}
+
+store_opts() {
+  local dir; dir="$(store_dir)"
+  echo "--root $dir/root --runroot $dir/run --tmpdir $dir/tmp --events-backend file"
+}
+
 images() {
-  "$here/images/build.sh"
+  ARENA_PODMAN_OPTS="$(store_opts)" "$here/images/build.sh"
 }
 
 case "${1:-}" in
@@ -42,7 +73,8 @@ case "${1:-}" in
       kill "$(cat "$pidfile")"; sleep 1
     fi
     rm -f "$sock"
-    podman system service --time=0 "unix://$sock" >"$sock.log" 2>&1 &
+    read -r -a opts <<< "$(store_opts)"
+    podman "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1 &
     echo $! > "$pidfile"
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     [ -S "$sock" ] || { echo "docker engine: podman service did not start: $(tail -5 "$sock.log")" >&2; exit 3; }
@@ -58,5 +90,6 @@ case "${1:-}" in
     fi
     ;;
   images) need_root; install; configure; images ;;
-  *) echo "usage: $0 start SOCKET PIDFILE | stop PIDFILE | images" >&2; exit 2 ;;
+  podman) shift; read -r -a opts <<< "$(store_opts)"; exec podman "${opts[@]}" "$@" ;;
+  *) echo "usage: $0 start SOCKET PIDFILE | stop PIDFILE | images | podman ARGS..." >&2; exit 2 ;;
 esac

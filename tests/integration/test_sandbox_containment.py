@@ -51,6 +51,10 @@ def make_job(tmp_path: Path, code: str, *, wall_clock_s: float = 30.0, port: int
 
 
 def _gone(provider) -> bool:
+    """No directory of the provider's sandboxes left (docker: nor any container)."""
+    if provider.name == "docker" and provider.client.api.containers(
+            all=True, filters={"label": f"arena.owner={provider.owner}"}):
+        return False
     return not provider.base.exists() or list(provider.base.iterdir()) == []
 
 

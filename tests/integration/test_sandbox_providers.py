@@ -43,6 +43,8 @@ async def test_interface_exec_streams_and_files(tmp_path, name_and_url):
     finally:
         await sandbox.destroy()
         await sandbox.destroy()  # idempotent
+    if name == "docker":  # the container is removed, not only stopped
+        assert not provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
 
 
 async def test_warm_pool_hands_out_ready_sandboxes(tmp_path, name_and_url):
@@ -77,3 +79,44 @@ async def test_orphans_are_reaped_by_the_next_process(tmp_path, name_and_url):
         assert restarted.client.api.containers(all=True, filters={"id": kept.container_id})
     assert list(other.base.iterdir())  # another owner's sandbox is left alone
     await kept.destroy()
+
+
+@pytest.fixture
+def docker_provider(tmp_path, request):
+    return make_provider("docker", tmp_path / "d", docker_url=request.getfixturevalue("docker_url"))
+
+
+async def test_docker_command_server_is_out_of_the_agents_reach(docker_provider):
+    """The container's init (the command server) runs as the sandbox user, like the
+    agent: it must not be traceable or readable by it, nor its socket reachable."""
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        chunks: list[bytes] = []
+        probe = ("import ctypes, os\n"
+                 "libc = ctypes.CDLL(None, use_errno=True)\n"
+                 "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH to PID 1
+                 "print('environ', os.access('/proc/1/environ', os.R_OK))\n"
+                 "print('socket', os.path.exists('/run/arena/ctl.sock'))\n"
+                 "os.kill(1, 9)\n")  # a container's init ignores signals from inside
+        result = await sandbox.exec(["python3", "-c", probe], env={}, timeout_s=30, on_output=chunks.append)
+        assert result.exit_code == 0, b"".join(chunks)
+        out = b"".join(chunks).decode().split("\n")
+        assert out[0].startswith("ptrace -1 ") and out[1:4] == ["environ False", "socket False", ""]
+        assert (await sandbox.exec(["true"], env={}, timeout_s=30)).exit_code == 0  # still serving
+    finally:
+        await sandbox.destroy()
+
+
+async def test_docker_sandbox_survives_its_command_server_dying(docker_provider):
+    """If the server dies (here: the engine kills the container), the next command
+    starts the container again with a fresh server; the workspace is kept."""
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        await sandbox.put_files({"/sandbox/workspace/kept.txt": b"kept"})
+        docker_provider.client.api.kill(sandbox.container_id, signal="SIGKILL")
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["cat", "kept.txt"], env={}, timeout_s=60, on_output=chunks.append)
+        assert result.exit_code == 0 and b"".join(chunks) == b"kept"
+    finally:
+        await sandbox.destroy()
+    assert not docker_provider.client.api.containers(all=True, filters={"id": sandbox.container_id})

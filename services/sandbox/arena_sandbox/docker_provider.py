@@ -1,19 +1,25 @@
 """The ``docker`` provider: one container per sandbox, through the docker SDK against
 any Docker-API engine (Docker, or Podman's compatible service).
 
-A container is started with a keep-alive init (``sleep infinity``) and hardened:
-uid 1000, every capability dropped, ``no-new-privileges``, read-only root, a ``/tmp``
-tmpfs, memory (= memory+swap), CPU, pids, ``nofile``/``nproc`` limits and
-``network_mode=none``. Its ``/sandbox/{workspace,.arena,agent}`` and ``/run/arena``
-are bind mounts of ``<data_dir>/docker/<owner>/<id>/`` (so the engine must run on the
-worker's host); the LLM proxy is reached through the same Unix-socket relay as the
-local provider (:mod:`arena_sandbox.shim`, run by the image's ``python3``). Commands
-run with ``exec``; on timeout or cancel the container's init is SIGKILLed (the kernel
-kills everything in it, even under a fork bomb) and, after a timeout, the container is
-started again so the diff can be extracted.
+A container is hardened: uid 1000, every capability dropped, ``no-new-privileges``,
+read-only root, a ``/tmp`` tmpfs, memory (= memory+swap), CPU, pids,
+``nofile``/``nproc``/``fsize`` limits and ``network_mode=none``. Its
+``/sandbox/{workspace,.arena,agent}`` and ``/run/arena`` are bind mounts of
+``<data_dir>/docker/<owner>/<id>/`` (so the engine must run on the worker's host); the
+LLM proxy is reached through the same Unix-socket relay as the local provider
+(:mod:`arena_sandbox.shim`, run by the image's ``python3``).
+
+The container's init is the in-sandbox command server (:mod:`arena_sandbox.cmdserver`,
+``python3`` as the sandbox user), connected to the provider over a Unix socket in
+``/run/arena`` (:mod:`arena_sandbox.channel`): ``exec`` is a fork + exec inside the
+sandbox instead of an engine ``exec`` (50-100 ms through Podman). On timeout or cancel
+the server SIGKILLs every other process in the sandbox (so the diff can still run); if
+it does not answer, the container's init is SIGKILLed through the engine. ``destroy``
+tells the server to kill everything and exit, then removes the stopped container.
 
 Containers are labelled ``arena.sandbox=1`` and ``arena.owner=<owner>``; start-up
-removes the owner's leftovers.
+removes the owner's leftovers. A container whose provider died stops by itself: its
+server sees the socket close, kills everything and exits.
 """
 
 from __future__ import annotations
@@ -31,8 +37,11 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
+from docker.utils import version_lt
 
 from arena_sandbox import local
+from arena_sandbox.channel import Channel, ChannelClosed, listen
 from arena_sandbox.hostdir import SANDBOX_UID, HostDirSandbox, make_layout
 from arena_sandbox.local import GIT_IDENTITY, ProxyForward
 from arena_sandbox.provider import LABEL, OWNER_LABEL, CreateSpec, ExecResult, OutputCallback, SandboxError
@@ -41,46 +50,89 @@ log = logging.getLogger("arena.sandbox.docker")
 
 DEFAULT_IMAGE = "arena/agent-base:latest"
 USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+CMDSERVER = Path(__file__).with_name("cmdserver.py")
+CONTROL_SOCKET = f"{local.RUN_DIR}/ctl.sock"
+INIT = ["python3", "-I", "-S", f"{local.RUN_DIR}/cmdserver.py", CONTROL_SOCKET]
 #: Below this host's hard limits: an engine refuses a container whose limits exceed them.
 NPROC_LIMIT = 4096
 _SIGKILL_EXIT = 137
+_CONNECT_TIMEOUT_S = 60.0  # generous: start-up on 2 busy cores
+_KILL_GRACE_S = 10.0  # for the server to kill a command before the engine kills the container
+_REMOVE_ATTEMPTS = 4
 
 
 class DockerSandbox(HostDirSandbox):
     provider = "docker"
     owner_uid = SANDBOX_UID
 
-    def __init__(self, sandbox_id: str, root: Path, client: docker.DockerClient, container_id: str, memory_bytes: int):
+    def __init__(self, sandbox_id: str, root: Path, provider: DockerProvider, container_id: str, channel: Channel):
         self.id = sandbox_id
         self.root = root
-        self.client = client
+        self.client = provider.client
+        self._provider = provider
         self.container_id = container_id
-        self.memory_bytes = memory_bytes
         self.run_dir = run_dir_of(root)
-        self._forwarder: local._Forwarder | None = None
+        self._channel: Channel | None = channel
+        self._lock = asyncio.Lock()
         self._oom_file: Path | None = None
         self._destroyed = False
 
     # ---------------------------------------------------------------- exec
 
-    def _exec_blocking(self, command: list[str], env: Mapping[str, str], workdir: str,
-                       on_chunk: Any, demux: bool = False) -> int | None:
-        api = self.client.api
-        exec_id = api.exec_create(self.container_id, command, user=USER, environment=dict(env), workdir=workdir)["Id"]
-        for chunk in api.exec_start(exec_id, stream=True, demux=demux):
-            on_chunk(chunk)
-        return api.exec_inspect(exec_id).get("ExitCode")
+    async def _live_channel(self) -> Channel:
+        """The server's channel; if the server died (the container stopped), the
+        container is started again (same mounts) with a fresh server."""
+        if self._destroyed:
+            raise SandboxError("the sandbox was destroyed")
+        if self._channel is None or not await self._channel.alive():
+            log.warning("sandbox %s: command server gone, restarting the container", self.id)
+            self._channel = None
+            self._oom_file = None
+            await asyncio.to_thread(self._kill_container)
+            self._channel = await self._provider._start(self.container_id, self.run_dir)
+        return self._channel
 
-    def _kill_all_blocking(self, *, restart: bool) -> None:
-        """SIGKILL the container's init, so the kernel kills every process in it (this
-        works even when a fork bomb has used up the pids limit), then, if ``restart``,
-        start it again (same bind mounts) so the diff can still run."""
-        api = self.client.api
+    def _kill_container(self) -> None:
+        """SIGKILL the container's init through the engine (the kernel kills everything
+        in it, even under a fork bomb) and wait until the engine sees it stopped."""
         with contextlib.suppress(docker.errors.APIError):
-            api.kill(self.container_id, signal="SIGKILL")
-        api.wait(self.container_id, timeout=30)
-        if restart:
-            api.start(self.container_id)
+            self.client.api.kill(self.container_id, signal="SIGKILL")
+        self.client.api.wait(self.container_id, timeout=30)
+
+    async def _run(self, argv: list[str], env: Mapping[str, str], workdir: str, timeout_s: float,
+                   cancel: asyncio.Event | None, on_stdout, on_stderr) -> tuple[int | None, bool]:
+        """Run one command; (exit code, whether Arena killed it). A command that
+        outlives ``timeout_s`` or ``cancel`` is killed with everything it started."""
+        channel = await self._live_channel()
+        task = asyncio.ensure_future(channel.run(argv, env, workdir, on_stdout, on_stderr))
+        waiters: set[asyncio.Future] = {task}
+        if cancel is not None:
+            waiters.add(asyncio.ensure_future(cancel.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            killed = not task.done()
+            if killed:
+                channel.kill()
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), _KILL_GRACE_S)
+                except asyncio.TimeoutError:
+                    log.warning("sandbox %s: the command server did not kill in time; killing the container", self.id)
+                    channel.close()
+                    await asyncio.to_thread(self._kill_container)
+            try:
+                return await task, killed
+            except ChannelClosed:
+                if killed:
+                    return None, True
+                raise
+        finally:
+            for waiter in waiters:
+                if waiter is not task:
+                    waiter.cancel()
+            if not task.done():  # we were cancelled: never leave the command running
+                task.cancel()
+                channel.close()
+                await asyncio.shield(self.destroy())
 
     async def exec(
         self,
@@ -97,53 +149,45 @@ class DockerSandbox(HostDirSandbox):
         if cancel is not None and cancel.is_set():
             return ExecResult(exit_code=None, killed=True)
         argv = list(command)
-        if proxy is not None:
-            self._forwarder = local._Forwarder(proxy, self.run_dir / "proxy.sock")
-            await self._forwarder.start()
-            argv = ["python3", "-I", "-S", f"{local.RUN_DIR}/shim.py", str(proxy.inside_port),
-                    local.PROXY_SOCKET, "--", *argv]
-        loop = asyncio.get_running_loop()
-        sink = (lambda chunk: loop.call_soon_threadsafe(on_output, chunk)) if on_output else (lambda chunk: None)
-        ooms = await asyncio.to_thread(self._oom_kills)
-        started = time.monotonic()
-        task = asyncio.ensure_future(asyncio.to_thread(self._exec_blocking, argv, env, workdir, sink))
-        waiters: set[asyncio.Future] = {task}
-        if cancel is not None:
-            waiters.add(asyncio.ensure_future(cancel.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            killed = not task.done()
-            timed_out = killed and not (cancel is not None and cancel.is_set())
+        sink = on_output or (lambda chunk: None)
+        async with self._lock:
+            forwarder = None
+            if proxy is not None:
+                forwarder = local._Forwarder(proxy, self.run_dir / "proxy.sock")
+                await forwarder.start()
+                argv = ["python3", "-I", "-S", f"{local.RUN_DIR}/shim.py", str(proxy.inside_port),
+                        local.PROXY_SOCKET, "--", *argv]
+            started = time.monotonic()
             try:
-                if killed:
-                    await asyncio.to_thread(self._kill_all_blocking, restart=timed_out)
-                code = await asyncio.wait_for(asyncio.shield(task), 30)
-            except (docker.errors.DockerException, OSError, asyncio.TimeoutError) as exc:
-                raise SandboxError(f"docker exec failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            for waiter in waiters:
-                if waiter is not task:
-                    waiter.cancel()
-            if not task.done():
-                await self.destroy()  # the engine is stuck or we were cancelled: never leave it
-            if self._forwarder is not None:
-                await self._forwarder.close()
-                self._forwarder = None
-        duration = time.monotonic() - started
-        if killed:
-            return ExecResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=duration)
-        after = await asyncio.to_thread(self._oom_kills)
-        if after is None or ooms is None:  # engine not on this host: SIGKILL nobody sent = the OOM killer
-            oom = code == _SIGKILL_EXIT
-        else:
-            oom = after > ooms
-        return ExecResult(exit_code=code, oom_killed=oom, duration_s=duration)
+                ooms = await self._oom_kills()
+                try:
+                    code, killed = await self._run(argv, env, workdir, timeout_s, cancel, sink, sink)
+                except ChannelClosed as exc:
+                    # The server (the container's init) died under the command: only the
+                    # OOM killer does that; anything else is Arena's failure, not the agent's.
+                    after = await self._oom_kills()
+                    if after is not None and ooms is not None and after > ooms:
+                        return ExecResult(exit_code=_SIGKILL_EXIT, oom_killed=True, duration_s=time.monotonic() - started)
+                    raise SandboxError(f"docker sandbox {self.id}: {exc}") from exc
+            finally:
+                if forwarder is not None:
+                    await forwarder.close()
+            duration = time.monotonic() - started
+            if killed:
+                timed_out = not (cancel is not None and cancel.is_set())
+                return ExecResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=duration)
+            after = await self._oom_kills()
+            if after is None or ooms is None:  # engine not on this host: SIGKILL nobody sent = the OOM killer
+                oom = code == _SIGKILL_EXIT
+            else:
+                oom = after > ooms
+            return ExecResult(exit_code=code, oom_killed=oom, duration_s=duration)
 
-    def _oom_kills(self) -> int | None:
+    async def _oom_kills(self) -> int | None:
         """The container's OOM-kill counter, read from its memory cgroup on this host
         (``None`` when the engine runs elsewhere). The file is found once, then read."""
         if self._oom_file is None:
-            self._oom_file = self._find_oom_file() or Path("/nonexistent")
+            self._oom_file = await asyncio.to_thread(self._find_oom_file) or Path("/nonexistent")
         try:
             for entry in self._oom_file.read_text().splitlines():
                 key, _, value = entry.partition(" ")
@@ -154,8 +198,10 @@ class DockerSandbox(HostDirSandbox):
         return None
 
     def _find_oom_file(self) -> Path | None:
+        pid = self._channel.peer_pid if self._channel is not None else 0
         try:
-            pid = self.client.api.inspect_container(self.container_id)["State"]["Pid"]
+            if not pid:  # the server's pid is not visible here: ask the engine
+                pid = self.client.api.inspect_container(self.container_id)["State"]["Pid"]
             lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         except (docker.errors.DockerException, OSError, KeyError):
             return None
@@ -170,23 +216,15 @@ class DockerSandbox(HostDirSandbox):
     async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
         out: list[bytes] = []
         err: list[bytes] = []
-
-        def collect(chunk: tuple[bytes | None, bytes | None]) -> None:
-            if chunk[0]:
-                out.append(chunk[0])
-            if chunk[1]:
-                err.append(chunk[1])
-
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp", **GIT_IDENTITY}
         command = ["sh", "-c", local._DIFF_SCRIPT, "sh", base, *local._exclude_pathspecs()]
-        try:
-            code = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, command, env, local.WORKSPACE, collect, True), timeout_s
-            )
-        except asyncio.TimeoutError:
-            raise local.GitError(f"git diff timed out after {timeout_s:.0f}s") from None
-        except docker.errors.DockerException as exc:
-            raise local.GitError(f"git diff could not run: {exc}") from exc
+        async with self._lock:
+            try:
+                code, killed = await self._run(command, env, local.WORKSPACE, timeout_s, None, out.append, err.append)
+            except (ChannelClosed, SandboxError, docker.errors.DockerException) as exc:
+                raise local.GitError(f"git diff could not run: {exc}") from exc
+        if killed:
+            raise local.GitError(f"git diff timed out after {timeout_s:.0f}s")
         if code != 0:
             detail = b"".join(err).decode(errors="replace").strip()[-2000:]
             raise local.GitError(f"git diff failed (exit {code}): {detail}")
@@ -196,6 +234,11 @@ class DockerSandbox(HostDirSandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        channel, self._channel = self._channel, None
+        if channel is not None and not channel.closed and await channel.quit(timeout_s=5.0):
+            # Everything else in the sandbox is dead; once the server's process is reaped
+            # too, the engine finds the container stopped and removes it without a kill.
+            await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
         await asyncio.to_thread(_remove, self.client, self.container_id, self.root)
 
 
@@ -205,14 +248,54 @@ def run_dir_of(root: Path) -> Path:
 
 
 def _remove(client: docker.DockerClient, container_id: str, root: Path) -> None:
-    with contextlib.suppress(docker.errors.NotFound):
+    """Remove the container (killing it if it runs) and its host directories. A
+    container that is stopping as this runs makes Podman fail with "could not be
+    stopped ... state improper": tried again, as any other engine error, a few times."""
+    for attempt in range(1, _REMOVE_ATTEMPTS + 1):
         try:
             client.api.remove_container(container_id, force=True)
+            break
+        except docker.errors.NotFound:
+            break
         except docker.errors.APIError as exc:
-            if exc.status_code != 404:
+            if exc.status_code == 404:
+                break
+            if attempt == _REMOVE_ATTEMPTS:
                 log.warning("could not remove container %s: %s", container_id[:12], exc)
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(run_dir_of(root), ignore_errors=True)
+            else:
+                time.sleep(0.05 * attempt)
+    _remove_dirs(root)
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    """Wait until process ``pid`` of this host has been reaped (no-op for 0)."""
+    deadline = time.monotonic() + timeout_s
+    while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def connect(base_url: str, *, timeout: int = 120) -> docker.DockerClient:
+    """A client at the engine's API version, read from ``/_ping`` (a plain
+    ``DockerClient`` asks ``/version``, which Podman answers slowly: it queries the
+    package manager, ~0.3 s), capped at what the SDK knows."""
+
+    def make(version: str) -> docker.DockerClient:
+        if base_url:
+            return docker.DockerClient(base_url=base_url, version=version, timeout=timeout)
+        return docker.from_env(version=version, timeout=timeout)
+
+    probe = make(docker.constants.MINIMUM_DOCKER_API_VERSION)
+    try:
+        response = probe.api.get(probe.api._url("/_ping", versioned_api=False), timeout=timeout)
+        response.raise_for_status()
+        version = response.headers.get("Api-Version") or docker.constants.DEFAULT_DOCKER_API_VERSION
+    except requests.RequestException as exc:
+        raise docker.errors.DockerException(f"cannot reach the engine at {base_url or 'DOCKER_HOST'}: {exc}") from exc
+    finally:
+        probe.close()
+    if not version_lt(version, docker.constants.DEFAULT_DOCKER_API_VERSION):
+        version = docker.constants.DEFAULT_DOCKER_API_VERSION
+    return make(version)
 
 
 class DockerProvider:
@@ -230,9 +313,7 @@ class DockerProvider:
     @property
     def client(self) -> docker.DockerClient:
         if self._client is None:
-            self._client = (
-                docker.DockerClient(base_url=self.base_url, timeout=120) if self.base_url else docker.from_env(timeout=120)
-            )
+            self._client = connect(self.base_url)
         return self._client
 
     async def health(self) -> str | None:
@@ -244,64 +325,95 @@ class DockerProvider:
             try:
                 self.client.images.get(self.default_image)
             except docker.errors.ImageNotFound:
-                return f"image {self.default_image} is not built (deploy/images/build.sh)"
+                return f"image {self.default_image} is not built (deploy/docker-engine.sh images)"
             except docker.errors.DockerException as exc:
                 return f"engine error: {exc}"
             return None
 
         return await asyncio.to_thread(probe)
 
+    def _host_config(self, spec: CreateSpec, root: Path, run_dir: Path) -> dict[str, Any]:
+        lim = spec.limits
+        return self.client.api.create_host_config(
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            network_mode="none",
+            tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
+            mem_limit=lim.memory_bytes,
+            memswap_limit=lim.memory_bytes,
+            nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids,
+            ulimits=[
+                docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
+                docker.types.Ulimit(name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+            ],
+            binds={
+                str(root / "workspace"): {"bind": local.WORKSPACE, "mode": "rw"},
+                str(root / "arena"): {"bind": local.ARENA_DIR, "mode": "rw"},
+                str(root / "agent"): {"bind": local.AGENT_DIR, "mode": "ro"},
+                str(run_dir): {"bind": local.RUN_DIR, "mode": "ro"},
+            },
+        )
+
+    async def _start(self, container_id: str, run_dir: Path) -> Channel:
+        """Start the (created or stopped) container and accept its server's connection."""
+        path = run_dir / "ctl.sock"
+        listener = listen(path, uid=SANDBOX_UID)  # before the start: the server connects at once
+        try:
+            await asyncio.to_thread(self.client.api.start, container_id)
+        except docker.errors.DockerException as exc:
+            listener.close()
+            path.unlink(missing_ok=True)
+            raise SandboxError(f"cannot start container {container_id[:12]}: {exc}") from exc
+
+        async def alive() -> str | None:
+            state = (await asyncio.to_thread(self.client.api.inspect_container, container_id))["State"]
+            if state.get("Running"):
+                return None
+            logs = await asyncio.to_thread(self.client.api.logs, container_id, tail=20)
+            return f"exit code {state.get('ExitCode')}: {logs.decode(errors='replace').strip()[-1000:]}"
+
+        try:
+            return await Channel.accept(listener, path, uid=SANDBOX_UID, timeout_s=_CONNECT_TIMEOUT_S, alive=alive)
+        except (ChannelClosed, docker.errors.DockerException) as exc:
+            raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
+
     async def create(self, spec: CreateSpec) -> DockerSandbox:
         sandbox_id = uuid.uuid4().hex[:12]
         root = self.base / sandbox_id
+        run_dir = run_dir_of(root)
         image = spec.image or self.default_image
-        lim = spec.limits
 
         def make() -> str:
             make_layout(root, owner_uid=SANDBOX_UID)
-            run_dir = run_dir_of(root)
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.move(root / "run", run_dir)
-            try:
-                container = self.client.containers.run(
-                    image,
-                    ["sleep", "infinity"],
-                    name=f"arena-{self.owner}-{sandbox_id}",
-                    detach=True,
-                    user=USER,
-                    cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
-                    read_only=True,
-                    network_mode="none",
-                    tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
-                    mem_limit=lim.memory_bytes,
-                    memswap_limit=lim.memory_bytes,
-                    nano_cpus=int(lim.cpus * 1e9),
-                    pids_limit=lim.pids,
-                    ulimits=[
-                        docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
-                        docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
-                        docker.types.Ulimit(name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes),
-                        docker.types.Ulimit(name="core", soft=0, hard=0),
-                    ],
-                    labels={LABEL: "1", OWNER_LABEL: self.owner, "arena.sandbox_id": sandbox_id},
-                    volumes={
-                        str(root / "workspace"): {"bind": local.WORKSPACE, "mode": "rw"},
-                        str(root / "arena"): {"bind": local.ARENA_DIR, "mode": "rw"},
-                        str(root / "agent"): {"bind": local.AGENT_DIR, "mode": "ro"},
-                        str(run_dir): {"bind": local.RUN_DIR, "mode": "ro"},
-                    },
-                    environment={"HOME": "/tmp"},
-                    hostname="sandbox",
-                )
-            except docker.errors.DockerException as exc:
-                shutil.rmtree(root, ignore_errors=True)
-                shutil.rmtree(run_dir, ignore_errors=True)
-                raise SandboxError(f"cannot start a {image} container: {exc}") from exc
-            return container.id
+            shutil.copyfile(CMDSERVER, run_dir / "cmdserver.py")
+            return self.client.api.create_container(
+                image,
+                entrypoint=INIT,  # replaces the image's entrypoint and command
+                name=f"arena-{self.owner}-{sandbox_id}",
+                user=USER,
+                labels={LABEL: "1", OWNER_LABEL: self.owner, "arena.sandbox_id": sandbox_id},
+                environment={"HOME": "/tmp"},
+                hostname="sandbox",
+                host_config=self._host_config(spec, root, run_dir),
+            )["Id"]
 
-        container_id = await asyncio.to_thread(make)
-        return DockerSandbox(sandbox_id, root, self.client, container_id, lim.memory_bytes)
+        container_id = ""
+        try:
+            container_id = await asyncio.to_thread(make)
+            channel = await self._start(container_id, run_dir)
+        except BaseException as exc:
+            await asyncio.shield(asyncio.to_thread(_remove, self.client, container_id, root) if container_id
+                                 else asyncio.to_thread(_remove_dirs, root))
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"cannot start a {image} container: {exc}") from exc
+            raise
+        return DockerSandbox(sandbox_id, root, self, container_id, channel)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:
@@ -310,8 +422,7 @@ class DockerProvider:
                 _remove(self.client, info["Id"], self.base / info.get("Labels", {}).get("arena.sandbox_id", "-"))
             if self.base.is_dir():
                 for path in self.base.iterdir():
-                    shutil.rmtree(path, ignore_errors=True)
-                    shutil.rmtree(run_dir_of(path), ignore_errors=True)
+                    _remove_dirs(path)
             return len(found)
 
         n = await asyncio.to_thread(reap)
@@ -323,3 +434,8 @@ class DockerProvider:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
+
+
+def _remove_dirs(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(run_dir_of(root), ignore_errors=True)

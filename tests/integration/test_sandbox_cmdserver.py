@@ -1,0 +1,102 @@
+"""The docker provider's in-sandbox command server and its host channel, for real but
+without an engine: the server runs as PID 1 of a fresh PID namespace (bubblewrap
+``--as-pid-1``), as it does as a container's init."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arena_sandbox import local
+from arena_sandbox.channel import Channel, ChannelClosed, listen
+
+CMDSERVER = Path(local.__file__).with_name("cmdserver.py")
+
+pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
+
+
+class Output:
+    def __init__(self):
+        self.out = bytearray()
+        self.err = bytearray()
+
+    async def run(self, channel: Channel, argv: list[str], env: dict | None = None, cwd: str = "/") -> int:
+        return await channel.run(argv, env or {}, cwd, self.out.extend, self.err.extend)
+
+
+@pytest.fixture
+async def server(tmp_path):
+    sock = tmp_path / "ctl.sock"
+    listener = listen(sock, uid=os.getuid())
+    proc = await asyncio.create_subprocess_exec(
+        local.BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--bind", str(tmp_path), str(tmp_path), "--unshare-user", "--unshare-pid", "--as-pid-1",
+        "--die-with-parent", "--", sys.executable, "-I", "-S", str(CMDSERVER), str(sock),
+    )
+
+    async def alive():
+        return None if proc.returncode is None else f"exit {proc.returncode}"
+
+    channel = await Channel.accept(listener, sock, uid=os.getuid(), timeout_s=30, alive=alive)
+    assert not sock.exists()  # nobody else can connect any more
+    try:
+        yield channel, proc
+    finally:
+        channel.close()
+        await asyncio.wait_for(proc.wait(), 10)  # end of input: the server exits
+
+
+async def test_runs_commands_with_output_code_env_and_cwd(server, tmp_path):
+    channel, _ = server
+    o = Output()
+    code = await o.run(channel, ["sh", "-c", 'echo "out $GREETING"; pwd; echo err >&2; exit 3'],
+                       env={"GREETING": "hi"}, cwd=str(tmp_path))
+    assert code == 3
+    assert o.out.decode() == f"out hi\n{tmp_path}\n" and o.err == b"err\n"
+    o = Output()
+    assert await o.run(channel, ["sh", "-c", "kill -TERM $$"]) == 128 + 15
+    o = Output()
+    assert await o.run(channel, ["/no/such/command"]) == 127
+    assert b"cannot run" in o.err
+
+
+async def test_a_command_ends_with_everything_it_started(server):
+    channel, _ = server
+    o = Output()
+    # the background sleep keeps stdout open: the command ends only because it is killed
+    assert await asyncio.wait_for(o.run(channel, ["sh", "-c", "setsid sleep 100 & echo $!"]), 10) == 0
+    pid = o.out.decode().strip()
+    o2 = Output()
+    await o2.run(channel, ["sh", "-c", f"kill -0 {pid} 2>/dev/null; echo $?"])
+    assert o2.out == b"1\n"
+
+
+async def test_kill_stops_a_running_command_and_its_detached_children(server):
+    channel, _ = server
+    o = Output()
+    run = asyncio.ensure_future(o.run(channel, ["sh", "-c", "setsid sleep 100 & sleep 100"]))
+    await asyncio.sleep(0.3)
+    assert not run.done()
+    channel.kill()
+    assert await asyncio.wait_for(run, 10) == 128 + 9
+    assert await Output().run(channel, ["true"]) == 0  # the server itself survives
+
+
+async def test_quit_ends_the_server(server):
+    channel, proc = server
+    assert await channel.quit(timeout_s=10)
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    with pytest.raises(ChannelClosed):
+        await Output().run(channel, ["true"])
+
+
+def test_refuses_to_run_outside_its_own_pid_namespace(tmp_path):
+    # kill(-1) as a plain process would reach every process of its user: never started
+    proc = subprocess.run([sys.executable, "-I", "-S", str(CMDSERVER), str(tmp_path / "none.sock")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and "PID 1" in proc.stderr
