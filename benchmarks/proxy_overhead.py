@@ -9,7 +9,9 @@ vLLM-shaped) behind both:
 - litellm: client -> ``litellm --config`` (``litellm[proxy]`` from PyPI, installed by
   this script into its own venv, ``.arena/bench-litellm``) -> backend
 
-Added latency = proxy p50/p99 minus direct p50/p99, from sequential calls. Max RPS =
+Added latency = proxy p50/p99 minus direct p50/p99, from sequential calls to the proxy
+and straight to the backend in turn (interleaved, so a change in machine load hits both
+alike); each proxy runs alone (Arena is stopped before LiteLLM starts). Max RPS =
 completed calls per second at a fixed concurrency for a fixed time; RPS per core =
 calls per CPU-second the proxy's processes used during that run (read from /proc).
 
@@ -113,11 +115,19 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict, stream: bool) 
     return (time.perf_counter() - t0) * 1000
 
 
-async def latency(url: str, headers: dict, stream: bool, n: int) -> list[float]:
+async def latency(targets: list[tuple[str, dict]], stream: bool, n: int) -> list[list[float]]:
+    """``n`` sequential calls to each target, interleaved (direct, arena, litellm, direct, ...),
+    so that every target sees the same machine: a drift in load between separate runs
+    would otherwise show up as added latency."""
     async with httpx.AsyncClient(timeout=60) as client:
         for _ in range(10):
-            await one(client, url, headers, stream)
-        return [await one(client, url, headers, stream) for _ in range(n)]
+            for url, headers in targets:
+                await one(client, url, headers, stream)
+        out: list[list[float]] = [[] for _ in targets]
+        for _ in range(n):
+            for i, (url, headers) in enumerate(targets):
+                out[i].append(await one(client, url, headers, stream))
+        return out
 
 
 async def throughput(url: str, headers: dict, stream: bool, seconds: float, concurrency: int,
@@ -238,51 +248,63 @@ def main() -> None:
     procs: list = [backend]
     backend_url = f"http://127.0.0.1:{bport}/v1"
     results: dict[str, dict] = {}
+    litellm_error = None
+    direct_url = backend_url + "/chat/completions"
+
+    def measure(name: str, url: str, headers: dict, pids: list[int]) -> None:
+        for stream in (False, True):
+            mode = "stream" if stream else "whole"
+            base, lat = asyncio.run(latency([(direct_url, {}), (url, headers)], stream, args.requests))
+            rps, per_core, errors = asyncio.run(throughput(url, headers, stream, args.seconds,
+                                                           args.concurrency, pids))
+            results[f"{name}/{mode}"] = {"p50": statistics.median(lat), "p99": pct(lat, 0.99),
+                                         "base_p50": statistics.median(base), "base_p99": pct(base, 0.99),
+                                         "rps": rps, "per_core": per_core, "errors": errors}
+            print(f"  measured {name:8s} {mode:6s} p50 {statistics.median(lat):7.2f} ms (direct "
+                  f"{statistics.median(base):.2f} ms in the same run)  rps {rps:7.1f}", flush=True)
+
     try:
         wait_http(backend_url + "/models", backend, 30)
+        for stream in (False, True):
+            rps, _, _ = asyncio.run(throughput(direct_url, {}, stream, args.seconds, args.concurrency, []))
+            results["direct/" + ("stream" if stream else "whole")] = {"rps": rps}
+        # one proxy at a time, so neither's background work (LiteLLM's logging and spend
+        # tracking, Arena's step recording) lands on the other's measurement
         arena_procs, arena_url, arena_headers = start_arena(tmp, backend_url)
         procs += arena_procs
+        # Arena's CPU includes its nats-server: capture is part of the cost
+        measure("arena", arena_url, arena_headers, [arena_procs[0].pid, arena_procs[1].proc.pid])
+        for proc in reversed(arena_procs):
+            stop(proc)
+            procs.remove(proc)
         try:
             litellm_proc, litellm_url = start_litellm(tmp, backend_url)
             procs.append(litellm_proc)
-            litellm_error = None
         except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
-            litellm_url, litellm_proc, litellm_error = None, None, str(exc)
-        # Arena's CPU includes its nats-server: capture is part of the cost
-        targets = [("direct", backend_url + "/chat/completions", {}, []),
-                   ("arena", arena_url, arena_headers, [arena_procs[0].pid, arena_procs[1].proc.pid])]
-        if litellm_url:
-            targets.append(("litellm", litellm_url, {"authorization": f"Bearer {LITELLM_KEY}"}, [litellm_proc.pid]))
-        for stream in (False, True):
-            mode = "stream" if stream else "whole"
-            for name, url, headers, pids in targets:
-                lat = asyncio.run(latency(url, headers, stream, args.requests))
-                rps, per_core, errors = asyncio.run(throughput(url, headers, stream, args.seconds,
-                                                               args.concurrency, pids))
-                results[f"{name}/{mode}"] = {"p50": statistics.median(lat), "p99": pct(lat, 0.99), "rps": rps,
-                                             "per_core": per_core, "errors": errors}
-                print(f"  measured {name:8s} {mode:6s} p50 {results[f'{name}/{mode}']['p50']:7.2f} ms  "
-                      f"rps {rps:7.1f}", flush=True)
+            litellm_error = str(exc)
+        else:
+            measure("litellm", litellm_url, {"authorization": f"Bearer {LITELLM_KEY}"}, [litellm_proc.pid])
     finally:
         for p in reversed(procs):
             stop(p)
     print()
     print(f"backend fixed latency {args.latency_ms:g} ms; {args.requests} sequential calls for latency; "
-          f"{args.seconds:g} s at concurrency {args.concurrency} for throughput; {os.cpu_count()} cores (shared)")
+          f"{args.seconds:g} s at concurrency {args.concurrency} for throughput; {os.cpu_count()} cores (shared); "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
     print(f"{'mode':7s} {'proxy':8s} {'added p50 ms':>13s} {'added p99 ms':>13s} {'max rps':>9s} "
           f"{'rps/core':>9s} {'errors':>7s}")
     for mode in ("whole", "stream"):
-        base = results[f"direct/{mode}"]
+        print(f"{mode:7s} {'direct':8s} {'':>13s} {'':>13s} {results[f'direct/{mode}']['rps']:9.1f}")
         for name in ("arena", "litellm"):
             r = results.get(f"{name}/{mode}")
             if r is None:
                 continue
             per_core = f"{r['per_core']:9.1f}" if r["per_core"] else f"{'n/a':>9s}"
-            print(f"{mode:7s} {name:8s} {r['p50'] - base['p50']:13.2f} {r['p99'] - base['p99']:13.2f} "
+            print(f"{mode:7s} {name:8s} {r['p50'] - r['base_p50']:13.2f} {r['p99'] - r['base_p99']:13.2f} "
                   f"{r['rps']:9.1f} {per_core} {r['errors']:7d}")
         a, l = results.get(f"arena/{mode}"), results.get(f"litellm/{mode}")
         if a and l:
-            added_a, added_l = a["p50"] - base["p50"], l["p50"] - base["p50"]
+            added_a, added_l = a["p50"] - a["base_p50"], l["p50"] - l["base_p50"]
             print(f"{mode:7s} ratio    arena/litellm added p50 {added_a / added_l if added_l > 0 else float('nan'):.2f}"
                   f"; rps x{a['rps'] / l['rps']:.2f}"
                   + (f"; rps/core x{a['per_core'] / l['per_core']:.2f}" if a["per_core"] and l["per_core"] else ""))

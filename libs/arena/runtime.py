@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -79,7 +79,7 @@ async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=No
     server = None
     if app is not None:
         server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                        lifespan="off", timeout_keep_alive=30))
+                                        lifespan="off", timeout_keep_alive=30, proxy_headers=False))
         tasks.append(asyncio.create_task(_serve_http(server), name="http"))
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -104,3 +104,13 @@ async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=No
     if forcing is not None:
         forcing.cancel()
     return code
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run a service's ``main`` on uvloop when it is installed (it is a dependency: the
+    proxy's per-call overhead is mostly event-loop and socket work), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; a source checkout may lack it
+        return asyncio.run(main)
+    return uvloop.run(main)

@@ -25,7 +25,7 @@ from arena.settings import Settings
 from arena.tokens import single_sequence
 from arena_rollout.app import create_app
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.upstream import ClientPool
+from arena_rollout.proxy.http1 import Http1Client
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 
@@ -139,7 +139,7 @@ class Stack:
 @pytest.fixture
 async def stack(bus, tmp_path):
     stops: list = []
-    pools: list[ClientPool] = []
+    pools: list[Http1Client] = []
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
 
     async def build(**faults_by_replica: Faults) -> Stack:
@@ -152,7 +152,7 @@ async def stack(bus, tmp_path):
         settings = Settings(nats_url="nats://127.0.0.1:1", backend_url=replicas[0].url, max_body_bytes=64 * 1024)
         kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(kv)
-        pool = ClientPool.create(2, timeout=httpx.Timeout(30.0, connect=2.0))
+        pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)
         pools.append(pool)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=Router(replicas),
                                  upstream=pool)
@@ -287,6 +287,41 @@ async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):
         await s.openai(rid, key).chat.completions.create(model="default", messages=msgs)
     assert late.value.body["code"] == "wall_clock_exceeded"
     assert (await s.service.store.get(rid))[0].state == RolloutState.TIMED_OUT
+
+
+async def test_budgets_stay_exact_while_earlier_steps_are_still_being_recorded(stack, tmp_path):
+    """Recording (two fsynced JetStream writes) runs off the answer's path; the next call
+    must still see the turns and tokens of calls whose recordings have not landed."""
+    s = await stack()
+    rid, key = await s.rollout(tmp_path, max_turns=5, max_total_tokens=120)
+    store = s.service.store
+    real_update = store.update
+
+    async def slow_update(*args, **kwargs):  # the real store, only later: recordings pile up
+        await asyncio.sleep(0.5)
+        return await real_update(*args, **kwargs)
+
+    store.update = slow_update
+    client = s.openai(rid, key)
+    msgs = [{"role": "user", "content": "q"}]
+    a = await client.chat.completions.create(model="default", messages=msgs, max_tokens=40)
+    b = await client.chat.completions.create(model="default", messages=msgs, max_tokens=1000, stream=True,
+                                             stream_options={"include_usage": True})
+    usage = [chunk.usage async for chunk in b if chunk.usage][-1]
+    assert usage.completion_tokens == 120 - a.usage.total_tokens  # capped by a's tokens, not yet recorded
+    assert (await store.get(rid))[0].steps == 0  # neither recording has landed yet
+    with pytest.raises(openai.RateLimitError) as refused:
+        await client.chat.completions.create(model="default", messages=msgs)
+    spent = a.usage.total_tokens + usage.total_tokens
+    assert f"token budget exhausted: {spent} of 120 tokens used" in refused.value.body["message"]
+    record, _ = await store.get(rid)
+    assert record.state == RolloutState.BUDGET_EXHAUSTED  # ended only once both steps were recorded:
+    assert record.steps == 2 and record.total_tokens == spent  # its final event counts them
+    store.update = real_update
+    steps = await s.steps(rid, 2)
+    assert [st.step_index for st in steps] == [0, 1]
+    assert sum(st.usage.total_tokens for st in steps) == spent == (await store.get(rid))[0].total_tokens
+    assert len(s.backends["default"].bodies) == 2
 
 
 async def test_replica_dying_mid_stream_and_a_dead_replica_fail_over(stack, tmp_path):

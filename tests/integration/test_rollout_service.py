@@ -1,5 +1,6 @@
-"""The rollout service against a real nats-server: the real FastAPI app and the real
-scripted LLM app, connected in-process through httpx's ASGI transport."""
+"""The rollout service against a real nats-server: the real FastAPI app (in-process through
+httpx's ASGI transport) and the real scripted LLM served on a real port, reached by the
+proxy's own upstream client."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from arena import subjects
 from arena.bus import Consumer
+from arena.natsserver import free_port
 from arena.runtime import serve
 from arena.schemas import (
     DeadLetter,
@@ -46,12 +48,19 @@ def task_json(tmp_path, **budget) -> dict:
 @pytest.fixture
 async def rollout(bus, tmp_path):
     llm = ScriptedLLM(Script(responses=[ScriptedResponse(label="a", content="the answer")]), policy_version="3")
-    backend = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_llm_app(llm)))
-    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url="http://llm/v1", public_url="http://arena:9090",
-                        backend_policy_version="3", max_body_bytes=64 * 1024)
+    port, stop = free_port(), asyncio.Event()
+    llm_server = asyncio.create_task(serve(stop, app=create_llm_app(llm), port=port))
+    backend = httpx.AsyncClient()
+    for _ in range(200):
+        try:
+            if (await backend.get(f"http://127.0.0.1:{port}/v1/models")).status_code == 200:
+                break
+        except httpx.TransportError:
+            await asyncio.sleep(0.02)
+    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url=f"http://127.0.0.1:{port}/v1",
+                        public_url="http://arena:9090", backend_policy_version="3", max_body_bytes=64 * 1024)
     service = RolloutService(bus=bus, store=RolloutStore(await bus.kv(subjects.KV_ROLLOUTS)), settings=settings,
                              http=backend)
-    stop = asyncio.Event()
     runner = asyncio.create_task(serve(stop, consumers=consumers(bus, service)))
     api = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)), base_url="http://arena")
     try:
@@ -59,7 +68,9 @@ async def rollout(bus, tmp_path):
     finally:
         stop.set()
         await runner
+        await llm_server
         await api.aclose()
+        await service.upstream.aclose()
         await backend.aclose()
 
 

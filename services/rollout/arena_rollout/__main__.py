@@ -9,13 +9,13 @@ import httpx
 
 from arena import logs, subjects, telemetry
 from arena.bus import Bus
-from arena.runtime import serve, stop_on_signals
+from arena.runtime import run, serve, stop_on_signals
 from arena.settings import Settings, SettingsError
 
 from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.upstream import ClientPool
+from arena_rollout.proxy.http1 import Http1Client
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 from arena_rollout.worker import consumers
@@ -33,7 +33,7 @@ async def main(settings: Settings) -> int:
         registry = BackendRegistry(router=router, settings=settings, http=http)
         rollouts_kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(rollouts_kv)
-        upstream = ClientPool.create()
+        upstream = Http1Client(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
                                  upstream=upstream)
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
@@ -55,4 +55,4 @@ if __name__ == "__main__":
         settings = Settings.from_env()
     except SettingsError as exc:
         sys.exit(f"arena-rollout: {exc}")
-    sys.exit(asyncio.run(main(settings)))
+    sys.exit(run(main(settings)))

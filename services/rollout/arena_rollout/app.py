@@ -6,6 +6,7 @@ Routes are thin: parse, call ``RolloutService``, encode. Every error is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -178,49 +179,121 @@ def create_app(service: RolloutService) -> RolloutApp:
 
 
 async def proxied(service: RolloutService, rollout_id: str, request: Request, api: Api) -> Response:
-    """One proxied LLM call: authorize, read, hand to the proxy, wrap the answer."""
+    """The FastAPI form of a proxied call (documents the routes; ``RolloutApp`` serves them)."""
     record = await service.authorize(rollout_id, request.headers.get("authorization"),
                                      request.headers.get("x-api-key"))
-    body = await read_body(request, service.settings.max_body_bytes)
-    try:
-        payload = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    payload = _payload(await read_body(request, service.settings.max_body_bytes))
     answer = await service.proxy.call(record, api, payload)
-    if isinstance(answer, bytes):
-        return Response(answer, media_type="application/json")
-    if isinstance(answer, dict):
-        return json_response(answer)
+    if isinstance(answer, (bytes, dict)):
+        return Response(answer if isinstance(answer, bytes) else encode(answer), media_type="application/json")
     return RelayResponse(answer, media_type="text/event-stream",
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def _payload(body: bytes) -> Any:
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
 _PROXY_PATH = re.compile(r"^/proxy/([^/]+)/v1/(chat/completions|completions|messages)$")
 _APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
                          "messages": "anthropic.messages"}
+_JSON_HEAD = [(b"content-type", b"application/json")]
+_SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+             (b"x-accel-buffering", b"no")]
 
 
 class RolloutApp:
-    """The ASGI app: the proxy's POST routes go straight to ``proxied`` (no FastAPI routing,
-    dependency solving or middleware on every LLM call); everything else to FastAPI."""
+    """The ASGI app. The proxy's POST routes are served here in plain ASGI (no routing,
+    request objects, dependency solving or middleware on every LLM call); everything
+    else goes to FastAPI."""
 
     def __init__(self, service: RolloutService, api: FastAPI):
         self.service = service
         self.api = api
+        self.limit = service.settings.max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _PROXY_PATH.match(scope["path"])
             if match is not None:
-                request = Request(scope, receive)
-                try:
-                    response = await proxied(self.service, match[1], request, _APIS[match[2]])
-                except ArenaError as exc:
-                    response = error_response(exc)
-                except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
-                    log.exception("unhandled error on POST %s", scope["path"])
-                    response = json_response(ErrorResponse(error=ErrorBody(
-                        code="internal", message=f"internal error: {type(exc).__name__}")), 500)
-                await response(scope, receive, send)
+                await self._proxy(scope, receive, send, match[1], _APIS[match[2]])
                 return
         await self.api(scope, receive, send)
+
+    async def _proxy(self, scope, receive, send, rollout_id: str, api: Api) -> None:
+        try:
+            headers = dict(scope["headers"])
+            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+            record = await self.service.authorize(rollout_id, authorization and authorization.decode("latin-1"),
+                                                  api_key and api_key.decode("latin-1"))
+            body = await self._body(receive, headers.get(b"content-length"))
+            answer = await self.service.proxy.call(record, api, _payload(body))
+        except ArenaError as exc:
+            await _send_whole(send, exc.status, encode(ErrorResponse(error=ErrorBody(code=exc.code,
+                                                                                     message=exc.message))))
+            return
+        except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
+            log.exception("unhandled error on POST %s", scope["path"])
+            await _send_whole(send, 500, encode(ErrorResponse(error=ErrorBody(
+                code="internal", message=f"internal error: {type(exc).__name__}"))))
+            return
+        if isinstance(answer, bytes):
+            await _send_whole(send, 200, answer)
+        elif isinstance(answer, dict):
+            await _send_whole(send, 200, encode(answer))
+        else:
+            await _send_stream(send, receive, answer)
+
+    async def _body(self, receive, declared: bytes | None) -> bytes:
+        limit = self.limit
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared.decode()} bytes exceeds the {limit}-byte limit")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise InvalidRequest("the client went away before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not body:
+            raise InvalidRequest("request body is empty; send a JSON object")
+        return body
+
+
+async def _send_whole(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON_HEAD, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_stream(send, receive, relay) -> None:
+    """Relay SSE pieces as they come; a client that goes away stops the relay at once (its
+    step is still recorded, ``incomplete``), and the relay is always closed."""
+
+    async def pump() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        async for piece in relay:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    loop = asyncio.get_running_loop()
+    pumping = loop.create_task(pump())
+    watching = loop.create_task(receive())  # answers http.disconnect when the client goes away
+    try:
+        await asyncio.wait((pumping, watching), return_when=asyncio.FIRST_COMPLETED)
+        if not pumping.done():
+            pumping.cancel()
+        await asyncio.gather(pumping, return_exceptions=True)
+    finally:
+        watching.cancel()
+        pumping.cancel()
+        await relay.aclose()

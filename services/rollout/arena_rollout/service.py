@@ -45,7 +45,7 @@ from arena_rollout import state
 from arena_rollout.proxy.backends import default_replica
 from arena_rollout.proxy.handler import ProxyHandler
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.upstream import ClientPool
+from arena_rollout.proxy.http1 import Http1Client
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout")
@@ -117,14 +117,15 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
 
 class RolloutService:
     def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient,
-                 router: Router | None = None, upstream: ClientPool | None = None):
+                 router: Router | None = None, upstream: Http1Client | None = None):
         self.bus = bus
         self.store = store
         self.settings = settings
         self.http = http
         self.router = router if router is not None else Router([default_replica(settings)])
-        self.proxy = ProxyHandler(bus=bus, store=store, lifecycle=self, router=self.router,
-                                  http=upstream if upstream is not None else http)
+        #: the proxy's upstream client (the lean HTTP/1.1 one); ``http`` serves everything else
+        self.upstream = upstream if upstream is not None else Http1Client()
+        self.proxy = ProxyHandler(bus=bus, store=store, lifecycle=self, router=self.router, http=self.upstream)
 
     # ------------------------------------------------------------------ submission
 
@@ -210,6 +211,8 @@ class RolloutService:
         Returns the new record, or ``None`` when the rollout is already final or the
         transition is not allowed (an idempotent no-op, e.g. a redelivered event).
         """
+        if target.is_final:  # the final event carries the step count: this process's recordings first
+            await self.proxy.settle(rollout_id)
         now = time.time()
 
         def change(record: RolloutRecord) -> RolloutRecord:

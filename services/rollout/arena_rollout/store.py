@@ -16,7 +16,7 @@ import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from arena.bus import follow_kv
-from arena.errors import Conflict, NotFound
+from arena.errors import ArenaError, Conflict, NotFound
 from arena.schemas import RolloutRecord
 
 log = logging.getLogger("arena.rollout.store")
@@ -37,6 +37,17 @@ class RecordCache:
         entry = self._live.get(rollout_id)
         return entry[0] if entry is not None else None
 
+    def entry(self, rollout_id: str) -> tuple[RolloutRecord, int] | None:
+        """(record, revision) of a live rollout, or None."""
+        return self._live.get(rollout_id) if self.watching else None
+
+    def newer(self, rollout_id: str, revision: int) -> bool:
+        """Whether ``revision`` of ``rollout_id`` could change what the cache holds."""
+        if rollout_id in self._final:
+            return False
+        current = self._live.get(rollout_id)
+        return current is None or revision > current[1]
+
     def put(self, record: RolloutRecord, revision: int) -> None:
         rid = record.rollout_id
         if rid in self._final:
@@ -55,6 +66,8 @@ class RecordCache:
         def on_entry(entry) -> None:
             if entry.value is None or entry.operation is not None:
                 return  # records are never deleted by Arena
+            if not self.newer(entry.key, entry.revision):
+                return  # this process's own write, already in (no need to decode it again)
             try:
                 self.put(_decoder.decode(entry.value), entry.revision)
             except msgspec.DecodeError as exc:
@@ -105,13 +118,24 @@ class RolloutStore:
         """Apply ``change`` with compare-and-set, retrying on a lost race.
 
         ``change`` may raise (e.g. ``Conflict`` for a forbidden transition); that
-        propagates. Returns (before, after).
+        propagates. Returns (before, after). The first attempt starts from the cached
+        record when there is one (a stale one only costs a retry: the revision guards it).
         """
+        cached = self.cache.entry(rollout_id)
         for _ in range(attempts):
-            before, revision = await self.get(rollout_id)
-            after = change(before)
-            if after is before:
-                return before, after
+            if cached is not None:
+                (before, revision), cached = cached, None
+                try:
+                    after = change(before)
+                except ArenaError:
+                    continue  # decided on a stale record perhaps: decide again on the stored one
+                if after is before:
+                    continue
+            else:
+                before, revision = await self.get(rollout_id)
+                after = change(before)
+                if after is before:
+                    return before, after
             try:
                 new_revision = await self.kv.update(rollout_id, _encoder.encode(after), last=revision)
             except KeyWrongLastSequenceError:

@@ -7,8 +7,10 @@ on ``arena.step.{rollout_id}``; a stream that ends early (client gone, replica d
 invalid chunk) is still recorded, ``incomplete`` with the reason.
 
 Recording runs off the answer's path (two JetStream writes, fsynced): a rollout's steps
-are recorded in order, and its next call waits for the previous recording before its
-budget check, so budgets stay exact. ``drain`` waits for pending recordings (shutdown).
+are recorded in order. Budgets stay exact without waiting for them: when a call ends, the
+rollout's counters as they will be once its recordings land are kept in memory
+(``_ahead``), and the next call's budget check reads those. ``drain`` waits for pending
+recordings (shutdown).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import httpx
 import msgspec
 
 from arena import subjects
@@ -33,7 +34,8 @@ from arena_rollout.proxy.capture import Capture
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.upstream import ClientPool, Upstream, open_call, sse_events
+from arena_rollout.proxy.http1 import Http1Client, TransportError
+from arena_rollout.proxy.upstream import Upstream, open_call, sse_events
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout.proxy")
@@ -53,6 +55,27 @@ class _Broken(Exception):
         self.replica_down = replica_down
 
 
+class _AnswerShape(msgspec.Struct):
+    """What a whole answer must have before it is relayed (the rest is captured later)."""
+
+    choices: list[msgspec.Raw]
+    usage: Any = None
+
+
+_answer_shape = msgspec.json.Decoder(_AnswerShape)
+
+
+class _ChunkShape(msgspec.Struct):
+    """What the relay reads of a stream chunk (the rest is captured while recording)."""
+
+    choices: list[msgspec.Raw] = []
+    usage: Any = None
+    error: Any = msgspec.UNSET
+
+
+_chunk_shape = msgspec.json.Decoder(_ChunkShape)
+
+
 class _Call(msgspec.Struct, kw_only=True):
     """What recording a call needs besides the captured answer."""
 
@@ -63,6 +86,7 @@ class _Call(msgspec.Struct, kw_only=True):
     started_at: float
     t0: float
     stream: bool
+    counted: tuple[int, int]  # the rollout's (steps, total_tokens) when the call was admitted
 
 
 class Relay:
@@ -90,7 +114,7 @@ class Relay:
 
 class ProxyHandler:
     def __init__(self, *, bus: Bus, store: RolloutStore, lifecycle: Lifecycle, router: Router,
-                 http: httpx.AsyncClient | ClientPool):
+                 http: Http1Client):
         self.bus = bus
         self.store = store
         self.lifecycle = lifecycle
@@ -98,15 +122,14 @@ class ProxyHandler:
         self.http = http
         self._background: set[asyncio.Task] = set()
         self._tail: dict[str, asyncio.Task] = {}  # the last step being recorded, per rollout
+        #: per rollout with recordings pending: (steps, total_tokens) once they have landed
+        self._ahead: dict[str, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------- entry
 
     async def call(self, record: RolloutRecord, api: Api, payload: Any) -> bytes | dict | Relay:
         rid = record.rollout_id
-        pending = self._tail.get(rid)
-        if pending is not None:  # the rollout's previous step is still being recorded: its counts first
-            await asyncio.shield(pending)
-            record = await self.store.current(rid)
+        record = self._counted(record)
         if api == "anthropic.messages":
             body = anthropic.to_openai(payload)
         elif api == "openai.completions":
@@ -127,7 +150,7 @@ class ProxyHandler:
         if record.model and record.model != "default":
             sent["model"] = record.model
         call = _Call(rollout_id=rid, api=api, sent=sent, applied=applied, started_at=time.time(),
-                     t0=time.perf_counter(), stream=stream)
+                     t0=time.perf_counter(), stream=stream, counted=(record.steps, record.total_tokens))
         up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
                              path=_PATHS[api], body=msgspec.json.encode(sent))
         if not stream:
@@ -135,8 +158,7 @@ class ProxyHandler:
 
         def unstarted() -> None:  # the client went away before the first byte: still free the slot, record
             total_ms = (time.perf_counter() - call.t0) * 1000
-            self._spawn(self._finish(call, up, Capture(), None, total_ms,
-                                     "client disconnected before the stream started"), rollout_id=rid)
+            self._spawn(call, up, Capture(), None, total_ms, "client disconnected before the stream started")
 
         return Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or "")),
                      unstarted)
@@ -158,7 +180,7 @@ class ProxyHandler:
         self.router.forget(key)
         try:
             return await up.response.aread()
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             self.router.mark_down(up.replica.id, f"{type(exc).__name__}: {exc}")
             raise UpstreamError(f"backend replica {up.replica.id} failed while judging: "
                                 f"{type(exc).__name__}: {exc}") from exc
@@ -171,26 +193,47 @@ class ProxyHandler:
         rid = up.replica.id
         try:
             data = await up.response.aread()
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             self.router.mark_down(rid, f"{type(exc).__name__}: {exc}")
             raise UpstreamError(f"backend replica {rid} failed while answering: {type(exc).__name__}: {exc}") from exc
         finally:
             await up.close()
         total_ms = (time.perf_counter() - call.t0) * 1000
         try:
-            answer = msgspec.json.decode(data)
+            shape = _answer_shape.decode(data)  # valid JSON with choices: checked on the answer's path
+        except msgspec.ValidationError as exc:
+            raise UpstreamError(f"backend replica {rid} answered without choices ({exc}): {data[:200]!r}") from None
         except msgspec.DecodeError as exc:
-            raise UpstreamError(f"backend replica {rid} answered invalid JSON ({exc}): {data[:200]!r}") from exc
+            raise UpstreamError(f"backend replica {rid} answered invalid JSON ({exc}): {data[:200]!r}") from None
+        if not shape.choices:
+            raise UpstreamError(f"backend replica {rid} answered an empty choices list: {data[:200]!r}")
         cap = Capture()
+        if call.api != "anthropic.messages" and isinstance(shape.usage, dict):
+            # the answer goes back as the backend sent it; its tokens are captured while recording
+            cap.usage = shape.usage  # counted against the budget now
+            self._spawn(call, up, cap, total_ms, total_ms, None, answer=data)
+            return data
+        answer = msgspec.json.decode(data)
+        self._fill(call, cap, answer)
+        self._spawn(call, up, cap, total_ms, total_ms, None)
+        if call.api == "anthropic.messages":
+            return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
+        return data
+
+    @staticmethod
+    def _fill_chunks(call: _Call, cap: Capture, chunks: list[bytes]) -> None:
+        add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
+        usage = cap.usage
+        for payload in chunks:
+            add(msgspec.json.decode(payload))
+        cap.usage = cap.usage or usage
+
+    @staticmethod
+    def _fill(call: _Call, cap: Capture, answer: Any) -> None:
         if call.api == "openai.completions":
             cap.add_completion(answer)
         else:
             cap.add_chat(answer)
-        # recorded off the answer's path; the rollout's next call waits for it (see ``call``)
-        self._spawn(self._finish(call, up, cap, total_ms, total_ms, None), rollout_id=call.rollout_id)
-        if call.api == "anthropic.messages":
-            return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
-        return data
 
     # ---------------------------------------------------------------- streams
 
@@ -200,6 +243,7 @@ class ProxyHandler:
         add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
         translator = anthropic.StreamTranslator(model=client_model) if call.api == "anthropic.messages" else None
         buffer = bytearray()
+        chunks: list[bytes] = []  # OpenAI chunks relayed, not yet captured
         first_ms: float | None = None
         phase = "streaming"
         replica = up.replica.id
@@ -213,32 +257,40 @@ class ProxyHandler:
                             done = True
                             break
                         try:
-                            chunk = msgspec.json.decode(payload)
+                            shape = _chunk_shape.decode(payload)
+                        except msgspec.ValidationError:
+                            raise _Broken(f"backend replica {replica} reported an error mid-stream: "
+                                          f"{payload[:300]!r}", False) from None
                         except msgspec.DecodeError as exc:
                             raise _Broken(f"backend replica {replica} sent an invalid stream chunk ({exc}): "
                                           f"{payload[:200]!r}", False) from None
-                        if not isinstance(chunk, dict) or "error" in chunk:
+                        if shape.error is not msgspec.UNSET:
                             raise _Broken(f"backend replica {replica} reported an error mid-stream: "
                                           f"{payload[:300]!r}", False)
-                        if first_ms is None and chunk.get("choices"):
+                        if first_ms is None and shape.choices:
                             first_ms = (time.perf_counter() - call.t0) * 1000
-                        add(chunk)
                         if translator is not None:
+                            chunk = msgspec.json.decode(payload)
+                            add(chunk)
                             out += translator.feed(chunk)
-                        elif chunk.get("choices") or client_usage:
+                            continue
+                        if shape.usage:
+                            cap.usage = shape.usage  # counted against the budget when the call ends
+                        chunks.append(payload)  # captured while recording, off the relay's path
+                        if shape.choices or client_usage:
                             out.append(b"data: " + payload + b"\n\n")
                     if out:
                         relay, out = b"".join(out), []
                         yield relay
                     if done:
                         break
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 raise _Broken(f"backend replica {replica} died mid-stream: {type(exc).__name__}: {exc}", True) from None
             if not done:
                 raise _Broken(f"backend replica {replica} closed the stream before [DONE]", True)
             phase = "done"
             total_ms = (time.perf_counter() - call.t0) * 1000
-            self._spawn(self._finish(call, up, cap, first_ms, total_ms, None), rollout_id=call.rollout_id)
+            self._spawn(call, up, cap, first_ms, total_ms, None, chunks=chunks)
             yield b"".join(translator.end()) if translator is not None else b"data: [DONE]\n\n"
         except _Broken as exc:
             phase = "broken"
@@ -246,7 +298,7 @@ class ProxyHandler:
             if exc.replica_down:
                 self.router.mark_down(replica, exc.message)
             total_ms = (time.perf_counter() - call.t0) * 1000
-            self._spawn(self._finish(call, up, cap, first_ms, total_ms, exc.message), rollout_id=call.rollout_id)
+            self._spawn(call, up, cap, first_ms, total_ms, exc.message, chunks=chunks)
             if translator is not None:
                 out.append(anthropic.error_event(exc.message))
             else:
@@ -256,11 +308,32 @@ class ProxyHandler:
         finally:
             if phase == "streaming":  # the client went away (or the server is stopping)
                 total_ms = (time.perf_counter() - call.t0) * 1000
-                self._spawn(self._finish(call, up, cap, first_ms, total_ms, "client disconnected mid-stream"),
-                            rollout_id=call.rollout_id)
+                self._spawn(call, up, cap, first_ms, total_ms, "client disconnected mid-stream", chunks=chunks)
 
-    def _spawn(self, coro, *, rollout_id: str) -> asyncio.Task:
-        """Record a step in the background, after the rollout's previous one (steps keep their order)."""
+    def _counted(self, record: RolloutRecord) -> RolloutRecord:
+        """``record`` with the steps and tokens of calls still being recorded counted in
+        (counters only grow, so the larger of the stored and the pending view is exact)."""
+        ahead = self._ahead.get(record.rollout_id)
+        if ahead is None or (ahead[0] <= record.steps and ahead[1] <= record.total_tokens):
+            return record
+        return msgspec.structs.replace(record, steps=max(ahead[0], record.steps),
+                                       total_tokens=max(ahead[1], record.total_tokens))
+
+    def _spawn(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
+               error: str | None, *, answer: bytes | None = None,
+               chunks: list[bytes] | None = None) -> asyncio.Task:
+        """Record a step in the background, after the rollout's previous one (steps keep their
+        order); its turn and tokens count at once in ``_ahead``. ``answer`` / ``chunks``: a
+        whole answer or stream chunks whose tokens are still to be captured into ``cap``
+        (off the answer's path)."""
+        rollout_id = call.rollout_id
+        if chunks and cap.usage is None:  # no usage reported: the tokens are counted from the ids, now
+            self._fill_chunks(call, cap, chunks)
+            chunks = None
+        steps, tokens = self._ahead.get(rollout_id, call.counted)
+        steps, tokens = max(steps, call.counted[0]), max(tokens, call.counted[1])
+        self._ahead[rollout_id] = (steps + 1, tokens + cap.usage_totals().total_tokens)
+        coro = self._finish(call, up, cap, first_ms, total_ms, error, answer, chunks)
         previous = self._tail.get(rollout_id)
 
         async def ordered() -> None:
@@ -276,22 +349,38 @@ class ProxyHandler:
             self._background.discard(t)
             if self._tail.get(rollout_id) is t:
                 del self._tail[rollout_id]
+                self._ahead.pop(rollout_id, None)  # every recording landed (or failed): the store knows
 
         task.add_done_callback(done)
         return task
 
     async def _finish(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
-                      error: str | None) -> None:
+                      error: str | None, answer: bytes | None = None, chunks: list[bytes] | None = None) -> None:
         try:
             await up.close()
-        except httpx.HTTPError:
+        except TransportError:
             pass
+        if answer is not None or chunks:
+            try:
+                if answer is not None:
+                    self._fill(call, cap, msgspec.json.decode(answer))
+                else:
+                    self._fill_chunks(call, cap, chunks)
+            except (UpstreamError, msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+                error = f"the answer could not be captured: {getattr(exc, 'message', exc)}"
+                log.warning("%s", error, extra={"rollout_id": call.rollout_id})
         try:
             await self._record(call, up, cap, first_token_ms=first_ms or total_ms, total_ms=total_ms,
                                incomplete=error is not None, error=error)
         except (ArenaError, OSError) as exc:  # never lose the reason a step is missing
             log.error("step of rollout %s not recorded: %s", call.rollout_id, exc,
                       extra={"rollout_id": call.rollout_id})
+
+    async def settle(self, rollout_id: str) -> None:
+        """Wait until the steps of ``rollout_id`` being recorded here have landed (or failed)."""
+        tail = self._tail.get(rollout_id)
+        if tail is not None:
+            await asyncio.gather(asyncio.shield(tail), return_exceptions=True)
 
     async def drain(self) -> None:
         """Wait for steps still being recorded (used at shutdown and by tests)."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import time
 
-import httpx
-
 from arena.errors import UpstreamError, UpstreamRejected
 from arena.schemas import Failover
 
+from arena_rollout.proxy.http1 import Http1Client, Response, TransportError
 from arena_rollout.proxy.routing import ReplicaState, Router
 
 #: Statuses after which another replica is tried (and the replica marked down for the last three).
@@ -22,39 +21,10 @@ _RETRY = {500, 502, 503, 504}
 _DOWN = {502, 503, 504}
 
 
-class ClientPool:
-    """Several httpx clients used round-robin for upstream calls.
-
-    httpcore scans every pooled connection (with a readability syscall each) on every
-    request and release, so one big pool costs O(connections) CPU per call; a few small
-    pools keep the scans short. Concurrency is bounded per replica by the router, not here.
-    """
-
-    def __init__(self, clients: list[httpx.AsyncClient]):
-        if not clients:
-            raise ValueError("ClientPool needs at least one client")
-        self.clients = clients
-        self._next = 0
-
-    @classmethod
-    def create(cls, shards: int = 8, *, timeout: httpx.Timeout | None = None) -> ClientPool:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        return cls([httpx.AsyncClient(timeout=timeout or httpx.Timeout(600.0, connect=5.0), limits=limits)
-                    for _ in range(shards)])
-
-    def pick(self) -> httpx.AsyncClient:
-        self._next = (self._next + 1) % len(self.clients)
-        return self.clients[self._next]
-
-    async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
-
-
 class Upstream:
     """An open response from one replica; ``close`` frees its in-flight slot (once)."""
 
-    def __init__(self, *, replica: ReplicaState, response: httpx.Response, queued_ms: float, sent_at: float,
+    def __init__(self, *, replica: ReplicaState, response: Response, queued_ms: float, sent_at: float,
                  failovers: list[Failover]):
         self.replica = replica
         self.response = response
@@ -73,11 +43,18 @@ class Upstream:
             self.replica.release()
 
 
-def _error_message(resp_text: str) -> str:
-    return resp_text.strip()[:500] or "(empty body)"
+async def _error_message(response: Response) -> str:
+    """The start of an error answer's body, for the message (never raises)."""
+    try:
+        text = (await response.aread()).decode("utf-8", "replace")
+    except TransportError as exc:
+        return f"(body unreadable: {exc})"
+    finally:
+        await response.aclose()
+    return text.strip()[:500] or "(empty body)"
 
 
-async def open_call(*, router: Router, http: httpx.AsyncClient | ClientPool, rollout_id: str, model: str,
+async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model: str,
                     path: str, body: bytes) -> Upstream:
     """Send ``body`` to ``{replica}/{path}`` on the first replica that answers."""
     failovers: list[Failover] = []
@@ -92,35 +69,34 @@ async def open_call(*, router: Router, http: httpx.AsyncClient | ClientPool, rol
         queued_ms = await state.acquire()
         url = state.replica.url.rstrip("/") + path
         sent_at = time.perf_counter()
-        client = http.pick() if isinstance(http, ClientPool) else http
         try:
-            request = client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = await http.post(url, body)
+        except TransportError as exc:
             state.release()
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=why, at=time.time()))
             errors.append(f"{state.id}: {why}")
             continue
-        if response.status_code in _RETRY:
-            text = (await response.aread()).decode("utf-8", "replace")
-            await response.aclose()
+        except BaseException:  # cancelled while waiting for the answer: the slot is free again
             state.release()
-            why = f"answered {response.status_code}: {_error_message(text)}"
+            raise
+        if response.status_code in _RETRY:
+            text = await _error_message(response)
+            state.release()
+            why = f"answered {response.status_code}: {text}"
             if response.status_code in _DOWN:
                 router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=why, at=time.time()))
             errors.append(f"{state.id}: {why}")
             continue
         if response.status_code >= 400:
-            text = (await response.aread()).decode("utf-8", "replace")
-            await response.aclose()
+            text = await _error_message(response)
             state.release()
             if response.status_code == 429:
-                raise UpstreamError(f"backend replica {state.id} is overloaded (429): {_error_message(text)}")
+                raise UpstreamError(f"backend replica {state.id} is overloaded (429): {text}")
             raise UpstreamRejected(f"backend replica {state.id} rejected the request "
-                                   f"({response.status_code}): {_error_message(text)}")
+                                   f"({response.status_code}): {text}")
         router.stick(rollout_id, state.id)
         return Upstream(replica=state, response=response, queued_ms=queued_ms, sent_at=sent_at,
                         failovers=failovers)
