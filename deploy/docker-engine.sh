@@ -16,14 +16,18 @@
 # writes Podman's state (its database, the storage's container and layer lists, the
 # container's run files) without going to disk. Nothing in it has to outlive a reboot:
 # sandbox containers are never reused, and the images are rebuilt from deploy/images
-# (a few seconds) when missing. Where that directory's file system has less than
-# 1 GiB free (a container's small /dev/shm), /var/lib/arena-engine is used, and said.
+# (a few seconds) when missing. Where /dev/shm has less than 1 GiB free at `start`
+# (a container's small /dev/shm), /var/lib/arena-engine is used, and said; later
+# calls (images, podman) use the store that exists, so they find the service's. The
+# store is a directory of the caller's, mode 0700: one that another user made first in
+# /dev/shm (writable by all), or a symlink, is refused (exit 3).
 # The OCI runtime is runc (Debian's crun 1.8 refuses this kind of host: cgroup v1
 # hybrid). Events stay in a file under --tmpdir, the container log driver is k8s-file
 # (the provider reads a container's log only when its start fails).
 #
 # Exits 3 with a reason on stderr when the engine cannot be had here (not root, no apt, ...).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing $(store_opts) stops the script
 here="$(cd "$(dirname "$0")" && pwd)"
 
 need_root() { [ "$(id -u)" = "0" ] || { echo "docker engine: not root; cannot install/run podman here" >&2; exit 3; }; }
@@ -44,25 +48,42 @@ configure() {
   fi
 }
 
-store_dir() {  # the engine's store: in memory unless there is too little of it
-  local dir="${ARENA_ENGINE_DIR:-/dev/shm/arena-engine}" parent avail
-  parent="$(dirname "$dir")"
-  avail="$(df --output=avail -B1 "$parent" 2>/dev/null | tail -1 || echo 0)"
-  if [ -z "${ARENA_ENGINE_DIR:-}" ] && { [ ! -d "$parent" ] || [ "${avail:-0}" -lt $((1 << 30)) ]; }; then
-    echo "docker engine: less than 1 GiB free in $parent; the engine's store is /var/lib/arena-engine (disk)" >&2
-    dir=/var/lib/arena-engine
+store_dir() {  # the engine's store; $1 = "decide" (start): in memory unless there is too little of it
+  local dir="${ARENA_ENGINE_DIR:-}" mem=/dev/shm/arena-engine disk=/var/lib/arena-engine avail
+  if [ -z "$dir" ]; then
+    if [ -d "$mem" ] || { [ "${1:-}" != decide ] && [ ! -d "$disk" ]; }; then
+      dir="$mem"  # the store that exists: all later calls (images, podman) must find the service's
+    elif [ "${1:-}" != decide ]; then
+      dir="$disk"
+    else
+      avail="$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)"
+      dir="$mem"
+      if [ "${avail:-0}" -lt $((1 << 30)) ]; then
+        echo "docker engine: less than 1 GiB free in /dev/shm; the engine's store is $disk (disk)" >&2
+        dir="$disk"
+      fi
+    fi
   fi
-  mkdir -p "$dir"
+  # /dev/shm is writable by every user: a directory someone else made first (or a
+  # symlink) would hand them the store of a root engine. Ours, 0700, or nothing.
+  mkdir -p -m 0700 "$dir" 2>/dev/null || true
+  if [ -L "$dir" ] || [ ! -d "$dir" ] || [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then
+    echo "docker engine: $dir is not a directory of $(id -un) (a symlink, or made by another user); not using it as the engine's store" >&2
+    exit 3
+  fi
+  chmod 0700 "$dir"
   echo "$dir"
 }
 
 store_opts() {
-  local dir; dir="$(store_dir)"
+  local dir; dir="$(store_dir "${1:-}")"
   echo "--root $dir/root --runroot $dir/run --tmpdir $dir/tmp --events-backend file"
 }
 
 images() {
-  ARENA_PODMAN_OPTS="$(store_opts)" "$here/images/build.sh"
+  local store="${1:-}"
+  [ -n "$store" ] || store="$(store_opts)"
+  ARENA_PODMAN_OPTS="$store" "$here/images/build.sh"
 }
 
 case "${1:-}" in
@@ -73,12 +94,13 @@ case "${1:-}" in
       kill "$(cat "$pidfile")"; sleep 1
     fi
     rm -f "$sock"
-    read -r -a opts <<< "$(store_opts)"
+    store="$(store_opts decide)"
+    read -r -a opts <<< "$store"
     podman "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1 &
     echo $! > "$pidfile"
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     [ -S "$sock" ] || { echo "docker engine: podman service did not start: $(tail -5 "$sock.log")" >&2; exit 3; }
-    images
+    images "$store"
     ;;
   stop)
     pidfile="$2"
@@ -90,6 +112,6 @@ case "${1:-}" in
     fi
     ;;
   images) need_root; install; configure; images ;;
-  podman) shift; read -r -a opts <<< "$(store_opts)"; exec podman "${opts[@]}" "$@" ;;
+  podman) need_root; shift; store="$(store_opts)"; read -r -a opts <<< "$store"; exec podman "${opts[@]}" "$@" ;;
   *) echo "usage: $0 start SOCKET PIDFILE | stop PIDFILE | images | podman ARGS..." >&2; exit 2 ;;
 esac

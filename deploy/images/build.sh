@@ -23,8 +23,9 @@ if ! current arena/agent-base:latest "$base_hash"; then
   rebuilt=1
   tarball="$(mktemp /tmp/arena-agent-base.XXXXXX.tar)"
   "$here/agent-base/build-rootfs.sh" "$tarball"
+  # one variable per ENV: `podman import` reads `ENV A=1 B=2` as A="1 B=2"
   pm import -q --change 'USER 1000:1000' --change 'WORKDIR /sandbox/workspace' \
-    --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8' \
+    --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'ENV HOME=/tmp' --change 'ENV LANG=C.UTF-8' \
     --change 'LABEL arena.image=agent-base' --change "LABEL arena.build=$base_hash" \
     "$tarball" arena/agent-base:latest >/dev/null
   rm -f "$tarball"

@@ -87,6 +87,19 @@ async def test_kill_stops_a_running_command_and_its_detached_children(server):
     assert await Output().run(channel, ["true"]) == 0  # the server itself survives
 
 
+async def test_signals_from_inside_do_not_end_the_server(server):
+    # As an init, the server only gets the signals it handles: none (Python's SIGINT
+    # handler would make `kill -INT 1` a KeyboardInterrupt). Commands get the defaults.
+    channel, _ = server
+    o = Output()
+    assert await o.run(channel, [sys.executable, "-I", "-S", "-c",
+                                 "import os, signal\n"
+                                 "for sig in range(1, signal.NSIG):\n"
+                                 "    os.kill(1, sig)\n"
+                                 "os.kill(os.getpid(), signal.SIGINT)\n"]) == 128 + 2, o.err
+    assert await Output().run(channel, ["true"]) == 0
+
+
 async def test_quit_ends_the_server(server):
     channel, proc = server
     assert await channel.quit(timeout_s=10)

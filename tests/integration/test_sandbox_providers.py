@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
 import uuid
 
 import pytest
 
 from arena_sandbox import local
 from arena_sandbox.pool import WarmPool
-from arena_sandbox.provider import CreateSpec, Sandbox, SandboxProvider
+from arena_sandbox.provider import CreateSpec, Sandbox, SandboxError, SandboxProvider
 from arena_sandbox.testing import make_provider
 
 
@@ -97,7 +100,8 @@ async def test_docker_command_server_is_out_of_the_agents_reach(docker_provider)
                  "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH to PID 1
                  "print('environ', os.access('/proc/1/environ', os.R_OK))\n"
                  "print('socket', os.path.exists('/run/arena/ctl.sock'))\n"
-                 "os.kill(1, 9)\n")  # a container's init ignores signals from inside
+                 "os.kill(1, 9)\n"  # a container's init ignores signals from inside,
+                 "os.kill(1, 2)\n")  # and handles none (SIGINT ended Python's)
         result = await sandbox.exec(["python3", "-c", probe], env={}, timeout_s=30, on_output=chunks.append)
         assert result.exit_code == 0, b"".join(chunks)
         out = b"".join(chunks).decode().split("\n")
@@ -120,3 +124,90 @@ async def test_docker_sandbox_survives_its_command_server_dying(docker_provider)
     finally:
         await sandbox.destroy()
     assert not docker_provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
+
+
+# A host process of the sandbox's uid (a user of the worker's host): it connects to the
+# control socket as soon as it exists and answers any command as if it had run it.
+IMPOSTOR = r"""
+import socket, struct, sys, time
+while True:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        s.close()
+        time.sleep(0.0002)
+        continue
+    s.settimeout(5)
+    try:
+        if s.recv(65536):
+            s.sendall(struct.pack(">cI", b"O", 6) + b"forged" + struct.pack(">cI", b"R", 1) + b"0")
+            time.sleep(5)
+    except OSError:
+        pass
+    s.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as the sandbox's uid")
+async def test_docker_control_socket_takes_only_the_containers_server(docker_provider):
+    sandbox = await docker_provider.create(CreateSpec())
+    impostor = None
+    try:
+        await sandbox.put_files({"/sandbox/workspace/kept.txt": b"kept"})
+        docker_provider.client.api.kill(sandbox.container_id, signal="SIGKILL")  # the next exec starts it again
+        impostor = subprocess.Popen(["/usr/bin/python3", "-I", "-c", IMPOSTOR, str(sandbox.run_dir / "ctl.sock")],
+                                    user=1000, group=1000, extra_groups=[])
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["cat", "kept.txt"], env={}, timeout_s=60, on_output=chunks.append)
+        assert b"".join(chunks) == b"kept" and result.exit_code == 0
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait()
+        await sandbox.destroy()
+
+
+async def test_docker_destroy_while_a_command_runs(docker_provider):
+    """destroy() does not wait for a running exec: it ends the command (the exec
+    raises SandboxError) and removes the container all the same."""
+    sandbox = await docker_provider.create(CreateSpec())
+    started = asyncio.Event()
+    running = asyncio.ensure_future(sandbox.exec(["sh", "-c", "echo started; sleep 100"], env={}, timeout_s=120,
+                                                 on_output=lambda chunk: started.set()))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.wait_for(sandbox.destroy(), 30)
+    with pytest.raises(SandboxError, match="destroyed"):
+        await asyncio.wait_for(running, 30)
+    assert not docker_provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
+    assert not sandbox.root.exists() and not sandbox.run_dir.exists()
+
+
+async def test_docker_create_cancelled_while_the_engine_creates_the_container(docker_provider):
+    """A cancelled create leaves nothing, even when it is cancelled while the engine is
+    creating the container (a thread that cannot be stopped)."""
+    from arena_sandbox.docker_provider import run_dir_of
+
+    creating = asyncio.ensure_future(docker_provider.create(CreateSpec()))
+    deadline = asyncio.get_running_loop().time() + 30
+    while not any((run_dir_of(root) / "cmdserver.py").exists()  # the last step before the engine's create
+                  for root in (docker_provider.base.iterdir() if docker_provider.base.exists() else [])):
+        assert asyncio.get_running_loop().time() < deadline and not creating.done()
+        await asyncio.sleep(0.0005)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await asyncio.sleep(0.3)  # time for an engine call left running to show (it must not)
+    assert not docker_provider.client.api.containers(all=True, filters={"label": f"arena.owner={docker_provider.owner}"})
+    assert list(docker_provider.base.iterdir()) == []
+
+
+async def test_docker_commands_get_the_images_environment(docker_provider):
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["sh", "-c", 'printf "%s|%s|%s" "$PATH" "$HOME" "$LANG"'], env={}, timeout_s=30,
+                                    on_output=chunks.append)
+        assert result.exit_code == 0 and b"".join(chunks) == b"/usr/local/bin:/usr/bin:/bin|/tmp|C.UTF-8"
+    finally:
+        await sandbox.destroy()

@@ -57,12 +57,16 @@ class Channel:
         self._writer = writer
         self.peer_pid = peer_pid  # the server's pid on this host (0: not visible here)
         self.closed = False
+        self._reading = asyncio.Lock()  # one reader of the input at a time (a run, or quit)
 
     @classmethod
     async def accept(cls, listener: socket.socket, path: Path, *, uid: int, timeout_s: float,
-                     alive: Callable[[], Awaitable[str | None]]) -> Channel:
+                     alive: Callable[[], Awaitable[str | None]],
+                     peer_ok: Callable[[int], bool] | None = None) -> Channel:
         """Wait for the server's connection (``alive()`` returns why the container is
-        gone, checked every second), then stop listening."""
+        gone, checked every second), then stop listening. A connection is the server's
+        if its peer runs as ``uid`` and ``peer_ok(its pid)`` holds (a host process of
+        the same uid can reach the socket too); any other is closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         try:
@@ -76,9 +80,9 @@ class Channel:
                         raise ChannelClosed(f"the command server did not connect within {timeout_s:.0f}s") from None
                     continue
                 pid, peer_uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                if peer_uid == uid:
+                if peer_uid == uid and (peer_ok is None or peer_ok(pid)):
                     break
-                conn.close()  # not the sandbox user: never ours
+                conn.close()  # not the sandbox's server: never ours
         finally:
             listener.close()
             path.unlink(missing_ok=True)
@@ -103,6 +107,10 @@ class Channel:
         """Run one command; its exit code (``128 + N`` for signal N). Raises
         :class:`ChannelClosed` if the server goes away first."""
         self._send(b"X", run_payload(argv, env, cwd))
+        async with self._reading:
+            return await self._read_run(on_stdout, on_stderr)
+
+    async def _read_run(self, on_stdout: OutputSink, on_stderr: OutputSink) -> int:
         try:
             await self._writer.drain()
             while True:
@@ -133,10 +141,16 @@ class Channel:
 
     async def quit(self, timeout_s: float) -> bool:
         """Kill everything in the sandbox and let the server exit (so the container
-        stops); True once it has closed its end, i.e. nothing runs in the sandbox."""
+        stops); True once it has closed its end, i.e. nothing runs in the sandbox. A
+        command running meanwhile ends: its ``run`` raises :class:`ChannelClosed`."""
+
+        async def until_end() -> None:
+            async with self._reading:  # after a running command's run, which reads until then
+                await self._reader.read()
+
         try:
             self._send(b"Q")
-            await asyncio.wait_for(self._reader.read(), timeout_s)
+            await asyncio.wait_for(until_end(), timeout_s)
             return True
         except (ChannelClosed, ConnectionError, asyncio.TimeoutError):
             return False

@@ -110,7 +110,7 @@ class Server:
         if pid == 0:  # the child: never returns
             try:
                 os.setsid()
-                for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores these; commands must not
+                for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):  # the server ignores these; commands must not
                     _signal.signal(sig, _signal.SIG_DFL)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
@@ -219,6 +219,9 @@ def main(argv: "list[str]") -> int:
     if os.getpid() != 1:  # kill(-1) anywhere else would reach every process of this user
         sys.stderr.write("arena cmdserver: must run as PID 1 of its own PID namespace (a container's init)\n")
         return 2
+    # An init only gets the signals it handles from inside its namespace; Python handles
+    # SIGINT (KeyboardInterrupt), so `kill -INT 1` by the agent would end the server.
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     problem = _prepare()
     if problem is not None:
         sys.stderr.write(f"arena cmdserver: cannot run here: {problem}\n")

@@ -163,6 +163,8 @@ class DockerSandbox(HostDirSandbox):
                 try:
                     code, killed = await self._run(argv, env, workdir, timeout_s, cancel, sink, sink)
                 except ChannelClosed as exc:
+                    if self._destroyed:
+                        raise SandboxError(f"docker sandbox {self.id} was destroyed while the command ran") from exc
                     # The server (the container's init) died under the command: only the
                     # OOM killer does that; anything else is Arena's failure, not the agent's.
                     after = await self._oom_kills()
@@ -235,11 +237,13 @@ class DockerSandbox(HostDirSandbox):
             return
         self._destroyed = True
         channel, self._channel = self._channel, None
-        if channel is not None and not channel.closed and await channel.quit(timeout_s=5.0):
-            # Everything else in the sandbox is dead; once the server's process is reaped
-            # too, the engine finds the container stopped and removes it without a kill.
-            await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
-        await asyncio.to_thread(_remove, self.client, self.container_id, self.root)
+        try:
+            if channel is not None and not channel.closed and await channel.quit(timeout_s=5.0):
+                # Everything else in the sandbox is dead; once the server's process is reaped
+                # too, the engine finds the container stopped and removes it without a kill.
+                await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
+        finally:
+            await asyncio.shield(asyncio.to_thread(_remove, self.client, self.container_id, self.root))
 
 
 def run_dir_of(root: Path) -> Path:
@@ -265,6 +269,20 @@ def _remove(client: docker.DockerClient, container_id: str, root: Path) -> None:
             else:
                 time.sleep(0.05 * attempt)
     _remove_dirs(root)
+
+
+def _in_container(pid: int, container_id: str) -> bool:
+    """Whether process ``pid`` of this host runs in the container: its cgroup path
+    names the container (any engine). A host process of the sandbox's uid could
+    connect to the control socket first; it is not in that cgroup, nor can it get in.
+    Pid 0 (the engine's processes are not visible from here, e.g. the worker runs in
+    another PID namespace) cannot be checked: the uid alone decides then."""
+    if pid == 0:
+        return True
+    try:
+        return container_id in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
 
 
 def _wait_gone(pid: int, timeout_s: float) -> None:
@@ -364,10 +382,12 @@ class DockerProvider:
         listener = listen(path, uid=SANDBOX_UID)  # before the start: the server connects at once
         try:
             await asyncio.to_thread(self.client.api.start, container_id)
-        except docker.errors.DockerException as exc:
+        except BaseException as exc:  # cancelled too: the listener is not left open
             listener.close()
             path.unlink(missing_ok=True)
-            raise SandboxError(f"cannot start container {container_id[:12]}: {exc}") from exc
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"cannot start container {container_id[:12]}: {exc}") from exc
+            raise
 
         async def alive() -> str | None:
             state = (await asyncio.to_thread(self.client.api.inspect_container, container_id))["State"]
@@ -377,7 +397,8 @@ class DockerProvider:
             return f"exit code {state.get('ExitCode')}: {logs.decode(errors='replace').strip()[-1000:]}"
 
         try:
-            return await Channel.accept(listener, path, uid=SANDBOX_UID, timeout_s=_CONNECT_TIMEOUT_S, alive=alive)
+            return await Channel.accept(listener, path, uid=SANDBOX_UID, timeout_s=_CONNECT_TIMEOUT_S, alive=alive,
+                                        peer_ok=lambda pid: _in_container(pid, container_id))
         except (ChannelClosed, docker.errors.DockerException) as exc:
             raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
 
@@ -403,17 +424,27 @@ class DockerProvider:
                 host_config=self._host_config(spec, root, run_dir),
             )["Id"]
 
-        container_id = ""
+        made = asyncio.ensure_future(asyncio.to_thread(make))
         try:
-            container_id = await asyncio.to_thread(make)
+            container_id = await asyncio.shield(made)
             channel = await self._start(container_id, run_dir)
         except BaseException as exc:
-            await asyncio.shield(asyncio.to_thread(_remove, self.client, container_id, root) if container_id
-                                 else asyncio.to_thread(_remove_dirs, root))
+            await asyncio.shield(self._undo_create(made, root))
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot start a {image} container: {exc}") from exc
             raise
         return DockerSandbox(sandbox_id, root, self, container_id, channel)
+
+    async def _undo_create(self, made: asyncio.Future[str], root: Path) -> None:
+        """Remove what a failed or cancelled ``create`` made. Its thread cannot be
+        stopped: the container it may be creating is known once the thread returns."""
+        container_id = ""
+        with contextlib.suppress(Exception):
+            container_id = await made
+        if container_id:
+            await asyncio.to_thread(_remove, self.client, container_id, root)
+        else:
+            await asyncio.to_thread(_remove_dirs, root)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:
