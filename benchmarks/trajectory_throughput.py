@@ -12,6 +12,10 @@ embedded chDB, and a ``TrajectoryStream`` consumer in this process.
    ``--steps`` steps each, async publishes with ``Nats-Msg-Id``); measure from the first
    publish until (a) ``GET /v1/counts`` shows every step queryable, and (b) the trainer
    has received (and committed) every group, i.e. every step inside a ``GroupCompleted``.
+   As the rollout plane does, a final transition carries the rollout's history.
+
+Beside the rates it prints when each path finished and the CPU seconds each process
+used: on a small machine the three share the cores, so that is where the time goes.
 
 Run: ``.venv/bin/python benchmarks/trajectory_throughput.py [--rollouts 400 --steps 50]``
 """
@@ -38,6 +42,7 @@ from arena.schemas import (
     RolloutStateChanged,
     SandboxDone,
     SandboxOutcome,
+    StateTransition,
     Step,
     Timings,
     Usage,
@@ -68,9 +73,12 @@ def messages(args) -> list[tuple[str, bytes, str]]:
         rid, task = f"r{r}", f"task-{g % 10}"
 
         def state(k: int) -> RolloutStateChanged:
+            # like the rollout plane, a final transition carries the rollout's whole history
+            history = [StateTransition(from_state=LIFECYCLE[j - 1] if j else None, to_state=LIFECYCLE[j],
+                                       at=now + j * 0.001) for j in range(k + 1)] if LIFECYCLE[k].is_final else []
             return RolloutStateChanged(rollout_id=rid, task_id=task, from_state=LIFECYCLE[k - 1] if k else None,
                                        to_state=LIFECYCLE[k], at=now + k * 0.001, steps=args.steps if k >= 3 else 0,
-                                       group_id=f"g{g}", group_index=i, group_size=args.group_size)
+                                       group_id=f"g{g}", group_index=i, group_size=args.group_size, history=history)
         for k in range(3):
             out.append((subjects.rollout_state(rid), encode(state(k)), subjects.msg_id(rid, "state", k)))
         for s in range(args.steps):
@@ -108,7 +116,17 @@ async def raw_rate(url: str, args) -> float:
     return len(load) / elapsed
 
 
-async def end_to_end(url: str, data_dir: Path, args) -> dict[str, float]:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds consumed so far by each process (Linux ``/proc``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return out
+
+
+async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, float]:
     port = free_port()
     env = dict(os.environ, ARENA_NATS_URL=url, ARENA_DATA_DIR=str(data_dir), ARENA_HOST="127.0.0.1",
                ARENA_TRAJECTORY_PORT=str(port), ARENA_LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
@@ -143,6 +161,8 @@ async def end_to_end(url: str, data_dir: Path, args) -> dict[str, float]:
 
             trainer_task = asyncio.create_task(trainer())
             js = bus.nc.jetstream(publish_async_max_pending=4000)
+            pids = {"nats-server": nats_pid, "trajectory service": service.pid, "bench (publisher + trainer)": os.getpid()}
+            cpu0 = cpu_seconds(pids)
             t0 = time.perf_counter()
             publish_s = await publish_all(js, load, headers=True)
             t_query = None
@@ -155,9 +175,11 @@ async def end_to_end(url: str, data_dir: Path, args) -> dict[str, float]:
                     raise SystemExit(f"timed out: {counts}, trainer {received}")
                 await asyncio.sleep(0.1)
             await trainer_task
+            cpu1 = cpu_seconds(pids)
             assert received["steps"] == total_steps, received
             return {"publish_s": publish_s, "messages": len(load), "query_s": t_query - t0,
-                    "stream_s": t_stream.result() - t0}
+                    "stream_s": t_stream.result() - t0, "cpu": {k: cpu1[k] - cpu0[k] for k in pids},
+                    "wall_s": time.perf_counter() - t0}
     finally:
         service.terminate()
         service.wait(30)
@@ -182,7 +204,7 @@ def main() -> None:
             raw = asyncio.run(raw_rate(nats_server.url, args))
             data = Path(tmp) / "data"
             data.mkdir()
-            e2e = asyncio.run(end_to_end(nats_server.url, data, args))
+            e2e = asyncio.run(end_to_end(nats_server.url, data, args, nats_server.proc.pid))
         finally:
             nats_server.stop()
     steps = args.rollouts * args.steps
@@ -199,6 +221,11 @@ def main() -> None:
     print(f"{'path':<46} {'rate':>12} {'unit':<8} {'vs raw':>7}")
     for name, rate, unit in rows:
         print(f"{name:<46} {rate:>12,.0f} {unit or 'steps/s':<8} {rate / raw:>6.0%}")
+    print(f"\ntimeline from the first publish: all published {e2e['publish_s']:.2f} s, all steps queryable "
+          f"{e2e['query_s']:.2f} s, trainer has every group {e2e['stream_s']:.2f} s")
+    print(f"\nCPU seconds during the end-to-end run ({e2e['wall_s']:.2f} s wall, {os.cpu_count()} cores):")
+    for name, seconds in e2e["cpu"].items():
+        print(f"  {name:<30} {seconds:6.2f} s  ({seconds / steps * 1e6:5.1f} us/step)")
     print(f"\nend to end (slowest path): {steps / max(e2e['query_s'], e2e['stream_s']):,.0f} steps/s; goal 20,000")
 
 

@@ -235,6 +235,11 @@ class PullConsumer:
         self.max_ack_pending = max_ack_pending
 
     async def _subscribe(self):
+        await self.declare()
+        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
+
+    async def declare(self) -> None:
+        """Create or update the durable consumer. Idempotent."""
         config = jsapi.ConsumerConfig(
             durable_name=self.durable,
             ack_policy=jsapi.AckPolicy.EXPLICIT,
@@ -248,7 +253,6 @@ class PullConsumer:
         else:
             config.filter_subjects = self.filter_subjects
         await self.bus.js.add_consumer(self.stream, config)
-        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
 
     def backoff(self, num_delivered: int) -> float:
         return min(2.0 ** num_delivered / 4, self.max_backoff)

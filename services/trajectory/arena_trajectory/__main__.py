@@ -8,6 +8,7 @@ SIGINT skips the HTTP drain.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 
@@ -47,7 +48,19 @@ async def serve(settings: Settings, bus: Bus, store: TrajectoryStore) -> int:
     return code
 
 
+def tune_gc() -> None:
+    """The service decodes tens of thousands of steps a second and holds them until their
+    trajectory is assembled; with CPython's default threshold (700 allocations) the cyclic
+    collector runs hundreds of times a second and rescans those live steps (it tripled
+    the cost of decoding one). Steps hold no cycles (reference counting frees them), so
+    collect the young generation every 50,000 allocations instead, and keep what startup
+    allocated out of every scan."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
+
+
 def run() -> int:
+    tune_gc()
     settings = Settings.from_env()
     logs.setup("trajectory", settings.log_level)
     telemetry.setup("trajectory")

@@ -31,7 +31,7 @@ from arena.grpo import group_advantages
 from arena.schemas import ErrorBody, ErrorResponse, RolloutState, TrainerMetrics, Trajectory, encode
 from arena_trajectory import analytics, assembler
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
-from arena_trajectory.store import TABLES, TrajectoryStore
+from arena_trajectory.store import TrajectoryStore
 
 MAX_METRICS_BODY = 1 << 20
 
@@ -157,7 +157,7 @@ def create_app(store: TrajectoryStore) -> FastAPI:
 
     @app.get("/v1/counts")
     async def counts() -> Response:
-        return _json({table: await store.count_rows(table) for table in TABLES})
+        return _json(await store.count_all())
 
     @app.get("/v1/export/trajectories")
     async def export_trajectories(

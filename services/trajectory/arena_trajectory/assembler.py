@@ -58,12 +58,18 @@ def missing_parts(
     has a sandbox result on its way. Other endings (cancelled before a sandbox started, a
     sandbox job given up on) may legitimately lack them.
     """
+    return missing_counts(event, len(steps), has_sandbox=sandbox is not None, has_verification=verification is not None)
+
+
+def missing_counts(event: RolloutStateChanged, steps: int, *, has_sandbox: bool, has_verification: bool) -> list[str]:
+    """``missing_parts`` from what is known: how many distinct steps, whether a sandbox
+    result and a verification are there."""
     missing = []
-    if len(steps) < event.steps:
-        missing.append(f"steps {len(steps)}/{event.steps}")
-    if sandbox is None and sandbox_expected(event):
+    if steps < event.steps:
+        missing.append(f"steps {steps}/{event.steps}")
+    if not has_sandbox and sandbox_expected(event):
         missing.append("sandbox result")
-    if event.to_state is RolloutState.COMPLETED and verification is None:
+    if event.to_state is RolloutState.COMPLETED and not has_verification:
         missing.append("verification")
     return missing
 

@@ -12,6 +12,12 @@ statement, then settles every message with the verdict the handler returned:
 
 So an ack still means "stored", and a redelivered batch is harmless because every table
 it writes is idempotent (ReplacingMergeTree).
+
+Batches come from a ``PullFeed`` (one pull request and one wait per batch, not per
+message); after the first message arrives the fetch lingers up to ``linger`` seconds for
+more, so a steady flow makes a few large inserts instead of many small ones (a ClickHouse
+insert has a fixed cost however few rows it carries). With ``concurrency`` > 1 the next
+batch is fetched and decoded while the previous one is being stored.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 
 from arena.bus import Bus, Delivery, PullConsumer, settle
+from arena_trajectory.pull import PullFeed
 
 log = logging.getLogger("arena.trajectory")
 
@@ -72,57 +79,73 @@ class BatchConsumer(PullConsumer, Generic[T]):
         fetch_timeout: float = 0.5,
         linger: float = 0.1,
         max_backoff: float = 30.0,
+        concurrency: int = 1,
     ):
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
         super().__init__(bus, stream=stream, durable=durable, filter_subjects=filter_subjects,
                          message_type=message_type, max_deliver=max_deliver, ack_wait=ack_wait,
-                         max_backoff=max_backoff, max_ack_pending=batch_size * 4)
+                         max_backoff=max_backoff, max_ack_pending=batch_size * (concurrency + 3))
         self.handler = handler
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
         self.linger = linger
+        self.concurrency = concurrency
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch, handle and settle batches until ``stop`` is set (the batch in hand is finished)."""
-        sub = None
-        while not stop.is_set():
-            try:
-                if sub is None:
-                    sub = await self._subscribe()
-                msgs = await self._fetch(sub)
-            except (NatsTimeout, asyncio.TimeoutError):
-                continue
-            except Exception as exc:  # noqa: BLE001 - a server restart surfaces as many types
+        """Fetch, handle and settle batches until ``stop`` is set (the batches in hand are
+        finished). With ``concurrency`` > 1, the next batch is fetched and decoded while
+        earlier ones are still being stored (their order does not matter to the handler)."""
+        feed: PullFeed | None = None
+        slots = asyncio.Semaphore(self.concurrency)
+        in_flight: set[asyncio.Task] = set()
+        try:
+            while not stop.is_set():
+                await slots.acquire()
                 if stop.is_set():
+                    slots.release()
                     break
-                log.warning("fetch on %s failed, retrying: %s", self.durable, exc, extra={"consumer": self.durable})
-                sub = None  # re-bind: a pull consumer can go silent after a server restart
-                await asyncio.sleep(0.5)
-                continue
-            if msgs:
-                await self.process(msgs)
-
-    async def _fetch(self, sub) -> list[Msg]:
-        """Up to ``batch_size`` messages: after the first arrive, keep fetching for up to
-        ``linger`` seconds so a steady flow makes a few large inserts, not many small ones
-        (a ClickHouse insert costs tens of milliseconds however few rows it carries)."""
-        msgs = await sub.fetch(batch=self.batch_size, timeout=self.fetch_timeout)
-        deadline = time.monotonic() + self.linger
-        while len(msgs) < self.batch_size:
-            left = deadline - time.monotonic()
-            if left < 0.01:
-                break
-            try:
-                msgs += await sub.fetch(batch=self.batch_size - len(msgs), timeout=left)
-            except (NatsTimeout, asyncio.TimeoutError):
-                break
-        return msgs
+                try:
+                    if feed is None:
+                        await self.declare()
+                        feed = await PullFeed(self.bus.nc, self.stream, self.durable).start()
+                    msgs = await feed.fetch(self.batch_size, timeout=self.fetch_timeout, linger=self.linger)
+                except (NatsTimeout, asyncio.TimeoutError):
+                    slots.release()
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a server restart surfaces as many types
+                    slots.release()
+                    if stop.is_set():
+                        break
+                    log.warning("fetch on %s failed, retrying: %s", self.durable, exc,
+                                extra={"consumer": self.durable})
+                    if feed is not None:  # re-bind: a pull consumer can go silent after a server restart
+                        await feed.stop()
+                        feed = None
+                    await asyncio.sleep(0.5)
+                    continue
+                if self.concurrency == 1:
+                    try:
+                        await self.process(msgs)
+                    finally:
+                        slots.release()
+                    continue
+                task = asyncio.create_task(self.process(msgs))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                task.add_done_callback(lambda _: slots.release())
+        finally:
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
+            if feed is not None:
+                await feed.stop()
 
     async def process(self, msgs: list[Msg]) -> None:
         items: list[Item] = []
         kept: list[Msg] = []
         for msg in msgs:
             try:
-                items.append((self.decoder.decode(msg.data), Delivery(msg)))
+                items.append((self.decoder.decode(msg.data), delivery(msg)))
                 kept.append(msg)
             except msgspec.DecodeError as exc:
                 log.error("dead-lettering undecodable %s: %s", msg.subject, exc, extra={"consumer": self.durable})
@@ -161,3 +184,22 @@ class BatchConsumer(PullConsumer, Generic[T]):
             await self._dead(msg, error)
         else:
             await settle(msg.nak(delay=self.backoff(msg.metadata.num_delivered)))
+
+
+def delivery(msg: Msg) -> Delivery:
+    """``Delivery(msg)`` without building nats-py's full ``Metadata`` (a datetime and two
+    dataclasses per message): the two numbers a handler reads come from the reply subject
+    ``$JS.ACK[.<domain>.<account>].<stream>.<consumer>.<delivered>.<stream seq>...``."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS":  # the v1 reply subject, without domain and account
+        delivered, seq = tokens[4], tokens[5]
+    elif len(tokens) >= 11 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        delivered, seq = tokens[6], tokens[7]
+    else:
+        return Delivery(msg)  # not a JetStream reply: let nats-py raise its error
+    out = Delivery.__new__(Delivery)
+    out.subject = msg.subject
+    out.num_delivered = int(delivered)
+    out.stream_seq = int(seq)
+    out.headers = dict(msg.headers) if msg.headers else {}
+    return out

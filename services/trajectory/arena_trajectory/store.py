@@ -29,6 +29,7 @@ from arena.schemas import (
     VerificationResult,
 )
 from arena.settings import Settings
+from arena_trajectory.caches import StoredStep
 from arena_trajectory.clickhouse import Backend, ChdbBackend, ClickHouseConnectBackend, Param
 from arena_trajectory.listing import SUMMARY_COLUMNS, TrajectoryFilter, TrajectorySummary, summary_decoder
 from arena_trajectory.tables import (  # noqa: F401 - re-exported
@@ -105,7 +106,7 @@ class TrajectoryStore:
 
     # ----------------------------------------------------------------- inserts
 
-    async def _insert(self, table: str, rows: Sequence[dict]) -> None:
+    async def _insert(self, table: str, rows: Sequence[dict | msgspec.Struct]) -> None:
         if rows:
             await asyncio.to_thread(self.backend.insert, f"{DATABASE}.{table}", rows_bytes(rows))
 
@@ -114,6 +115,10 @@ class TrajectoryStore:
 
     async def insert_steps(self, steps: Sequence[Step]) -> None:
         await self._insert("steps", [step_row(s) for s in steps])
+
+    async def insert_stored_steps(self, steps: Sequence[StoredStep]) -> None:
+        """Store steps with the JSON they arrived as for ``body`` (not encoded again)."""
+        await self._insert("steps", [step_row(s.step, body=s.raw) for s in steps])
 
     async def insert_sandbox_result(self, done: SandboxDone) -> None:
         await self.insert_sandbox_results([done])
@@ -175,7 +180,11 @@ class TrajectoryStore:
 
     async def steps_for_many(self, rollout_ids: Sequence[str]) -> dict[str, list[Step]]:
         """Stored steps of each rollout, by ``step_index`` (rollouts without steps absent)."""
-        out: dict[str, list[Step]] = defaultdict(list)
+        return {rid: [s.step for s in got] for rid, got in (await self.stored_steps_many(rollout_ids)).items()}
+
+    async def stored_steps_many(self, rollout_ids: Sequence[str]) -> dict[str, list[StoredStep]]:
+        """``steps_for_many`` with each step's stored JSON beside it."""
+        out: dict[str, list[StoredStep]] = defaultdict(list)
         if rollout_ids:
             rows = await self._keyed(
                 f"SELECT rollout_id AS key, body FROM {DATABASE}.steps FINAL "
@@ -183,8 +192,20 @@ class TrajectoryStore:
                 {"rids": list(rollout_ids)},
             )
             for rid, body in rows:
-                out[rid].append(_step_decoder.decode(body))
+                raw = body.encode()
+                out[rid].append(StoredStep(_step_decoder.decode(raw), raw))
         return dict(out)
+
+    async def step_counts(self, rollout_ids: Sequence[str]) -> dict[str, int]:
+        """How many distinct steps of each rollout are stored (no bodies read)."""
+        if not rollout_ids:
+            return {}
+        lines = await self.select(
+            f"SELECT rollout_id AS key, uniqExact(step_index) AS n FROM {DATABASE}.steps "
+            "WHERE rollout_id IN {rids:Array(String)} GROUP BY rollout_id",
+            {"rids": list(rollout_ids)},
+        )
+        return {row["key"]: int(row["n"]) for row in map(msgspec.json.decode, lines)}
 
     async def sandbox_result(self, rollout_id: str) -> SandboxDone | None:
         return (await self.sandbox_results_many([rollout_id])).get(rollout_id)
@@ -361,6 +382,12 @@ class TrajectoryStore:
         where, params = f.where()
         rows = await self.select(f"SELECT count() AS n FROM {DATABASE}.trajectories FINAL{where}", params)
         return int(msgspec.json.decode(rows[0])["n"])
+
+    async def count_all(self) -> dict[str, int]:
+        """Rows in every table as queries see them (``FINAL``), in one statement."""
+        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t} FINAL) AS {t}" for t in TABLES)
+        row = msgspec.json.decode((await self.select(sql))[0])
+        return {t: int(row[t]) for t in TABLES}
 
     async def count_rows(self, table: str, *, rollout_id: str | None = None, final: bool = True) -> int:
         """Rows in ``table`` (as queries see them with ``final``; physical rows without)."""

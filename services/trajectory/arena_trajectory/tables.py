@@ -134,27 +134,50 @@ TABLES = ("steps", "sandbox_results", "verifications", "trajectories", "rollout_
 # --------------------------------------------------------------------------- rows
 
 
-def step_row(step: Step) -> dict:
+class StepRow(msgspec.Struct):
+    """A row of ``steps`` (a Struct: cheaper to build and encode than a dict)."""
+
+    rollout_id: str
+    step_index: int
+    model: str
+    backend: str
+    policy_version: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    total_ms: float
+    first_token_ms: float
+    queued_ms: float
+    mean_logprob: float | None
+    min_logprob: float | None
+    sum_logprob: float
+    num_logprobs: int
+    started_at: float
+    body: str
+
+
+def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> StepRow:
+    """``body``: the step's JSON if at hand (as it arrived), else it is encoded here."""
     logprobs = step.logprobs or []
-    return {
-        "rollout_id": step.rollout_id,
-        "step_index": step.step_index,
-        "model": step.model,
-        "backend": step.backend,
-        "policy_version": step.policy_version or "",
-        "prompt_tokens": step.usage.prompt_tokens,
-        "completion_tokens": step.usage.completion_tokens,
-        "finish_reason": step.finish_reason or "",
-        "total_ms": step.timings.total_ms,
-        "first_token_ms": step.timings.first_token_ms,
-        "queued_ms": step.timings.queued_ms,
-        "mean_logprob": sum(logprobs) / len(logprobs) if logprobs else None,
-        "min_logprob": min(logprobs) if logprobs else None,
-        "sum_logprob": sum(logprobs),
-        "num_logprobs": len(logprobs),
-        "started_at": step.started_at,
-        "body": json_text(step),
-    }
+    return StepRow(
+        rollout_id=step.rollout_id,
+        step_index=step.step_index,
+        model=step.model,
+        backend=step.backend,
+        policy_version=step.policy_version or "",
+        prompt_tokens=step.usage.prompt_tokens,
+        completion_tokens=step.usage.completion_tokens,
+        finish_reason=step.finish_reason or "",
+        total_ms=step.timings.total_ms,
+        first_token_ms=step.timings.first_token_ms,
+        queued_ms=step.timings.queued_ms,
+        mean_logprob=sum(logprobs) / len(logprobs) if logprobs else None,
+        min_logprob=min(logprobs) if logprobs else None,
+        sum_logprob=sum(logprobs),
+        num_logprobs=len(logprobs),
+        started_at=step.started_at,
+        body=json_text(step) if body is None else bytes(body).decode(),
+    )
 
 
 def sandbox_row(done: SandboxDone) -> dict:
@@ -234,5 +257,6 @@ def json_text(message: msgspec.Struct) -> str:
     return _encoder.encode(message).decode()
 
 
-def rows_bytes(rows: Sequence[dict]) -> bytes:
-    return b"\n".join(_encoder.encode(r) for r in rows)
+def rows_bytes(rows: Sequence[dict | msgspec.Struct]) -> bytes:
+    """JSONEachRow: one JSON object per line."""
+    return _encoder.encode_lines(rows)

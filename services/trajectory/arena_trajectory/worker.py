@@ -11,9 +11,14 @@
 
 Every batch is acked only after its effect is stored, so the ack means "stored"; a
 redelivered batch rewrites the same rows (ReplacingMergeTree). The three streams are read
-independently, so a final state can overtake the last steps or results: that state is
-retried until they are stored, and after ``give_up_after`` deliveries assembled with what
-is there (``Trajectory.incomplete`` says what is missing).
+independently, so a final state can overtake the last steps or results: it first waits
+(up to ``wait_for_parts`` s, while this process keeps storing) for them to be stored here,
+then is retried until they are stored anywhere, and after ``give_up_after`` deliveries
+assembled with what is there (``Trajectory.incomplete`` says what is missing).
+
+What this process stored is kept at hand (``caches``) until it is assembled or published,
+so the hot path reads nothing back from ClickHouse, and steps are published inside their
+trajectory and group as the JSON they arrived as (``wire``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 from nats.js.errors import NotFoundError
@@ -28,11 +34,13 @@ from nats.js.errors import NotFoundError
 from arena import subjects
 from arena.bus import Bus, Delivery
 from arena.errors import Permanent
-from arena.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult, encode
+from arena.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
 from arena_trajectory import assembler
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
+from arena_trajectory.caches import MemberCache, RawSteps, ResultCache, StepCache, StoredStep, first_per_index
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import group_row
+from arena_trajectory.wire import encode_group, encode_trajectory
 
 log = logging.getLogger("arena.trajectory")
 
@@ -40,6 +48,7 @@ TRAJECTORIES_STREAM = "ARENA_TRAJECTORIES"
 SANDBOX_DONE_PREFIX = "arena.sandbox.done."
 VERIFY_DONE_PREFIX = "arena.verify.done."
 
+_step_decoder = msgspec.json.Decoder(Step)
 _sandbox_decoder = msgspec.json.Decoder(SandboxDone)
 _verification_decoder = msgspec.json.Decoder(VerificationResult)
 
@@ -56,9 +65,11 @@ class TrajectoryWorker:
         give_up_after: int = 60,
         max_deliver: int = 80,
         ack_wait: float = 10.0,
-        batch_size: int = 1000,
-        state_batch_size: int = 256,
+        batch_size: int = 2000,
+        state_batch_size: int = 1024,
         group_timeout: float = 0.0,
+        wait_for_parts: float = 2.0,
+        linger: float = 0.05,
     ):
         if give_up_after >= max_deliver:
             raise ValueError("give_up_after must be below max_deliver, or states are dead-lettered instead")
@@ -71,22 +82,27 @@ class TrajectoryWorker:
         self.batch_size = batch_size
         self.state_batch_size = state_batch_size
         self.group_timeout = group_timeout
+        self.wait_for_parts = wait_for_parts
+        self.linger = linger
         self._members = MemberCache()
         self._steps = StepCache()
+        self._results = ResultCache()
+        self._progress = asyncio.Event()  # set whenever steps or results were stored
 
     def consumers(self) -> list:
         out: list = [
             BatchConsumer(self.bus, stream="ARENA_STEPS", durable=subjects.CONSUMER_TRAJ_STEPS,
-                          filter_subjects=["arena.step.*"], message_type=Step, handler=self.on_steps,
-                          batch_size=self.batch_size, max_deliver=self.max_deliver, ack_wait=self.ack_wait),
+                          filter_subjects=["arena.step.*"], message_type=msgspec.Raw, handler=self.on_steps,
+                          batch_size=self.batch_size, max_deliver=self.max_deliver, ack_wait=self.ack_wait,
+                          linger=self.linger, concurrency=2),
             BatchConsumer(self.bus, stream="ARENA_RESULTS", durable=subjects.CONSUMER_TRAJ_RESULTS,
                           filter_subjects=[SANDBOX_DONE_PREFIX + "*", VERIFY_DONE_PREFIX + "*"],
                           message_type=msgspec.Raw, handler=self.on_results, batch_size=self.batch_size,
-                          max_deliver=self.max_deliver, ack_wait=self.ack_wait),
+                          max_deliver=self.max_deliver, ack_wait=self.ack_wait, linger=self.linger),
             BatchConsumer(self.bus, stream="ARENA_ROLLOUTS", durable=subjects.CONSUMER_TRAJ_STATES,
                           filter_subjects=["arena.rollout.state.*"], message_type=RolloutStateChanged,
                           handler=self.on_states, batch_size=self.state_batch_size, max_deliver=self.max_deliver,
-                          ack_wait=self.ack_wait),
+                          ack_wait=self.ack_wait, linger=self.linger),
         ]
         if self.group_timeout > 0:
             out.append(GroupTimeouts(self))
@@ -94,10 +110,21 @@ class TrajectoryWorker:
 
     # ----------------------------------------------------------------- handlers
 
-    async def on_steps(self, items: list[Item]) -> None:
-        steps = [step for step, _ in items]
-        await self.store.insert_steps(steps)
+    async def on_steps(self, items: list[Item]) -> list[Verdict]:
+        """Store the steps as they arrived (their JSON is the row's body); an invalid one is
+        dead-lettered."""
+        verdicts: list[Verdict] = []
+        steps: list[StoredStep] = []
+        for raw, delivery in items:
+            try:
+                steps.append(StoredStep(_step_decoder.decode(raw), raw))
+                verdicts.append(None)
+            except msgspec.DecodeError as exc:  # includes ValidationError
+                verdicts.append(Dead(f"undecodable message on {delivery.subject}: {exc}"))
+        await self.store.insert_stored_steps(steps)
         self._steps.add(steps)  # only once stored
+        self._progress.set()
+        return verdicts
 
     async def on_results(self, items: list[Item]) -> list[Verdict]:
         """Two message types share this consumer; the subject says which one it is."""
@@ -118,6 +145,8 @@ class TrajectoryWorker:
             verdicts.append(verdict)
         await self.store.insert_sandbox_results(sandboxes)
         await self.store.insert_verifications(verifications)
+        self._results.add(sandboxes, verifications)  # only once stored
+        self._progress.set()
         return verdicts
 
     async def on_states(self, items: list[Item]) -> list[Verdict]:
@@ -132,76 +161,159 @@ class TrajectoryWorker:
     # ----------------------------------------------------------------- assembly
 
     async def _finish(self, finals: dict[str, tuple[RolloutStateChanged, Delivery]]) -> dict[str, Verdict]:
-        """Assemble, store and publish the trajectories of ``finals``; a verdict per rollout."""
+        """Assemble, store and publish the trajectories of ``finals``; a verdict per rollout.
+        Rollouts whose parts are all at hand go first, the others as their parts arrive
+        (``_waves``), so a trajectory never waits for an unrelated rollout of its batch."""
         rids = list(finals)
         already = await self.store.stored_rollouts(rids)
+        verdicts: dict[str, Verdict] = {}
+        first = True
+        first_tries = {rid for rid in rids if finals[rid][1].num_delivered == 1}
+        async for todo in self._waves({rid: finals[rid][0] for rid in rids if rid not in already}, first_tries):
+            if todo or (first and already):
+                verdicts.update(await self._complete(finals, todo, already=already if first else set()))
+            first = False
+        return verdicts
+
+    async def _complete(self, finals: dict[str, tuple[RolloutStateChanged, Delivery]], todo: list[str], *,
+                        already: set[str]) -> dict[str, Verdict]:
+        """Assemble, store and publish ``todo`` (not stored yet) and publish ``already`` (stored
+        before: a redelivery after a crash between store and ack) again."""
+        t0 = time.perf_counter()
         stored = await self.store.trajectories_many(sorted(already)) if already else {}
-        todo = [rid for rid in rids if rid not in already]
-        steps = {rid: self._steps.pop(rid) for rid in todo}
-        steps = {rid: got for rid, got in steps.items() if len(got) >= finals[rid][0].steps}
-        steps.update(await self.store.steps_for_many([rid for rid in todo if rid not in steps]))
-        sandboxes = await self.store.sandbox_results_many(todo)
-        verifications = await self.store.verifications_many(todo)
-        histories = await self.store.histories_many(todo)
+        # what this process stored is at hand; the rest (stored before a restart, or by
+        # another replica, or not yet) is read from the store
+        steps = {rid: self._steps.pop(rid) for rid in todo if self._steps.count(rid) >= finals[rid][0].steps}
+        steps.update(await self.store.stored_steps_many([rid for rid in todo if rid not in steps]))
+        sandboxes = {rid: got for rid in todo if (got := self._results.sandboxes.get(rid))}
+        verifications = {rid: got for rid in todo if (got := self._results.verifications.get(rid))}
+        unsure = [rid for rid in todo if self._missing_in_cache(finals[rid][0], steps=len(steps.get(rid, ())))]
+        if unsure:
+            sandboxes.update(_latest(sandboxes, await self.store.sandbox_results_many(unsure)))
+            verifications.update(_latest(verifications, await self.store.verifications_many(unsure)))
+        need_history = [rid for rid in todo if not finals[rid][0].history]  # a final event carries it
+        histories = await self.store.histories_many(need_history) if need_history else {}
         verdicts: dict[str, Verdict] = {}
         new: list[Trajectory] = []
+        raw: dict[str, RawSteps] = {}
         for rid in todo:
             event, delivery = finals[rid]
-            ordered = assembler.dedupe_steps(steps.get(rid, []))
+            kept = first_per_index(steps.get(rid, []))
+            ordered = [s.step for s in kept]
             missing = assembler.missing_parts(event, ordered, sandboxes.get(rid), verifications.get(rid))
             if missing and delivery.num_delivered < self.give_up_after:
                 # grows to 1 s: with the defaults the wait spans ~1 minute, longer than a
                 # crashed consumer's redelivery (ack_wait) plus a restart
                 delay = min(self.retry_delay * delivery.num_delivered, max(self.retry_delay, 1.0))
                 verdicts[rid] = Retry(f"waiting for {', '.join(missing)}", delay)
+                self._steps.add(kept)  # still stored; keep them at hand for the next try
                 continue
             if missing:
                 log.warning("rollout %s: assembling without %s after %d deliveries", rid, ", ".join(missing),
                             delivery.num_delivered, extra={"rollout_id": rid})
             new.append(assembler.assemble(event, ordered, sandboxes.get(rid), verifications.get(rid),
                                           incomplete=missing, history=histories.get(rid, [])))
+            raw[rid] = {s.step.step_index: s.raw for s in kept}
+            self._results.forget(rid)
+        t1 = time.perf_counter()
         await self.store.insert_trajectories(new, steps_stored=True)  # read from ``steps`` above
+        t2 = time.perf_counter()
         for t in new:
             log.info("trajectory %s: %s, reward %s, %d steps", t.rollout_id, t.final_state.value, t.reward,
                      len(t.steps), extra={"rollout_id": t.rollout_id, "group_id": t.group_id})
-        # a stored one is a redelivery after a crash between store and ack: publish it again
-        # (Nats-Msg-Id and the look-up in ``_publish_once`` keep the stream free of doubles)
-        ready = [*(stored[rid] for rid in rids if rid in stored), *new]
-        self._members.add(ready)
-        results = await asyncio.gather(*(self._publish_trajectory(t, look_up=t.rollout_id in already) for t in ready),
-                                       return_exceptions=True)
+        # (Nats-Msg-Id and the look-up in ``_publish_once`` keep a re-published one from doubling)
+        ready = [*(stored[rid] for rid in finals if rid in stored), *new]
+        self._members.add(ready, raw)
+        results = await asyncio.gather(*(self._publish_trajectory(t, raw.get(t.rollout_id), look_up=t.rollout_id in already)
+                                         for t in ready), return_exceptions=True)
         for t, result in zip(ready, results):
             verdicts[t.rollout_id] = _verdict(result, self.retry_delay)
         group_ids = sorted({t.group_id for t in ready if t.group_id is not None and verdicts[t.rollout_id] is None})
-        for gid, result in zip(group_ids, await self._complete_groups(group_ids)):
+        t3 = time.perf_counter()
+        # a group with a member stored for the first time just now cannot have been published
+        fresh = {t.group_id for t in new if t.group_id is not None}
+        completed = await self._complete_groups(group_ids, fresh=fresh)
+        log.debug("finished %d rollouts: gathered %.3f s, stored %.3f s, published trajectories %.3f s, groups %.3f s",
+                  len(new), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        for gid, result in zip(group_ids, completed):
             if result is not None:  # the group is retried through its members' states
                 for t in ready:
                     if t.group_id == gid and verdicts[t.rollout_id] is None:
                         verdicts[t.rollout_id] = result
         return verdicts
 
-    async def _publish_trajectory(self, t: Trajectory, *, look_up: bool) -> None:
-        """Publish ``t``. A trajectory is published only after it is stored, so one that was
-        not stored before this batch was never published: only redeliveries need the look-up."""
-        await self._publish_once(subjects.trajectory(t.task_id, t.rollout_id), t,
+    def _missing_in_cache(self, event: RolloutStateChanged, *, steps: int | None = None) -> bool:
+        """Whether a part of the rollout is not among what this process stored (``steps``:
+        how many steps are at hand, if not the cached ones)."""
+        rid = event.rollout_id
+        return bool(assembler.missing_counts(
+            event, self._steps.count(rid) if steps is None else steps,
+            has_sandbox=rid in self._results.sandboxes, has_verification=rid in self._results.verifications))
+
+    async def _waves(self, events: dict[str, RolloutStateChanged], may_wait: set[str]) -> AsyncIterator[list[str]]:
+        """The rollouts of ``events`` in waves, each once: first those whose parts this
+        process has at hand, whose steps are already in the store (stored before a
+        restart, or by another replica) or that are not in ``may_wait`` (a redelivered
+        state: it waited once already), then, while the other consumers of this process
+        keep storing (a final state usually overtakes its last steps and results: they come
+        on other streams), those whose parts arrive, for up to ``wait_for_parts`` seconds;
+        last whatever is still missing (retried, or given up on, as before). So a rollout
+        whose parts never come holds its batch once, not on every retry."""
+        missing = {rid for rid, event in events.items() if rid in may_wait and self._missing_in_cache(event)}
+        waiting = [rid for rid in events if rid in missing]
+        ready = [rid for rid in events if rid not in missing]
+        if waiting and self.wait_for_parts > 0:
+            stored = await self.store.step_counts(waiting)
+            ready += [rid for rid in waiting if stored.get(rid, 0) >= events[rid].steps]
+            waiting = [rid for rid in waiting if stored.get(rid, 0) < events[rid].steps]
+        else:
+            ready, waiting = list(events), []
+        yield ready
+        deadline = time.monotonic() + self.wait_for_parts
+        while waiting:
+            self._progress.clear()  # before looking: what is stored from now on sets it again
+            arrived = {rid for rid in waiting if not self._missing_in_cache(events[rid])}
+            if arrived:
+                waiting = [rid for rid in waiting if rid not in arrived]
+                yield [rid for rid in events if rid in arrived]
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._progress.wait(), min(left, 0.25))
+            except asyncio.TimeoutError:
+                break  # nothing stored for a while: stop waiting
+        if waiting:
+            yield waiting
+
+    async def _publish_trajectory(self, t: Trajectory, raw: RawSteps | None, *, look_up: bool) -> None:
+        """Publish ``t`` (its steps as the JSON they arrived as, where ``raw`` has it). A
+        trajectory is published only after it is stored, so one that was not stored before
+        this batch was never published: only redeliveries need the look-up."""
+        await self._publish_once(subjects.trajectory(t.task_id, t.rollout_id), encode_trajectory(t, raw),
                                  subjects.msg_id(t.rollout_id, "trajectory", 0), look_up=look_up)
 
-    async def _complete_groups(self, group_ids: list[str], *, allow_partial: bool = False) -> list[Verdict]:
+    async def _complete_groups(self, group_ids: list[str], *, allow_partial: bool = False,
+                               fresh: set[str] = frozenset()) -> list[Verdict]:
         """Publish a ``GroupCompleted`` for each whole (or, with ``allow_partial``, any)
         group not published yet. Members store their trajectory before their group is
-        read, so the batch holding a group's last member always sees it whole."""
+        read, so the batch holding a group's last member always sees it whole. ``fresh``:
+        groups that cannot be on the stream yet (no look-up before publishing them)."""
         if not group_ids:
             return []
-        done = await self.store.published_groups(group_ids)
+        done = await self.store.published_groups([g for g in group_ids if g not in fresh])
         todo = [g for g in group_ids if g not in done]
+        cached = {g: got for g in todo if (got := self._members.whole(g)) is not None}  # stored by us: whole
         if not allow_partial:  # only groups whose every member is stored, by any replica
-            whole = await self.store.whole_groups(todo)
-            todo = [g for g in todo if g in whole]
-        members = {g: self._members.whole(g) for g in todo}
+            whole = await self.store.whole_groups([g for g in todo if g not in cached])
+            todo = [g for g in todo if g in whole or g in cached]
+        members = {g: cached.get(g) for g in todo}
         members.update(await self.store.groups_many([g for g, m in members.items() if m is None or allow_partial]))
         groups = [assembler.complete_group(members[g], allow_partial=allow_partial) if g in members else None
                   for g in group_ids]
-        results = await asyncio.gather(*(self._publish_group(g) for g in groups if g is not None),
+        results = await asyncio.gather(*(self._publish_group(g, look_up=g.group_id not in fresh)
+                                         for g in groups if g is not None),
                                        return_exceptions=True)
         outcome = iter(results)
         verdicts: list[Verdict] = []
@@ -220,21 +332,22 @@ class TrajectoryWorker:
             self._members.forget(row["group_id"])
         return verdicts
 
-    async def _publish_group(self, group: GroupCompleted) -> None:
-        published = await self._publish_once(subjects.group(group.group_id), group, f"{group.group_id}:group:0")
+    async def _publish_group(self, group: GroupCompleted, *, look_up: bool = True) -> None:
+        raw = {t.rollout_id: got for t in group.trajectories if (got := self._members.raw(t.rollout_id))}
+        published = await self._publish_once(subjects.group(group.group_id), encode_group(group, raw),
+                                             f"{group.group_id}:group:0", look_up=look_up)
         if published:
             log.info("group %s %s: rewards %s", group.group_id,
                      f"partial, missing {group.missing_indexes}" if group.partial else "complete", group.rewards,
                      extra={"group_id": group.group_id})
 
-    async def _publish_once(self, subject: str, message: msgspec.Struct, msg_id: str, *, look_up: bool = True) -> bool:
+    async def _publish_once(self, subject: str, data: bytes, msg_id: str, *, look_up: bool = True) -> bool:
         """Publish unless the stream already holds a message on ``subject``.
 
         The ``Nats-Msg-Id`` only de-duplicates inside the server's window (minutes); the
         look-up keeps a much later redelivery from putting a second copy on the
         training stream. Returns whether a new message was stored.
         """
-        data = encode(message)
         if len(data) > self.bus.nc.max_payload:
             # retrying cannot help; dead-letter the state with a clear reason (docs/trajectory.md, limits)
             raise Permanent(f"{subject}: {len(data)} bytes exceed the NATS max_payload of {self.bus.nc.max_payload}")
@@ -248,61 +361,9 @@ class TrajectoryWorker:
         return not ack.duplicate
 
 
-class StepCache:
-    """Steps this process stored, by rollout, until its trajectory is assembled: the
-    final state usually finds them here instead of reading them back. A rollout's
-    cached steps are used only if they are all there (else the store is read). Bounded."""
-
-    def __init__(self, max_steps: int = 50_000):
-        self.max_steps = max_steps
-        self._rollouts: dict[str, dict[int, Step]] = {}
-        self._count = 0
-
-    def add(self, steps: list[Step]) -> None:
-        for step in steps:
-            got = self._rollouts.setdefault(step.rollout_id, {})
-            if step.step_index not in got:
-                self._count += 1
-            got[step.step_index] = step
-        while self._count > self.max_steps and self._rollouts:
-            self._count -= len(self._rollouts.pop(next(iter(self._rollouts))))  # the oldest rollout
-
-    def pop(self, rollout_id: str) -> list[Step]:
-        got = self._rollouts.pop(rollout_id, {})
-        self._count -= len(got)
-        return [got[i] for i in sorted(got)]
-
-
-class MemberCache:
-    """Trajectories this process assembled, by group, until their group is published:
-    the batch that completes a group usually finds its members here instead of reading
-    them back from ClickHouse. Bounded; on a miss the store is read."""
-
-    def __init__(self, max_trajectories: int = 20_000):
-        self.max_trajectories = max_trajectories
-        self._groups: dict[str, dict[int, Trajectory]] = {}
-        self._count = 0
-
-    def add(self, trajectories: list[Trajectory]) -> None:
-        for t in trajectories:
-            if t.group_id is None:
-                continue
-            members = self._groups.setdefault(t.group_id, {})
-            if t.group_index not in members:
-                self._count += 1
-            members[t.group_index] = t
-        while self._count > self.max_trajectories and self._groups:
-            self.forget(next(iter(self._groups)))  # the oldest group
-
-    def whole(self, group_id: str) -> list[Trajectory] | None:
-        members = self._groups.get(group_id)
-        if not members:
-            return None
-        size = next(iter(members.values())).group_size
-        return [members[i] for i in sorted(members)] if len(members) >= size else None
-
-    def forget(self, group_id: str) -> None:
-        self._count -= len(self._groups.pop(group_id, {}))
+def _latest(cached: dict, stored: dict) -> dict:
+    """Per rollout, the later (by ``finished_at``) of the cached and the stored result."""
+    return {rid: got for rid, got in stored.items() if rid not in cached or got.finished_at > cached[rid].finished_at}
 
 
 def _verdict(result: object, delay: float) -> Verdict:

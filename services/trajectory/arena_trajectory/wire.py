@@ -1,0 +1,67 @@
+"""Encode ``Trajectory`` and ``GroupCompleted`` with their steps as already-encoded JSON.
+
+A step arrives as JSON, is stored as that JSON, and goes out again inside its
+``Trajectory`` and inside its ``GroupCompleted``: re-encoding it from the decoded
+``Step`` each time (thousands of ints and floats per step) is most of what publishing
+costs. The structs here mirror ``Trajectory`` and ``GroupCompleted`` field for field
+(same order, defaults and options, built from them at import) except that a step may
+be a ``msgspec.Raw``, so the encoded message decodes to the same values as
+``encode(trajectory)``; for a step that reached us as canonical JSON it is the same bytes.
+A step without its JSON at hand is encoded from the ``Step`` as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from arena.schemas import GroupCompleted, Step, Trajectory
+
+#: A step as it goes on the wire: its JSON if we have it, else the ``Step``.
+WireStep = msgspec.Raw | Step
+
+
+def _mirror(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct]:
+    fields = []
+    for f in msgspec.structs.fields(cls):
+        if f.default is not msgspec.NODEFAULT:
+            fields.append((f.encode_name, Any, f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            fields.append((f.encode_name, Any, msgspec.field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.encode_name, Any))
+    config = cls.__struct_config__
+    return msgspec.defstruct(name, fields, kw_only=True, omit_defaults=config.omit_defaults,
+                             tag=config.tag, tag_field=config.tag_field)
+
+
+_TrajectoryWire = _mirror(Trajectory, "_TrajectoryWire")
+_GroupWire = _mirror(GroupCompleted, "_GroupWire")
+_encoder = msgspec.json.Encoder()
+
+
+def wire_trajectory(t: Trajectory, raw_steps: Mapping[int, msgspec.Raw | bytes] | None = None) -> msgspec.Struct:
+    """``t`` with each step replaced by its JSON from ``raw_steps`` (by step index) if there."""
+    values = {f: getattr(t, f) for f in t.__struct_fields__}
+    if raw_steps:
+        values["steps"] = [_raw(raw_steps.get(s.step_index), s) for s in t.steps]
+    return _TrajectoryWire(**values)
+
+
+def encode_trajectory(t: Trajectory, raw_steps: Mapping[int, msgspec.Raw | bytes] | None = None) -> bytes:
+    return _encoder.encode(wire_trajectory(t, raw_steps))
+
+
+def encode_group(group: GroupCompleted, raw_steps: Mapping[str, Mapping[int, msgspec.Raw | bytes]]) -> bytes:
+    """``group`` with each member's steps from ``raw_steps[rollout_id]`` where there."""
+    values = {f: getattr(group, f) for f in group.__struct_fields__}
+    values["trajectories"] = [wire_trajectory(t, raw_steps.get(t.rollout_id)) for t in group.trajectories]
+    return _encoder.encode(_GroupWire(**values))
+
+
+def _raw(raw: msgspec.Raw | bytes | None, step: Step) -> WireStep:
+    if raw is None:
+        return step
+    return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
