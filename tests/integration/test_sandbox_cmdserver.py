@@ -17,6 +17,9 @@ from arena_sandbox.channel import Channel, ChannelClosed, listen
 
 CMDSERVER = Path(local.__file__).with_name("cmdserver.py")
 
+#: the interpreter's real path: a venv in a clone under /tmp is hidden by the sandbox's tmpfs
+PYTHON = os.path.realpath(sys.executable)
+
 pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
 
 
@@ -35,8 +38,10 @@ async def server(tmp_path):
     listener = listen(sock, uid=os.getuid())
     proc = await asyncio.create_subprocess_exec(
         local.BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--bind", str(tmp_path), str(tmp_path), "--unshare-user", "--unshare-pid", "--as-pid-1",
-        "--die-with-parent", "--", sys.executable, "-I", "-S", str(CMDSERVER), str(sock),
+        "--bind", str(tmp_path), str(tmp_path),
+        "--ro-bind", str(CMDSERVER), str(CMDSERVER), "--unshare-user", "--unshare-pid", "--as-pid-1",
+        # the server and the interpreter's real path: a clone under /tmp is hidden by the tmpfs
+        "--die-with-parent", "--", PYTHON, "-I", "-S", str(CMDSERVER), str(sock),
     )
 
     async def alive():
@@ -92,7 +97,7 @@ async def test_signals_from_inside_do_not_end_the_server(server):
     # handler would make `kill -INT 1` a KeyboardInterrupt). Commands get the defaults.
     channel, _ = server
     o = Output()
-    assert await o.run(channel, [sys.executable, "-I", "-S", "-c",
+    assert await o.run(channel, [PYTHON, "-I", "-S", "-c",
                                  "import os, signal\n"
                                  "for sig in range(1, signal.NSIG):\n"
                                  "    os.kill(1, sig)\n"
