@@ -6,10 +6,13 @@ One run, one machine, real processes: a ``nats-server`` with file storage (fsync
 ``--sync``, default ``always`` as in ``arena up``), ``python -m arena_trajectory`` with
 embedded chDB, and a ``TrajectoryStream`` consumer in this process.
 
-1. raw: ``js.publish_async`` of N step messages to a scratch stream, then wait for every ack.
-2. end to end: publish, as the other planes would, the state transitions, steps, sandbox
-   and verification results of ``--rollouts`` rollouts (groups of ``--group-size``,
-   ``--steps`` steps each, async publishes with ``Nats-Msg-Id``); measure from the first
+1. raw: an async publish of N step messages to a scratch stream, then wait for every
+   ack: once with Arena's publisher (``arena.jetlink.JsPublisher``, what every plane's
+   ``Bus.publish`` uses) and once with nats-py's ``js.publish_async``, for reference.
+2. end to end: publish, as the other planes would (Arena's publisher), the state
+   transitions, steps, sandbox and verification results of ``--rollouts`` rollouts
+   (groups of ``--group-size``, ``--steps`` steps each, async publishes with
+   ``Nats-Msg-Id``, at most 4,000 awaiting their ack); measure from the first
    publish until (a) ``GET /v1/counts`` shows every step queryable, and (b) the trainer
    has received (and committed) every group, i.e. every step inside a ``GroupCompleted``.
    As the rollout plane does, a final transition carries the rollout's history.
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import httpx
@@ -49,6 +53,8 @@ from arena.schemas import (
     VerificationResult,
     encode,
 )
+from arena.jetlink import JsPublisher
+from arena.natslink import NatsLink
 from arena.stream import TrajectoryStream
 
 LIFECYCLE = [RolloutState.PENDING, RolloutState.PROVISIONING, RolloutState.RUNNING, RolloutState.VERIFYING,
@@ -94,7 +100,11 @@ def messages(args) -> list[tuple[str, bytes, str]]:
     return out
 
 
-async def publish_all(js, load, *, headers: bool) -> float:
+MAX_IN_FLIGHT = 4000  # publishes awaiting their PubAck, for both publishers
+
+
+async def publish_all_nats_py(js, load, *, headers: bool) -> float:
+    """nats-py's ``publish_async`` (``publish_async_max_pending`` bounds what is in flight)."""
     t0 = time.perf_counter()
     futures = []
     for subject, data, msg_id in load:
@@ -104,16 +114,40 @@ async def publish_all(js, load, *, headers: bool) -> float:
     return time.perf_counter() - t0
 
 
-async def raw_rate(url: str, args) -> float:
+async def publish_all_arena(publisher: JsPublisher, load, *, headers: bool) -> float:
+    """Arena's publisher (``arena.jetlink.JsPublisher``, what ``Bus.publish`` and so every
+    plane uses), at most ``MAX_IN_FLIGHT`` awaiting their PubAck."""
+    t0 = time.perf_counter()
+    window: deque[asyncio.Future] = deque()
+    results = []
+    for subject, data, msg_id in load:
+        if len(window) >= MAX_IN_FLIGHT:
+            results.append(await window.popleft())
+        window.append(publisher.publish(subject, data, msg_id=msg_id if headers else None))
+    results += await asyncio.gather(*window)
+    assert not any(r.duplicate for r in results)
+    return time.perf_counter() - t0
+
+
+async def raw_rates(url: str, args) -> dict[str, float]:
+    """Steps per second of a bare async publish to a scratch stream, by each publisher."""
     nc = await nats.connect(url)
-    js = nc.jetstream(publish_async_max_pending=4000)
-    await js.add_stream(name="BENCH_RAW", subjects=["bench.raw.>"])
+    js = nc.jetstream(publish_async_max_pending=MAX_IN_FLIGHT)
+    link = await NatsLink.open(url, name="bench-raw")
     payloads = [encode(step(f"raw{r}", s, args)) for r in range(args.rollouts) for s in range(args.steps)]
     load = [(f"bench.raw.{n % 100}", p, "") for n, p in enumerate(payloads)]
-    elapsed = await publish_all(js, load, headers=False)
-    await js.delete_stream("BENCH_RAW")
+    rates = {}
+    for name in ("nats-py", "arena"):
+        await js.add_stream(name="BENCH_RAW", subjects=["bench.raw.>"])
+        if name == "nats-py":
+            elapsed = await publish_all_nats_py(js, load, headers=False)
+        else:
+            elapsed = await publish_all_arena(JsPublisher(link), load, headers=False)
+        rates[name] = len(load) / elapsed
+        await js.delete_stream("BENCH_RAW")
+    await link.close()
     await nc.close()
-    return len(load) / elapsed
+    return rates
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -160,11 +194,11 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
                             return
 
             trainer_task = asyncio.create_task(trainer())
-            js = bus.nc.jetstream(publish_async_max_pending=4000)
+            publisher = await bus.publisher()
             pids = {"nats-server": nats_pid, "trajectory service": service.pid, "bench (publisher + trainer)": os.getpid()}
             cpu0 = cpu_seconds(pids)
             t0 = time.perf_counter()
-            publish_s = await publish_all(js, load, headers=True)
+            publish_s = await publish_all_arena(publisher, load, headers=True)
             t_query = None
             while t_query is None or not t_stream.done():
                 if t_query is None:
@@ -201,7 +235,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
         nats_server = NatsServer(Path(tmp) / "nats", sync=args.sync).start()
         try:
-            raw = asyncio.run(raw_rate(nats_server.url, args))
+            raws = asyncio.run(raw_rates(nats_server.url, args))
             data = Path(tmp) / "data"
             data.mkdir()
             e2e = asyncio.run(end_to_end(nats_server.url, data, args, nats_server.proc.pid))
@@ -212,15 +246,17 @@ def main() -> None:
     print(f"\ntrajectory throughput: {args.rollouts} rollouts x {args.steps} steps = {steps} steps "
           f"(~{step_bytes} B each), groups of {args.group_size}, JetStream sync_interval={args.sync}, "
           f"{os.cpu_count()} cores\n")
+    raw, raw_nats_py = raws["arena"], raws["nats-py"]
     rows = [
-        ("raw JetStream publish_async (steps only)", raw, None),
+        ("raw async publish, Arena's publisher (steps)", raw, None),
+        ("raw async publish, nats-py publish_async", raw_nats_py, None),
         ("e2e load published (all messages, msg ids)", e2e["messages"] / e2e["publish_s"], "msgs/s"),
         ("publish -> queryable in ClickHouse (chDB)", steps / e2e["query_s"], None),
         ("publish -> trainer TrajectoryStream", steps / e2e["stream_s"], None),
     ]
-    print(f"{'path':<46} {'rate':>12} {'unit':<8} {'vs raw':>7}")
+    print(f"{'path':<46} {'rate':>12} {'unit':<8} {'vs raw':>7} {'vs nats-py raw':>15}")
     for name, rate, unit in rows:
-        print(f"{name:<46} {rate:>12,.0f} {unit or 'steps/s':<8} {rate / raw:>6.0%}")
+        print(f"{name:<46} {rate:>12,.0f} {unit or 'steps/s':<8} {rate / raw:>6.0%} {rate / raw_nats_py:>15.0%}")
     print(f"\ntimeline from the first publish: all published {e2e['publish_s']:.2f} s, all steps queryable "
           f"{e2e['query_s']:.2f} s, trainer has every group {e2e['stream_s']:.2f} s")
     print(f"\nCPU seconds during the end-to-end run ({e2e['wall_s']:.2f} s wall, {os.cpu_count()} cores):")

@@ -28,6 +28,24 @@ async def bus(nats_server):
         await b.close()
 
 
+@pytest.fixture
+async def small_bus(tmp_path):
+    """A NATS server whose messages are at most 256 KiB (so tests can exceed it cheaply),
+    with the topology declared, and a bus on it: ``(server, bus)``."""
+    from arena.bus import Bus
+
+    server = NatsServer(tmp_path / "small-nats", sync="1s", max_payload=256 * 1024).start()
+    try:
+        b = await Bus.connect(server.url, "test")
+        await b.ensure_topology()
+        try:
+            yield server, b
+        finally:
+            await b.close()
+    finally:
+        server.stop()
+
+
 # --------------------------------------------------------------------------- sandbox plane
 
 

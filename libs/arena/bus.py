@@ -31,6 +31,8 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from arena import subjects, telemetry
 from arena.errors import Permanent, Retryable, Unavailable
+from arena.jetlink import JsMsg, JsPublisher, NoResponders, PubAck, PublishTimeout
+from arena.natslink import LinkClosed, LinkError, NatsLink
 from arena.schemas import DeadLetter, encode
 
 log = logging.getLogger("arena.bus")
@@ -45,12 +47,16 @@ DUPLICATE_WINDOW_S = 120.0
 class Bus:
     """A connection to NATS with JetStream, owned by one service."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, service: str):
+    def __init__(self, nc: NATS, js: JetStreamContext, service: str, *, url: str):
         self.nc = nc
         self.js = js
         self.service = service
+        self.url = url  # the link (``link()``) connects here too
         self._kv: dict[str, Any] = {}
         self.closing = False
+        self._link: NatsLink | None = None
+        self._publisher: JsPublisher | None = None
+        self._link_lock = asyncio.Lock()
 
     @classmethod
     async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0) -> Bus:
@@ -84,14 +90,39 @@ class Bus:
                 if time.monotonic() > deadline:
                     raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
                 await asyncio.sleep(0.2)
-        bus = cls(nc, nc.jetstream(timeout=10), service)
+        bus = cls(nc, nc.jetstream(timeout=10), service, url=url)
         holder.append(bus)
         return bus
+
+    async def link(self, *, timeout: float = 10.0) -> NatsLink:
+        """The bus's lean connection (``arena.natslink``) for the high-rate paths: pull
+        feeds, acks and publishes. Opened on first use and again after it dropped (e.g. a
+        NATS restart), retrying for up to ``timeout`` seconds; then ``Unavailable``."""
+        async with self._link_lock:
+            if self._link is None or self._link.closed:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        self._link = await NatsLink.open(self.url, name=f"arena-{self.service}-link")
+                        break
+                    except LinkError as exc:
+                        if self.closing or time.monotonic() > deadline:
+                            raise Unavailable(str(exc)) from exc
+                        await asyncio.sleep(0.2)
+                self._publisher = JsPublisher(self._link)
+            return self._link
+
+    async def publisher(self) -> JsPublisher:
+        await self.link()
+        assert self._publisher is not None
+        return self._publisher
 
     async def close(self) -> None:
         """Flush what was published and close. (Acks are explicit, so nothing in flight
         is lost: an unacked message is redelivered to the next worker.)"""
         self.closing = True
+        if self._link is not None:
+            await self._link.close()
         if not self.nc.is_closed:
             try:
                 await asyncio.wait_for(self.nc.flush(), 2)
@@ -154,26 +185,58 @@ class Bus:
         msg_id: str,
         headers: dict[str, str] | None = None,
         attempts: int = 20,
-    ) -> jsapi.PubAck:
-        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context.
+    ) -> PubAck:
+        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context, on the
+        bus's link (``arena.jetlink.JsPublisher``), and wait for the stream's ``PubAck``.
 
-        Retries while the server is unreachable (a restart); a duplicate inside the
-        de-duplication window is acknowledged by the server and dropped.
+        Retries while the server is unreachable (a restart: the link is opened again); a
+        duplicate inside the de-duplication window is acknowledged by the server and
+        dropped (``PubAck.duplicate``). A message over the server's ``max_payload`` raises
+        ``PayloadTooLarge`` at once; a refusal by JetStream raises ``PublishRefused``.
         """
         data = message if isinstance(message, bytes) else encode(message)
         hdrs = telemetry.inject(dict(headers or {}))
-        hdrs["Nats-Msg-Id"] = msg_id
         delay = 0.1
         for attempt in range(1, attempts + 1):
             try:
-                return await self.js.publish(subject, data, headers=hdrs, timeout=5)
-            except (NatsTimeout, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
-                    nats.errors.OutboundBufferLimitError, asyncio.TimeoutError) as exc:
+                publisher = await self.publisher()
+                if len(data) > publisher.link.max_payload - BODY_HEADROOM:
+                    # too big for one message: the body goes to the object store first,
+                    # the message carries its name (readers: ``Bus.body``)
+                    name = body_object_name(msg_id)
+                    await self._put_body(name, data)
+                    return await publisher.publish(subject, b"", msg_id=msg_id,
+                                                   headers={**hdrs, BODY_OBJECT_HEADER: name})
+                return await publisher.publish(subject, data, msg_id=msg_id, headers=hdrs)
+            except (NoResponders, PublishTimeout, LinkClosed, Unavailable) as exc:
                 if attempt == attempts:
                     raise Unavailable(f"publish to {subject} failed after {attempts} attempts: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
+
+    async def _put_body(self, name: str, data: bytes) -> None:
+        try:
+            store = await self.artifacts()
+            await store.put(name, data)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"cannot store a {len(data)}-byte message body as {name}: {exc}") from exc
+
+    async def body(self, msg: Any) -> bytes:
+        """The body of a consumed message (a ``JsMsg``, a nats-py ``Msg`` or a stream
+        message read by sequence): its data, or, when the publisher stored it in the
+        object store because it was over ``max_payload``, that object. Raises
+        ``BodyMissing`` if the object is gone, ``Unavailable`` if it cannot be read now."""
+        name = body_object(msg)
+        if name is None:
+            return msg.data
+        try:
+            store = await self.artifacts()
+            return (await store.get(name)).data or b""
+        except nats.js.errors.ObjectNotFoundError as exc:
+            raise BodyMissing(f"the message body {name} is not in {subjects.OBJECT_ARTIFACTS}") from exc
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"cannot read the message body {name}: {exc}") from exc
 
     async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str) -> None:
         meta = msg.metadata
@@ -185,6 +248,7 @@ class Bus:
             num_delivered=meta.num_delivered,
             data=msg.data,
             at=time.time(),
+            body_object=body_object(msg),
         )
         await self.publish(
             subjects.dead(stream),
@@ -193,17 +257,48 @@ class Bus:
         )
 
 
+#: A message whose body is in the ``arena_artifacts`` object store names it in this header
+#: and has an empty payload (bodies over the server's ``max_payload``).
+BODY_OBJECT_HEADER = "Arena-Body-Object"
+_BODY_OBJECT_HEADER_BYTES = BODY_OBJECT_HEADER.encode()
+#: Room left in a message for its headers before the body goes to the object store.
+BODY_HEADROOM = 16 * 1024
+
+
+class BodyMissing(Permanent):
+    """A message names a body in the object store that is not there (deleted)."""
+
+
+def body_object_name(msg_id: str) -> str:
+    return f"bodies/{msg_id}"
+
+
+def body_object(msg: Any) -> str | None:
+    """The object-store name of ``msg``'s body, if the publisher put it there."""
+    raw = getattr(msg, "raw_headers", None)
+    if isinstance(msg, JsMsg):
+        if raw is None or _BODY_OBJECT_HEADER_BYTES not in raw:  # the hot path: no header parsing
+            return None
+    headers = msg.headers
+    return headers.get(BODY_OBJECT_HEADER) if headers else None
+
+
 class Delivery:
     """What a handler knows about the message besides its decoded body."""
 
-    __slots__ = ("subject", "num_delivered", "headers", "stream_seq")
+    __slots__ = ("subject", "num_delivered", "stream_seq", "_msg")
 
-    def __init__(self, msg: Msg):
+    def __init__(self, msg: Msg | JsMsg):
         meta = msg.metadata
         self.subject: str = msg.subject
         self.num_delivered: int = meta.num_delivered
         self.stream_seq: int = meta.sequence.stream
-        self.headers: dict[str, str] = dict(msg.headers or {})
+        self._msg = msg
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The message's headers (parsed on first use: most handlers never read them)."""
+        return dict(self._msg.headers or {})
 
 
 Handler = Callable[[T, Delivery], Awaitable[None]]
@@ -335,7 +430,7 @@ class Consumer(PullConsumer, Generic[T]):
         beat = asyncio.create_task(self._heartbeat([msg]))
         try:
             try:
-                body = self.decoder.decode(msg.data)
+                body = self.decoder.decode(await self.bus.body(msg))
             except msgspec.DecodeError as exc:
                 raise Permanent(f"undecodable message: {exc}") from exc
             with telemetry.span_from_headers(f"handle {self.durable}", delivery.headers, subject=msg.subject):

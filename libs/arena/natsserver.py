@@ -49,12 +49,13 @@ def wait_port(host: str, port: int, timeout: float = 10.0, proc: subprocess.Pope
 
 class NatsServer:
     def __init__(self, store_dir: str | Path, port: int | None = None, *, sync: str = DEFAULT_SYNC,
-                 max_payload: int = 8 * 1024 * 1024, log_file: str | Path | None = None):
+                 max_payload: int = 8 * 1024 * 1024, log_file: str | Path | None = None, extra_config: str = ""):
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.sync = sync
         self.max_payload = max_payload
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.extra_config = extra_config  # more nats-server configuration (e.g. authorization, tls)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -69,6 +70,7 @@ class NatsServer:
             f'  store_dir: "{self.store_dir / "jetstream"}"\n'
             f"  sync_interval: {self.sync}\n"
             "}\n"
+            + self.extra_config
         )
 
     def start(self, timeout: float = 15.0) -> NatsServer:

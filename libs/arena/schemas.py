@@ -644,6 +644,8 @@ class DeadLetter(Base, kw_only=True):
     num_delivered: int
     data: bytes
     at: float
+    #: The body was too big for a message: it is this object in ``arena_artifacts`` (``data`` is empty).
+    body_object: str | None = None
 
 
 class ErrorBody(Base, kw_only=True):

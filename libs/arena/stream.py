@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
-from arena.bus import Bus
+from arena.bus import BodyMissing, Bus
 from arena.errors import Unavailable
 from arena.schemas import GroupCompleted
 
@@ -266,11 +266,15 @@ class TrajectoryStream:
             self._pending[seq] = msg
             return None
         try:
-            group = _decode(msg.data)
-        except msgspec.DecodeError as exc:
+            group = _decode(await self._bus.body(msg))  # a group over max_payload is in the object store
+        except (msgspec.DecodeError, BodyMissing) as exc:
             log.error("terminating undecodable message %d on %s: %s", seq, msg.subject, exc)
             self.stats.undecodable += 1
             await msg.term()
+            return None
+        except Unavailable as exc:  # its body cannot be read now: delivered again shortly
+            log.warning("group %d on %s: %s", seq, msg.subject, exc)
+            await msg.nak(delay=1.0)
             return None
         if group.group_id in self._yielded:
             self.stats.duplicates += 1

@@ -166,5 +166,10 @@ def catalog() -> dict:
         "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
-        "headers": {"Nats-Msg-Id": "de-duplication key", "traceparent": "W3C trace context"},
+        "headers": {
+            "Nats-Msg-Id": "de-duplication key",
+            "traceparent": "W3C trace context",
+            "Arena-Body-Object": "the body was over the server's max_payload: it is this object in the "
+                                 f"{OBJECT_ARTIFACTS} object store and the message payload is empty",
+        },
     }

@@ -195,25 +195,49 @@ async def test_gives_up_waiting_and_marks_the_trajectory_incomplete(bus, store, 
     assert await dead_letters(bus) == 0
 
 
-async def test_a_trajectory_over_the_message_size_limit_is_dead_lettered_with_the_reason(bus, store, running):
-    big = "x" * (bus.nc.max_payload // 2 + 1024)  # each step fits in a message, the trajectory does not
-    for i in range(2):
-        await publish_step(bus, msgspec.structs.replace(step("big", i), completion_text=big))
-    await publish_state(bus, state("big", RolloutState.FAILED, steps=2))
-    running(retry_delay=0.05, give_up_after=3)  # its sandbox result never comes
+async def test_messages_over_max_payload_travel_through_the_object_store(small_bus, store, tmp_path):
+    """A step bigger than a NATS message (as the proxy publishes it), and a trajectory and a
+    group bigger than one, are stored, published and streamed whole: the bodies go to
+    ``arena_artifacts`` and the messages name them."""
+    server, bus = small_bus
+    big = "x" * (300 * 1024)  # over max_payload by itself
+    half = "y" * (150 * 1024)  # fits, but the trajectory of two does not
+    for rid, texts in (("big0", [big, "small"]), ("big1", [half, half])):
+        for i, text in enumerate(texts):
+            await publish_step(bus, msgspec.structs.replace(step(rid, i), completion_text=text))
+        await publish_outcome(bus, rid, 1.0 if rid == "big0" else 0.0)
+        await publish_state(bus, state(rid, RolloutState.COMPLETED, steps=2, group="gbig", index=int(rid[-1]),
+                                       size=2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_consumers(TrajectoryWorker(bus, store).consumers(), stop))
+    try:
+        async with TrajectoryStream(server.url, name="big-trainer") as stream:
+            batch = await asyncio.wait_for(anext(stream.groups(batch_size=1)), 30)
+            [group] = batch.groups
+            await batch.commit()
+    finally:
+        stop.set()
+        await task
+    assert [t.rollout_id for t in group.trajectories] == ["big0", "big1"]
+    assert group.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert [s.completion_text for s in group.trajectories[0].steps] == [big, "small"]
+    assert [s.completion_text for s in group.trajectories[1].steps] == [half, half]
+    assert (await store.trajectory("big1")).steps == group.trajectories[1].steps
+    raw = await bus.js.get_last_msg(TRAJECTORIES_STREAM, subjects.trajectory("calc/add", "big1"))
+    assert raw.data in (b"", None) and raw.headers["Arena-Body-Object"] == "bodies/big1:trajectory:0"
+    assert msgspec.json.decode(await bus.body(raw), type=Trajectory) == group.trajectories[1]
+    assert await dead_letters(bus) == 0
+
+
+async def test_a_step_the_table_cannot_hold_is_dead_lettered_and_its_batch_stored(bus, store, running):
+    await publish_step(bus, step("odd", 0))
+    await publish_step(bus, msgspec.structs.replace(step("odd", 1), step_index=-1), seq="negative")
+    running()
     dead = await bus.js.pull_subscribe("arena.dead.*", durable="dead-reader", stream="ARENA_DEAD")
-    letter = None
-    for _ in range(30):
-        try:
-            [m] = await dead.fetch(batch=1, timeout=0.5)
-            letter = msgspec.json.decode(m.data)
-            break
-        except Exception:  # noqa: BLE001 - fetch timeout
-            continue
-    assert letter is not None and letter["subject"] == subjects.rollout_state("big")
-    assert "exceed the NATS max_payload" in letter["error"]
-    assert len((await store.trajectory("big")).steps) == 2  # stored and queryable, just not streamed
-    assert await count_on(bus, "arena.trajectory.*.*") == 0
+    [m] = await dead.fetch(batch=1, timeout=10)
+    letter = msgspec.json.decode(m.data)
+    assert letter["subject"] == subjects.step("odd") and "does not fit the steps table" in letter["error"]
+    assert [s.step_index for s in await store.steps_for("odd")] == [0]
 
 
 async def test_a_group_that_times_out_is_published_partial_once(nats_server, bus, store, running):

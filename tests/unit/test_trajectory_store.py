@@ -6,6 +6,7 @@ transport: the real client library (parameter binding, raw inserts) on a real en
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from arena.schemas import (
@@ -21,6 +22,7 @@ from arena.schemas import (
 from arena_trajectory import assembler
 from arena_trajectory.clickhouse import ChdbBackend, ClickHouseConnectBackend, escape_param
 from arena_trajectory.store import TrajectoryStore
+from arena_trajectory.tables import RowError, step_row
 
 NASTY = "it's a \"quote\", a back\\slash \\n (not a newline), a\nnewline, a\ttab, \r\0 and ünïcødé ☃ 🚀 {x:String}"
 
@@ -84,6 +86,35 @@ async def test_strings_with_quotes_backslashes_newlines_and_unicode_round_trip(s
     assert await store.group(NASTY) == [t]
     [summary] = await store.list_trajectories(task_id=NASTY)
     assert summary.rollout_id == rid and summary.group_id == NASTY
+
+
+async def test_step_columns_hold_what_analytics_read(store):
+    """Steps go in as RowBinary: every analytics column holds the step's value, a step
+    without logprobs has NULL statistics, and a long body (multi-byte length) is intact."""
+    import json
+
+    long_text = "x" * 20_000 + NASTY
+    with_lp = step("cols", 0, text=long_text, logprobs=(-0.25, -1.75, -1.0))
+    without = msgspec.structs.replace(step("cols", 1), logprobs=None, finish_reason=None, policy_version=None)
+    await store.insert_steps([with_lp, without])
+    rows = [json.loads(line) for line in await store.select(
+        "SELECT * EXCEPT body, toUnixTimestamp64Milli(started_at) AS ms, length(body) AS body_len "
+        "FROM arena.steps FINAL WHERE rollout_id = {r:String} ORDER BY step_index", {"r": "cols"})]
+    assert rows[0] | {"started_at": None} == {
+        "rollout_id": "cols", "step_index": 0, "model": "m", "backend": "b0", "policy_version": "7",
+        "prompt_tokens": 2, "completion_tokens": 2, "finish_reason": "stop", "total_ms": 9.5,
+        "first_token_ms": 5.0, "queued_ms": 1.0, "mean_logprob": -1.0, "min_logprob": -1.75, "sum_logprob": -3.0,
+        "num_logprobs": 3, "started_at": None, "ms": 1_700_000_000_125, "body_len": len(msgspec.json.encode(with_lp))}
+    assert rows[1]["mean_logprob"] is None and rows[1]["min_logprob"] is None and rows[1]["num_logprobs"] == 0
+    assert rows[1]["policy_version"] == "" and rows[1]["finish_reason"] == "" and rows[1]["ms"] == 1_700_000_001_125
+    assert await store.steps_for("cols") == [with_lp, without]
+
+
+@pytest.mark.parametrize("bad", [{"step_index": -1}, {"step_index": 2**32}, {"started_at": float("inf")},
+                                 {"usage": Usage(prompt_tokens=-5)}])
+def test_a_step_the_columns_cannot_hold_is_refused_by_name(bad):
+    with pytest.raises(RowError, match="does not fit the steps table"):
+        step_row(msgspec.structs.replace(step("r", 0), **bad))
 
 
 def test_escape_param_escapes_what_clickhouse_reads_as_escapes():

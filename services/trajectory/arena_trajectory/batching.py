@@ -13,8 +13,9 @@ statement, then settles every message with the verdict the handler returned:
 So an ack still means "stored", and a redelivered batch is harmless because every table
 it writes is idempotent (ReplacingMergeTree).
 
-Batches come from a ``PullFeed`` (one pull request and one wait per batch, not per
-message); after the first message arrives the fetch lingers up to ``linger`` seconds for
+Batches come from a ``PullFeed`` on the bus's lean connection (``arena.jetlink``: one
+pull request and one wait per batch, not per message, and the batch's acks in one
+write); after the first message arrives the fetch lingers up to ``linger`` seconds for
 more, so a steady flow makes a few large inserts instead of many small ones (a ClickHouse
 insert has a fixed cost however few rows it carries). With ``concurrency`` > 1 the next
 batch is fetched and decoded while the previous one is being stored.
@@ -30,11 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
-from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 
-from arena.bus import Bus, Delivery, PullConsumer, settle
-from arena_trajectory.pull import PullFeed
+from arena.bus import BodyMissing, Bus, Delivery, PullConsumer, body_object, settle
+from arena.errors import Unavailable
+from arena.jetlink import FetchTimeout, JsMsg, PullFeed, ack_all
 
 log = logging.getLogger("arena.trajectory")
 
@@ -106,11 +106,11 @@ class BatchConsumer(PullConsumer, Generic[T]):
                     slots.release()
                     break
                 try:
-                    if feed is None:
+                    if feed is None or feed.link.closed:
                         await self.declare()
-                        feed = await PullFeed(self.bus.nc, self.stream, self.durable).start()
+                        feed = PullFeed(await self.bus.link(), self.stream, self.durable).start()
                     msgs = await feed.fetch(self.batch_size, timeout=self.fetch_timeout, linger=self.linger)
-                except (NatsTimeout, asyncio.TimeoutError):
+                except FetchTimeout:
                     slots.release()
                     continue
                 except Exception as exc:  # noqa: BLE001 - a server restart surfaces as many types
@@ -140,16 +140,20 @@ class BatchConsumer(PullConsumer, Generic[T]):
             if feed is not None:
                 await feed.stop()
 
-    async def process(self, msgs: list[Msg]) -> None:
+    async def process(self, msgs: list[JsMsg]) -> None:
         items: list[Item] = []
-        kept: list[Msg] = []
+        kept: list[JsMsg] = []
         for msg in msgs:
             try:
-                items.append((self.decoder.decode(msg.data), delivery(msg)))
+                data = msg.data if body_object(msg) is None else await self.bus.body(msg)
+                items.append((self.decoder.decode(data), Delivery(msg)))
                 kept.append(msg)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, BodyMissing) as exc:
                 log.error("dead-lettering undecodable %s: %s", msg.subject, exc, extra={"consumer": self.durable})
                 await self._dead(msg, f"undecodable message: {exc}")
+            except Unavailable as exc:  # its body cannot be read now: again later
+                log.warning("%s: %s", self.durable, exc, extra={"consumer": self.durable})
+                await self._fail(msg, str(exc))
         if not items:
             return
         beat = asyncio.create_task(self._heartbeat(kept))
@@ -170,36 +174,23 @@ class BatchConsumer(PullConsumer, Generic[T]):
             verdicts = [None] * len(kept)
         if len(verdicts) != len(kept):
             raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(kept)} messages")
+        stored = [msg for msg, verdict in zip(kept, verdicts) if verdict is None]
+        try:
+            ack_all(stored)
+        except Exception as exc:  # noqa: BLE001 - the link is gone: they are redelivered, and stored idempotently
+            log.warning("%s: could not ack %d messages: %s", self.durable, len(stored), exc)
         for msg, verdict in zip(kept, verdicts):
             if verdict is None:
-                await settle(msg.ack())
-            elif isinstance(verdict, Retry):
+                continue
+            if isinstance(verdict, Retry):
                 await settle(msg.nak(delay=verdict.delay))
             else:
                 log.error("dead-lettering %s: %s", msg.subject, verdict.reason, extra={"consumer": self.durable})
                 await self._dead(msg, verdict.reason)
 
-    async def _fail(self, msg: Msg, error: str) -> None:
+    async def _fail(self, msg: JsMsg, error: str) -> None:
         if self.last_delivery(msg):
             await self._dead(msg, error)
         else:
             await settle(msg.nak(delay=self.backoff(msg.metadata.num_delivered)))
 
-
-def delivery(msg: Msg) -> Delivery:
-    """``Delivery(msg)`` without building nats-py's full ``Metadata`` (a datetime and two
-    dataclasses per message): the two numbers a handler reads come from the reply subject
-    ``$JS.ACK[.<domain>.<account>].<stream>.<consumer>.<delivered>.<stream seq>...``."""
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9 and tokens[0] == "$JS":  # the v1 reply subject, without domain and account
-        delivered, seq = tokens[4], tokens[5]
-    elif len(tokens) >= 11 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        delivered, seq = tokens[6], tokens[7]
-    else:
-        return Delivery(msg)  # not a JetStream reply: let nats-py raise its error
-    out = Delivery.__new__(Delivery)
-    out.subject = msg.subject
-    out.num_delivered = int(delivered)
-    out.stream_seq = int(seq)
-    out.headers = dict(msg.headers) if msg.headers else {}
-    return out

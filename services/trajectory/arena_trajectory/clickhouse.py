@@ -5,7 +5,7 @@ clickhouse-connect, behind one small ``Backend`` protocol. Both run the same SQL
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -22,8 +22,9 @@ class Backend(Protocol):
 
     def execute(self, sql: str) -> None: ...
 
-    def insert(self, table: str, rows: bytes) -> None:
-        """Insert ``rows`` (JSONEachRow) into ``table`` (``database.table``)."""
+    def insert(self, table: str, rows: bytes, *, fmt: str = "JSONEachRow", columns: Sequence[str] = ()) -> None:
+        """Insert ``rows`` (in format ``fmt``) into ``table`` (``database.table``);
+        ``columns``: the columns the rows hold, in order (required by ``RowBinary``)."""
 
     def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
         """Run ``sql`` with ``{name:Type}`` parameters bound (a list binds an
@@ -74,9 +75,13 @@ class ChdbBackend:
         with self._lock:
             self._session.query(sql)
 
-    def insert(self, table: str, rows: bytes) -> None:
+    def insert(self, table: str, rows: bytes, *, fmt: str = "JSONEachRow", columns: Sequence[str] = ()) -> None:
+        target = f"{table} ({', '.join(columns)})" if columns else table
         with self._lock:
-            self._session.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + rows.decode())
+            # a streaming insert takes the bytes as they are (binary formats too), no str round trip
+            with self._session.send_insert(f"INSERT INTO {target}", fmt) as inserter:
+                inserter.append(rows)
+                inserter.finish()
 
     def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
         bound = {k: _bind(v) for k, v in params.items()}
@@ -122,8 +127,9 @@ class ClickHouseConnectBackend:
     def execute(self, sql: str) -> None:
         self.client.command(sql)
 
-    def insert(self, table: str, rows: bytes) -> None:
-        self.client.raw_insert(table, insert_block=rows, fmt="JSONEachRow", settings=self._insert_settings)
+    def insert(self, table: str, rows: bytes, *, fmt: str = "JSONEachRow", columns: Sequence[str] = ()) -> None:
+        self.client.raw_insert(table, column_names=list(columns) or None, insert_block=rows, fmt=fmt,
+                               settings=self._insert_settings)
 
     def select(self, sql: str, params: Mapping[str, Param]) -> bytes:
         return self.client.raw_query(sql, parameters=dict(params), fmt="JSONEachRow")

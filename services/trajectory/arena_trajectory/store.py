@@ -6,7 +6,8 @@ reads of many rollouts at once take an ``Array(String)`` parameter, so the worke
 per message is a fraction of one statement.
 
 Values never go into SQL text: reads bind ``{name:Type}`` query parameters and inserts
-send ``JSONEachRow`` data, whose JSON string escaping is done by msgspec.
+send ``RowBinary`` (steps: the hot table) or ``JSONEachRow`` data (the rest, whose JSON
+string escaping is done by msgspec).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from arena_trajectory.tables import (  # noqa: F401 - re-exported
     DATABASE,
     DDL,
     MIGRATIONS,
+    STEP_COLUMNS,
+    STEP_FORMAT,
     TABLES,
     group_row,
     rows_bytes,
@@ -114,11 +117,17 @@ class TrajectoryStore:
         await self.insert_steps([step])
 
     async def insert_steps(self, steps: Sequence[Step]) -> None:
-        await self._insert("steps", [step_row(s) for s in steps])
+        await self.insert_step_rows([step_row(s) for s in steps])
 
     async def insert_stored_steps(self, steps: Sequence[StoredStep]) -> None:
         """Store steps with the JSON they arrived as for ``body`` (not encoded again)."""
-        await self._insert("steps", [step_row(s.step, body=s.raw) for s in steps])
+        await self.insert_step_rows([step_row(s.step, body=s.raw) for s in steps])
+
+    async def insert_step_rows(self, rows: Sequence[bytes]) -> None:
+        """Rows made by ``tables.step_row`` (``RowBinary``)."""
+        if rows:
+            await asyncio.to_thread(self.backend.insert, f"{DATABASE}.steps", b"".join(rows), fmt=STEP_FORMAT,
+                                    columns=STEP_COLUMNS)
 
     async def insert_sandbox_result(self, done: SandboxDone) -> None:
         await self.insert_sandbox_results([done])

@@ -15,6 +15,7 @@ back on read (a step that arrives after the trajectory was given up on stays out
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 
@@ -134,50 +135,67 @@ TABLES = ("steps", "sandbox_results", "verifications", "trajectories", "rollout_
 # --------------------------------------------------------------------------- rows
 
 
-class StepRow(msgspec.Struct):
-    """A row of ``steps`` (a Struct: cheaper to build and encode than a dict)."""
-
-    rollout_id: str
-    step_index: int
-    model: str
-    backend: str
-    policy_version: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-    total_ms: float
-    first_token_ms: float
-    queued_ms: float
-    mean_logprob: float | None
-    min_logprob: float | None
-    sum_logprob: float
-    num_logprobs: int
-    started_at: float
-    body: str
+#: The ``steps`` columns in the order ``step_row`` writes them.
+STEP_COLUMNS: tuple[str, ...] = (
+    "rollout_id", "step_index", "model", "backend", "policy_version", "prompt_tokens", "completion_tokens",
+    "finish_reason", "total_ms", "first_token_ms", "queued_ms", "mean_logprob", "min_logprob", "sum_logprob",
+    "num_logprobs", "started_at", "body",
+)
+#: ``steps`` rows go in as ``RowBinary``: a step's body is copied as it arrived instead of
+#: being escaped into a JSON string and parsed back (chDB takes a 2,000-row batch at
+#: ~3.5 us/row this way, ~10-14 us/row as ``JSONEachRow``).
+STEP_FORMAT = "RowBinary"
 
 
-def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> StepRow:
-    """``body``: the step's JSON if at hand (as it arrived), else it is encoded here."""
+class RowError(ValueError):
+    """A value the table's column cannot hold (e.g. a negative ``step_index``)."""
+
+
+_U32 = struct.Struct("<I")
+_U32x2 = struct.Struct("<II")
+# total_ms, first_token_ms, queued_ms, [not null, mean_logprob], [not null, min_logprob], sum, n, started_at (ms)
+_TAIL_LOGPROBS = struct.Struct("<dddBdBddIq")
+_TAIL_NO_LOGPROBS = struct.Struct("<dddBBdIq")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(value: bytes) -> bytes:
+    """A ``String`` in RowBinary: LEB128 length, then the bytes."""
+    n = len(value)
+    return (bytes((n,)) if n < 0x80 else _varint(n)) + value
+
+
+def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
+    """One ``steps`` row, ``RowBinary`` in ``STEP_COLUMNS`` order. ``body``: the step's JSON
+    if at hand (as it arrived), else it is encoded here. Raises ``RowError`` for a value
+    the columns cannot hold."""
     logprobs = step.logprobs or []
-    return StepRow(
-        rollout_id=step.rollout_id,
-        step_index=step.step_index,
-        model=step.model,
-        backend=step.backend,
-        policy_version=step.policy_version or "",
-        prompt_tokens=step.usage.prompt_tokens,
-        completion_tokens=step.usage.completion_tokens,
-        finish_reason=step.finish_reason or "",
-        total_ms=step.timings.total_ms,
-        first_token_ms=step.timings.first_token_ms,
-        queued_ms=step.timings.queued_ms,
-        mean_logprob=sum(logprobs) / len(logprobs) if logprobs else None,
-        min_logprob=min(logprobs) if logprobs else None,
-        sum_logprob=sum(logprobs),
-        num_logprobs=len(logprobs),
-        started_at=step.started_at,
-        body=json_text(step) if body is None else bytes(body).decode(),
-    )
+    timings, usage = step.timings, step.usage
+    try:
+        started_ms = round(step.started_at * 1000)
+        if logprobs:
+            total = sum(logprobs)
+            tail = _TAIL_LOGPROBS.pack(timings.total_ms, timings.first_token_ms, timings.queued_ms,
+                                       0, total / len(logprobs), 0, min(logprobs), total, len(logprobs), started_ms)
+        else:
+            tail = _TAIL_NO_LOGPROBS.pack(timings.total_ms, timings.first_token_ms, timings.queued_ms,
+                                          1, 1, 0.0, 0, started_ms)
+        return b"".join((
+            _string(step.rollout_id.encode()), _U32.pack(step.step_index), _string(step.model.encode()),
+            _string(step.backend.encode()), _string((step.policy_version or "").encode()),
+            _U32x2.pack(usage.prompt_tokens, usage.completion_tokens), _string((step.finish_reason or "").encode()),
+            tail, _string(_encoder.encode(step) if body is None else bytes(body)),
+        ))
+    except (struct.error, OverflowError, ValueError) as exc:  # out of range, inf/NaN time, lone surrogate
+        raise RowError(f"step {step.rollout_id}/{step.step_index} does not fit the steps table: {exc}") from exc
 
 
 def sandbox_row(done: SandboxDone) -> dict:

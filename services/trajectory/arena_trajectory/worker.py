@@ -39,7 +39,7 @@ from arena_trajectory import assembler
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
 from arena_trajectory.caches import MemberCache, RawSteps, ResultCache, StepCache, StoredStep, first_per_index
 from arena_trajectory.store import TrajectoryStore
-from arena_trajectory.tables import group_row
+from arena_trajectory.tables import RowError, group_row, step_row
 from arena_trajectory.wire import encode_group, encode_trajectory
 
 log = logging.getLogger("arena.trajectory")
@@ -115,13 +115,19 @@ class TrajectoryWorker:
         dead-lettered."""
         verdicts: list[Verdict] = []
         steps: list[StoredStep] = []
+        rows: list[bytes] = []
         for raw, delivery in items:
             try:
-                steps.append(StoredStep(_step_decoder.decode(raw), raw))
-                verdicts.append(None)
+                step = _step_decoder.decode(raw)
+                rows.append(step_row(step, body=raw))
             except msgspec.DecodeError as exc:  # includes ValidationError
                 verdicts.append(Dead(f"undecodable message on {delivery.subject}: {exc}"))
-        await self.store.insert_stored_steps(steps)
+            except RowError as exc:
+                verdicts.append(Dead(str(exc)))
+            else:
+                steps.append(StoredStep(step, raw))
+                verdicts.append(None)
+        await self.store.insert_step_rows(rows)
         self._steps.add(steps)  # only once stored
         self._progress.set()
         return verdicts
@@ -348,9 +354,6 @@ class TrajectoryWorker:
         look-up keeps a much later redelivery from putting a second copy on the
         training stream. Returns whether a new message was stored.
         """
-        if len(data) > self.bus.nc.max_payload:
-            # retrying cannot help; dead-letter the state with a clear reason (docs/trajectory.md, limits)
-            raise Permanent(f"{subject}: {len(data)} bytes exceed the NATS max_payload of {self.bus.nc.max_payload}")
         if look_up:
             try:
                 await self.bus.js.get_last_msg(TRAJECTORIES_STREAM, subject)
