@@ -17,8 +17,8 @@ import pytest
 
 from arena import subjects
 from arena.runtime import serve
-from arena.schemas import AgentSpec, BackendReplica, Budget, RolloutState, Step, SubmitRolloutRequest, Task, \
-    TestsVerifier
+from arena.schemas import AgentSpec, BackendReplica, Budget, RolloutState, SamplingParams, Step, \
+    SubmitRolloutRequest, Task, TestsVerifier
 from arena.scripted_llm import Faults, Script, ScriptedLLM, ScriptedResponse, ScriptedToolCall
 from arena.scripted_llm import create_app as create_llm_app
 from arena.settings import Settings
@@ -40,25 +40,39 @@ ANTHROPIC_TOOLS = [{"name": "read_file", "description": "read a file", "input_sc
 
 
 class Recorder:
-    """ASGI wrapper keeping every response body the backend sent, as bytes on the wire."""
+    """ASGI wrapper keeping every request and response body of the backend, as bytes on
+    the wire, and the most calls it ever had in flight at once."""
 
     def __init__(self, app):
         self.app = app
         self.bodies: list[bytes] = []
+        self.requests: list[bytes] = []
+        self.active = self.peak = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        buf = bytearray()
+        buf, request = bytearray(), bytearray()
+
+        async def incoming():
+            message = await receive()
+            if message["type"] == "http.request":
+                request.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self.requests.append(bytes(request))
+            return message
 
         async def record(message):
             if message["type"] == "http.response.body":
                 buf.extend(message.get("body", b""))
             await send(message)
 
+        self.active += 1
+        self.peak = max(self.peak, self.active)
         try:
-            await self.app(scope, receive, record)
+            await self.app(scope, incoming, record)
         finally:
+            self.active -= 1
             self.bodies.append(bytes(buf))
 
 
@@ -104,12 +118,14 @@ class Stack:
     def __init__(self, bus, service, url, backends):
         self.bus, self.service, self.url, self.backends = bus, service, url, backends
 
-    async def rollout(self, tmp_path, **budget) -> tuple[str, str]:
+    async def rollout(self, tmp_path, *, sampling: SamplingParams | None = None, model: str = "default",
+                      **budget) -> tuple[str, str]:
         repo = tmp_path / "repo"
         repo.mkdir(exist_ok=True)
         task = Task(id="t", repo=str(repo), instructions="fix", agent=AgentSpec(command=["true"]),
                     verifier=TestsVerifier(fail_to_pass=["t::x"]), budget=Budget(**budget))
-        record = await self.service.submit(SubmitRolloutRequest(task=task))
+        record = await self.service.submit(SubmitRolloutRequest(task=task, sampling=sampling or SamplingParams(),
+                                                                model=model))
         await self.service.transition(record.rollout_id, RolloutState.RUNNING, reason="test")
         return record.rollout_id, record.api_key
 

@@ -179,3 +179,32 @@ async def test_a_relay_closed_before_it_started_still_reports_it():
     assert [c async for c in started] == [b"a"]
     await started.aclose()
     assert calls == ["unstarted"]
+
+
+def test_the_token_cap_holds_under_every_sampling_policy():
+    """Sampling is injected first and the budget capped last: a rollout ``max_tokens``
+    under ``override`` must not lift the cap again, and the step records what was sent."""
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}
+    for policy in ("override", "default", "clamp"):
+        rec = msgspec.structs.replace(record(Budget(max_total_tokens=100), tokens=70),
+                                      sampling=SamplingParams(max_tokens=512, temperature=0.7, policy=policy))
+        sent, applied = proxy.admit(rec, body, api="openai.chat", now=1.0)
+        assert sent["max_tokens"] == 30 and applied.max_tokens == 30, policy
+        assert applied.temperature == 0.7 and sent["logprobs"] is True
+    roomy = msgspec.structs.replace(record(Budget(max_total_tokens=10_000)), sampling=SamplingParams(max_tokens=512))
+    sent, applied = proxy.admit(roomy, body, api="openai.chat", now=1.0)
+    assert sent["max_tokens"] == 512 == applied.max_tokens  # under the budget: the policy decides
+
+
+def test_completions_keep_their_default_length_and_count_a_token_id_prompt():
+    rec = record(Budget(max_total_tokens=100), tokens=50)
+    sent, applied = proxy.admit(rec, {"prompt": "def f():"}, api="openai.completions", now=1.0)
+    assert "max_tokens" not in sent and applied.max_tokens is None  # the API's own 16 fits: not stretched to 50
+    sent, applied = proxy.admit(rec, {"prompt": [1, 2, 3, 4, 5], "max_tokens": 100}, api="openai.completions",
+                                now=1.0)
+    assert sent["max_tokens"] == 45 == applied.max_tokens  # 50 left, 5 of them the known prompt
+    with pytest.raises(BudgetExhausted, match="a prompt of 50 tokens does not fit in the 50 of 100"):
+        proxy.admit(rec, {"prompt": list(range(3, 53))}, api="openai.completions", now=1.0)
+    with pytest.raises(InvalidRequest, match="'max_tokens' must be an integer"):
+        proxy.admit(rec, {"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"},
+                    api="openai.chat", now=1.0)

@@ -16,6 +16,7 @@ from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry
 from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.reaper import Reaper
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 from arena_rollout.worker import consumers
@@ -38,7 +39,9 @@ async def main(settings: Settings) -> int:
                                  upstream=upstream)
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
                       asyncio.create_task(registry.health_loop(stop)),
-                      asyncio.create_task(store.cache.watch(rollouts_kv, stop))]
+                      asyncio.create_task(store.cache.watch(rollouts_kv, stop)),
+                      # ends over-time rollouts nothing else would end (no LLM call, job never picked up)
+                      asyncio.create_task(Reaper(lifecycle=service, records=store.cache).run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
         code = await serve(stop, consumers=consumers(bus, service), app=create_app(service),
                            host=settings.host, port=settings.rollout_port)

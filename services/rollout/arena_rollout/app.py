@@ -144,8 +144,7 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_models(rollout_id: str, request: Request) -> Response:
         record = await service.authorize(rollout_id, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
-        return json_response({"object": "list", "data": [
-            {"id": record.model, "object": "model", "created": int(time.time()), "owned_by": "arena"}]})
+        return json_response(models_answer(record.model, record.created_at))
 
     # documented here; served by ``RolloutApp`` before FastAPI routing (the hot path)
     @app.post("/proxy/{rollout_id}/v1/chat/completions")
@@ -188,6 +187,15 @@ async def proxied(service: RolloutService, rollout_id: str, request: Request, ap
         return Response(answer if isinstance(answer, bytes) else encode(answer), media_type="application/json")
     return RelayResponse(answer, media_type="text/event-stream",
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def models_answer(model: str, created: float) -> dict[str, Any]:
+    """``GET /v1/models``: the rollout's model, in a shape both SDKs read (OpenAI's list
+    fields, and Anthropic's ``type`` / ``display_name`` / ``created_at`` and paging)."""
+    created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    entry = {"id": model, "object": "model", "created": int(created), "owned_by": "arena",
+             "type": "model", "display_name": model, "created_at": created_at}
+    return {"object": "list", "data": [entry], "has_more": False, "first_id": model, "last_id": model}
 
 
 def _payload(body: bytes) -> Any:

@@ -205,11 +205,13 @@ class RolloutService:
     # ------------------------------------------------------------------ transitions
 
     async def transition(self, rollout_id: str, target: RolloutState, *, reason: str,
-                         reward: float | None = None) -> RolloutRecord | None:
+                         reward: float | None = None,
+                         only_from: frozenset[RolloutState] | None = None) -> RolloutRecord | None:
         """Move a rollout to ``target`` (compare-and-set) and publish the event.
 
-        Returns the new record, or ``None`` when the rollout is already final or the
-        transition is not allowed (an idempotent no-op, e.g. a redelivered event).
+        Returns the new record, or ``None`` when the rollout is already final, the
+        transition is not allowed (an idempotent no-op, e.g. a redelivered event), or the
+        stored state is not one of ``only_from`` (when given).
         """
         if target.is_final:  # the final event carries the step count: this process's recordings first
             await self.proxy.settle(rollout_id)
@@ -217,6 +219,8 @@ class RolloutService:
 
         def change(record: RolloutRecord) -> RolloutRecord:
             if record.state == target or record.state.is_final:
+                return record
+            if only_from is not None and record.state not in only_from:
                 return record
             return state.transition(record, target, reason=reason, at=now, reward=reward)
 

@@ -41,6 +41,10 @@ class RecordCache:
         """(record, revision) of a live rollout, or None."""
         return self._live.get(rollout_id) if self.watching else None
 
+    def live(self) -> list[RolloutRecord]:
+        """Every live (non-final) rollout the cache holds; empty until its watch has caught up."""
+        return [record for record, _ in self._live.values()] if self.watching else []
+
     def newer(self, rollout_id: str, revision: int) -> bool:
         """Whether ``revision`` of ``rollout_id`` could change what the cache holds."""
         if rollout_id in self._final:

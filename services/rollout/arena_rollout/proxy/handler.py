@@ -29,7 +29,7 @@ from arena.errors import ArenaError, BudgetExhausted, InvalidRequest, UpstreamEr
 from arena.schemas import RolloutRecord, RolloutState, SamplingParams, Timings
 
 from arena_rollout.proxy import anthropic
-from arena_rollout.proxy.budget import check_budget
+from arena_rollout.proxy.budget import admit
 from arena_rollout.proxy.capture import Capture
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
@@ -138,15 +138,14 @@ class ProxyHandler:
             body = validate_chat_body(payload)
         stream = bool(body.get("stream"))
         client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        try:
-            body = check_budget(record, body, now=time.time())
+        try:  # sampling injected, then the budget capped on what will be sent
+            sent, applied = admit(record, body, api=api, now=time.time())
         except WallClockExceeded as exc:
             await self.lifecycle.transition(rid, RolloutState.TIMED_OUT, reason=exc.message)
             raise
         except BudgetExhausted as exc:
             await self.lifecycle.transition(rid, RolloutState.BUDGET_EXHAUSTED, reason=exc.message)
             raise
-        sent, applied = apply_sampling(body, record.sampling, api=api)
         if record.model and record.model != "default":
             sent["model"] = record.model
         call = _Call(rollout_id=rid, api=api, sent=sent, applied=applied, started_at=time.time(),

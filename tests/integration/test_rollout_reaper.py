@@ -1,0 +1,101 @@
+"""The wall-clock reaper against a real nats-server: a rollout whose agent makes no LLM
+calls, or whose sandbox job no worker ever picks up, still ends ``timed_out`` when its
+wall-clock budget has passed, with the reason and its final state event."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from arena import subjects
+from arena.errors import Unauthorized
+from arena.schemas import (AgentSpec, Budget, RolloutState, RolloutStateChanged, SandboxJob, SubmitRolloutRequest,
+                           Task, TestsVerifier)
+from arena.settings import Settings
+from arena_rollout.reaper import REAPED, Reaper
+from arena_rollout.service import RolloutService
+from arena_rollout.store import RolloutStore
+
+from tests.integration.test_rollout_service import fetch_all
+
+S = RolloutState
+
+
+@pytest.fixture
+async def service(bus, tmp_path):
+    kv = await bus.kv(subjects.KV_ROLLOUTS)
+    store = RolloutStore(kv)
+    stop = asyncio.Event()
+    watch = asyncio.create_task(store.cache.watch(kv, stop))  # as in production: the reaper reads the cache
+    http = httpx.AsyncClient()
+    svc = RolloutService(bus=bus, store=store, settings=Settings(nats_url="nats://127.0.0.1:1"), http=http)
+    for _ in range(200):
+        if store.cache.watching:
+            break
+        await asyncio.sleep(0.01)
+    assert store.cache.watching
+    try:
+        yield svc
+    finally:
+        stop.set()
+        await watch
+        await svc.upstream.aclose()
+        await http.aclose()
+
+
+async def submit(svc: RolloutService, tmp_path, wall_clock_s: float) -> tuple[str, str]:
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+    task = Task(id="t", repo=str(repo), instructions="i", agent=AgentSpec(command=["true"]),
+                verifier=TestsVerifier(fail_to_pass=["t::x"]), budget=Budget(wall_clock_s=wall_clock_s))
+    record = await svc.submit(SubmitRolloutRequest(task=task))
+    return record.rollout_id, record.api_key
+
+
+async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_worker(service, bus, tmp_path):
+    svc = service
+    stuck, _ = await submit(svc, tmp_path, 1.0)  # provisioning: no sandbox worker will ever pick its job up
+    idle, idle_key = await submit(svc, tmp_path, 1.0)  # running, but the agent never calls the LLM
+    await svc.transition(idle, S.RUNNING, reason="sandbox s1 started")
+    judged, _ = await submit(svc, tmp_path, 1.0)  # the agent finished in time: verifying is not reaped
+    await svc.transition(judged, S.RUNNING, reason="sandbox s2 started")
+    await svc.transition(judged, S.VERIFYING, reason="agent finished")
+    roomy, _ = await submit(svc, tmp_path, 600.0)
+    await svc.authorize(idle, f"Bearer {idle_key}", None)  # the key works while the rollout runs
+
+    stop = asyncio.Event()  # two rollout-service replicas reaping at once: one wins each rollout
+    reapers = [asyncio.create_task(Reaper(lifecycle=svc, records=svc.store.cache, interval_s=0.1,
+                                          grace_s=0.2).run(stop)) for _ in range(2)]
+    try:
+        for _ in range(150):
+            states = [(await svc.store.get(rid))[0].state for rid in (stuck, idle)]
+            if states == [S.TIMED_OUT, S.TIMED_OUT]:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # more sweeps: nothing else moves, nothing moves twice
+    finally:
+        stop.set()
+        await asyncio.gather(*reapers)
+
+    for rid, was in ((stuck, "provisioning"), (idle, "running")):
+        record, _ = await svc.store.get(rid)
+        assert record.state == S.TIMED_OUT, (rid, record.state)
+        assert record.reason.startswith("wall-clock budget exhausted: ") and record.reason.endswith(
+            f"s of 1 s used while {was}")
+        assert [h.to_state for h in record.history][-2:] == [S(was), S.TIMED_OUT]
+        events = await fetch_all(bus, "ARENA_ROLLOUTS", subjects.rollout_state(rid), RolloutStateChanged)
+        finals = [e for e in events if e.to_state.is_final]
+        assert len(finals) == 1 and finals[0].to_state == S.TIMED_OUT and finals[0].steps == 0
+        assert finals[0].reason == record.reason and finals[0].history == record.history
+    assert (await svc.store.get(judged))[0].state == S.VERIFYING
+    # a reaper that decided on a stale record (still running) cannot end a rollout that has reached verifying
+    assert await svc.transition(judged, S.TIMED_OUT, reason="stale", only_from=REAPED) is None
+    assert (await svc.store.get(judged))[0].state == S.VERIFYING
+    assert (await svc.store.get(roomy))[0].state == S.PROVISIONING
+    with pytest.raises(Unauthorized, match="timed_out"):  # the proxy key ended with the rollout
+        await svc.authorize(idle, f"Bearer {idle_key}", None)
+    # the job was never picked up; a worker that takes it later sees a final rollout and skips it
+    jobs = await fetch_all(bus, "ARENA_SANDBOX_JOBS", subjects.sandbox_run("local"), SandboxJob)
+    assert stuck in {j.rollout_id for j in jobs}

@@ -1,0 +1,73 @@
+"""The wall-clock reaper's pure logic: which rollouts are overdue, and a sweep, without a bus."""
+
+from __future__ import annotations
+
+import pytest
+
+from arena.schemas import AgentSpec, Budget, RolloutRecord, RolloutState, SamplingParams, Task, TestsVerifier
+from arena_rollout.reaper import REAPED, Reaper, deadline, overdue
+
+S = RolloutState
+
+
+def rec(rid: str, state: RolloutState, created_at: float, wall_clock_s: float = 60.0) -> RolloutRecord:
+    task = Task(id="t", repo="/r", instructions="i", agent=AgentSpec(command=["a"]),
+                verifier=TestsVerifier(fail_to_pass=["x"]), budget=Budget(wall_clock_s=wall_clock_s))
+    return RolloutRecord(rollout_id=rid, task=task, sampling=SamplingParams(), model="m", provider="local",
+                         api_key="k", state=state, created_at=created_at, updated_at=created_at)
+
+
+def test_only_live_agent_states_past_budget_and_grace_are_overdue():
+    records = [
+        rec("provisioning-late", S.PROVISIONING, created_at=0.0),  # job never picked up
+        rec("pending-late", S.PENDING, created_at=-10.0),
+        rec("running-late", S.RUNNING, created_at=1.0),  # agent makes no LLM calls
+        rec("in-grace", S.RUNNING, created_at=4.0),  # 63 s of 60 s: still within the 5 s grace
+        rec("on-time", S.PROVISIONING, created_at=50.0),
+        rec("verifying", S.VERIFYING, created_at=0.0),  # the agent finished in time
+        rec("done", S.COMPLETED, created_at=0.0),
+        rec("short", S.RUNNING, created_at=60.0, wall_clock_s=1.0),
+    ]
+    found = overdue(records, now=67.0, grace_s=5.0)
+    assert [o.rollout_id for o in found] == ["pending-late", "provisioning-late", "running-late", "short"]
+    assert found[1].state == S.PROVISIONING
+    assert found[1].reason == "wall-clock budget exhausted: 67.0 s of 60 s used while provisioning"
+    assert found[3].reason == "wall-clock budget exhausted: 7.0 s of 1 s used while running"
+    assert deadline(records[0], 5.0) == 65.0
+    # the deadline itself is still on time: strictly after it is overdue
+    assert "provisioning-late" not in [o.rollout_id for o in overdue(records, now=65.0, grace_s=5.0)]
+
+
+class FakeCache:
+    def __init__(self, records: list[RolloutRecord], watching: bool = True):
+        self.records, self.watching = records, watching
+
+    def live(self) -> list[RolloutRecord]:
+        return self.records if self.watching else []
+
+
+class Lifecycle:
+    """Stands in for the rollout service: answers like it (None = nothing changed)."""
+
+    def __init__(self, already_final: set[str] = frozenset()):
+        self.calls: list[tuple[str, RolloutState, str, frozenset]] = []
+        self.already_final = already_final
+
+    async def transition(self, rollout_id, target, *, reason, only_from=None):
+        self.calls.append((rollout_id, target, reason, only_from))
+        return None if rollout_id in self.already_final else object()
+
+
+async def test_a_sweep_times_out_overdue_rollouts_only_from_the_agent_states():
+    records = [rec("late", S.PROVISIONING, 0.0), rec("raced", S.RUNNING, 0.0), rec("fresh", S.RUNNING, 100.0)]
+    life = Lifecycle(already_final={"raced"})  # another replica (or the sandbox) ended it first
+    reaper = Reaper(lifecycle=life, records=FakeCache(records), interval_s=0.1, grace_s=0.0)
+    assert await reaper.sweep(now=61.0) == ["late"]
+    assert [(c[0], c[1], c[3]) for c in life.calls] == [("late", S.TIMED_OUT, REAPED), ("raced", S.TIMED_OUT, REAPED)]
+    assert life.calls[0][2].startswith("wall-clock budget exhausted: 61.0 s of 60 s used")
+    # the cache answers nothing before its watch caught up: nothing is reaped from a partial view
+    idle = Reaper(lifecycle=Lifecycle(), records=FakeCache(records, watching=False), grace_s=0.0)
+    assert await idle.sweep(now=1000.0) == [] and idle.lifecycle.calls == []
+    with pytest.raises(ValueError, match="interval_s"):
+        Reaper(lifecycle=life, records=FakeCache([]), interval_s=0)
+    assert S.VERIFYING not in REAPED
