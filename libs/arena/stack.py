@@ -147,8 +147,8 @@ class Stack:
         deadline = time.monotonic() + timeout
         urls = {"rollout": f"{self.settings.rollout_url}/healthz",
                 "trajectory": f"{self.settings.trajectory_url}/healthz"}
-        durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(
-                        provider=self.settings.sandbox_provider)),
+        first_provider = self.settings.sandbox_provider.split(",")[0].strip()  # "local,docker": one consumer each
+        durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=first_provider)),
                     "verification": ("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)}
         pending = {c.name for c in self.children if c.name in urls or c.name in durables}
         bus = await Bus.connect(self.nats.url, "stack")

@@ -105,6 +105,23 @@ async def test_signals_from_inside_do_not_end_the_server(server):
     assert await Output().run(channel, ["true"]) == 0
 
 
+async def test_commands_cannot_create_a_user_namespace(server):
+    # In one they would hold every capability again: the server's seccomp filter refuses
+    # (EPERM; clone3 ENOSYS, so libc falls back to clone). The sandbox around this test
+    # server allows it, so the refusal is the server's. Threads and processes still work.
+    channel, _ = server
+    o = Output()
+    code = await o.run(channel, [PYTHON, "-I", "-S", "-c",
+                                 "import ctypes, os, subprocess, threading\n"
+                                 "libc = ctypes.CDLL(None, use_errno=True)\n"
+                                 "print(libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+                                 "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+                                 "print(subprocess.run(['true']).returncode)\n"
+                                 "print(open('/proc/self/status').read().count('Seccomp:\\t2'))\n"])
+    assert code == 0, o.err
+    assert o.out.decode().split("\n") == ["-1 1", "thread", "0", "1", ""]
+
+
 async def test_quit_ends_the_server(server):
     channel, proc = server
     assert await channel.quit(timeout_s=10)

@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from arena_sandbox import local
+from arena.schemas import AgentSpec, Budget, SandboxJob, SandboxOutcome, Task, TestsVerifier
+from arena_sandbox import local, runner
 from arena_sandbox.pool import WarmPool
 from arena_sandbox.provider import CreateSpec, Sandbox, SandboxError, SandboxProvider
+from arena_sandbox.runner import RunnerConfig
 from arena_sandbox.testing import make_provider
 
 
@@ -50,6 +54,33 @@ async def test_interface_exec_streams_and_files(tmp_path, name_and_url):
         assert not provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
 
 
+async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url):
+    name, url = name_and_url
+    if name == "mock":
+        pytest.skip("mock sandboxes run nothing")
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    sandbox = await provider.create(CreateSpec())
+    try:
+        first = asyncio.Event()
+        chunks: list[bytes] = []
+
+        def on_output(chunk: bytes) -> None:
+            chunks.append(chunk)
+            first.set()
+
+        cancel = asyncio.Event()
+        running = asyncio.ensure_future(sandbox.exec(["sh", "-c", "echo first; echo err >&2; sleep 100"], env={},
+                                                     timeout_s=120, cancel=cancel, on_output=on_output))
+        await asyncio.wait_for(first.wait(), 30)
+        assert not running.done()  # the output came while the command still ran
+        cancel.set()
+        result = await asyncio.wait_for(running, 30)
+        assert result.killed and not result.timed_out and result.exit_code is None
+        assert b"first" in b"".join(chunks) and b"err" in b"".join(chunks)  # stdout and stderr
+    finally:
+        await sandbox.destroy()
+
+
 async def test_warm_pool_hands_out_ready_sandboxes(tmp_path, name_and_url):
     name, url = name_and_url
     provider = make_provider(name, tmp_path / "d", docker_url=url)
@@ -62,6 +93,64 @@ async def test_warm_pool_hands_out_ready_sandboxes(tmp_path, name_and_url):
     assert pool.idle(CreateSpec()) == 0
     if name != "mock":
         assert list(provider.base.iterdir()) == []
+
+
+async def _until(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def _job(tmp_path: Path, *, image: str | None = None) -> SandboxJob:
+    repo, agent = tmp_path / "repo", tmp_path / "agent"
+    repo.mkdir(exist_ok=True)
+    agent.mkdir(exist_ok=True)
+    (repo / "a.txt").write_text("a\n")
+    (agent / "agent.py").write_text("open('a.txt', 'w').write('b\\n')\nopen('/sandbox/.arena/done', 'w')\n")
+    task = Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(), image=image,
+                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)),
+                budget=Budget(wall_clock_s=60))
+    return SandboxJob(rollout_id="rw", task=task, proxy_url="http://127.0.0.1:9/v1", api_key="k")
+
+
+async def test_jobs_take_warm_sandboxes_and_the_pool_refills(tmp_path, name_and_url):
+    """Acquiring from a full pool hands out a sandbox created ahead (no create on the
+    way); the pool refills in the background; a job's sandbox is destroyed, never reused."""
+    name, url = name_and_url
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    pool = WarmPool(provider, size=2)
+    spec = CreateSpec(limits=RunnerConfig().sandbox_limits)  # what run_job asks for
+    await pool.prefill(spec)
+    try:
+        # one pool per sandbox kind: local ignores images, docker's "" is its default image
+        other = "any/image:tag" if name != "docker" else provider.default_image
+        assert pool.idle(spec) == 2 and pool.idle(CreateSpec(image=other, limits=spec.limits)) == 2
+        ready = {p.name for p in provider.base.iterdir()} if name != "mock" else set()
+        started = time.perf_counter()
+        sandbox = await pool.acquire(spec)
+        took = time.perf_counter() - started
+        assert pool.idle(spec) == 1 and took < 0.05, took  # a list pop (a docker create is ~70 ms)
+        assert name == "mock" or sandbox.id in ready
+        await sandbox.destroy()
+        await _until(lambda: pool.idle(spec) == 2)  # refilled in the background
+        job = _job(tmp_path, image=other if name == "local" else None)
+        out = await runner.run_job(job, data_dir=tmp_path / "d", provider=pool)
+        assert out.done.outcome is SandboxOutcome.COMPLETED, out.done.reason
+        assert name == "mock" or "+b" in out.done.diff
+        if name == "mock":  # clearly labelled: nothing ran
+            assert out.done.reason.startswith("mock provider (no process was run)")
+            assert out.done.provider == "mock" and out.done.result == {"mock": True}
+        await _until(lambda: pool.idle(spec) == 2)
+        if name != "mock":  # the job's sandbox is gone: only the two idle ones are left
+            assert len(list(provider.base.iterdir())) == 2
+    finally:
+        await pool.close()
+    assert pool.idle(spec) == 0
+    if name != "mock":
+        assert list(provider.base.iterdir()) == []
+    if name == "docker":
+        assert not provider.client.api.containers(all=True, filters={"label": f"arena.owner={provider.owner}"})
 
 
 async def test_orphans_are_reaped_by_the_next_process(tmp_path, name_and_url):
@@ -81,6 +170,12 @@ async def test_orphans_are_reaped_by_the_next_process(tmp_path, name_and_url):
             assert not restarted.client.api.containers(all=True, filters={"id": sandbox.container_id})
         assert restarted.client.api.containers(all=True, filters={"id": kept.container_id})
     assert list(other.base.iterdir())  # another owner's sandbox is left alone
+    if name == "local" and restarted.use_cgroups:  # and the orphan's cgroups are gone, another owner's kept
+        for controller in ("pids", "memory", "cpu", ""):
+            root = Path("/sys/fs/cgroup", controller, "arena")
+            if (root / other.cgroup_owner).is_dir():
+                assert not (root / restarted.cgroup_owner / left[0].id).exists()
+                assert (root / other.cgroup_owner / kept.id).is_dir()
     await kept.destroy()
 
 

@@ -79,11 +79,15 @@ task = json.load(open('/sandbox/.arena/task.json'))
 req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', data=b'{"m": 1}',
                              headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})
 answer = json.load(urllib.request.urlopen(req, timeout=10))
+req = urllib.request.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', data=b'{"a": 1}',
+                             headers={'Authorization': 'Bearer ' + os.environ['ANTHROPIC_API_KEY']})
+anthropic = json.load(urllib.request.urlopen(req, timeout=10))
 open('src/calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')
 open('NOTES.md', 'w').write('new file\\n')
 print('agent log line')
 json.dump({'task_id': task['task']['id'], 'rid': task['rollout_id'], 'mode': os.environ['MODE'],
-           'proxy': answer, 'cwd': os.getcwd()}, open('/sandbox/.arena/result.json', 'w'))
+           'proxy': answer, 'anthropic': anthropic, 'cwd': os.getcwd(), 'env_rid': os.environ['ARENA_ROLLOUT_ID']},
+          open('/sandbox/.arena/result.json', 'w'))
 open('/sandbox/.arena/done', 'w').close()
 """
 
@@ -98,8 +102,9 @@ async def test_completed_with_diff_result_and_proxy(tmp_path, proxy_port, provid
     assert "-    return a - b\n+    return a + b" in done.diff
     assert "diff --git a/NOTES.md b/NOTES.md\nnew file mode" in done.diff
     assert done.result == {
-        "task_id": "calc", "rid": "r1", "mode": "test", "cwd": "/sandbox/workspace",
+        "task_id": "calc", "rid": "r1", "mode": "test", "cwd": "/sandbox/workspace", "env_rid": "r1",
         "proxy": {"path": "/proxy/r1/v1/chat/completions", "auth": "Bearer ak-test", "body": '{"m": 1}'},
+        "anthropic": {"path": "/proxy/r1/v1/messages", "auth": "Bearer ak-test", "body": '{"a": 1}'},
     }
     assert "agent log line" in done.log_tail and b"agent log line" in out.log
     assert done.sandbox_id.startswith("r1-") and done.provider == provider.name

@@ -81,10 +81,27 @@ async def test_sigkilled_service_leaves_nothing_after_restart(request, name, bus
             first.kill()
             first.wait(10)
     orphan = {p.name for p in live()}
+    cgroups: list[Path] = []  # the local orphan's cgroups, where cgroups are writable
+    run_dirs: list[Path] = []  # and its relay directory in the temp dir
+    if name == "local":
+        import tempfile
+
+        from arena_sandbox.local_provider import LocalProvider
+
+        provider = LocalProvider(data_dir=data, owner=OWNER)
+        run_dirs = list(Path(tempfile.gettempdir()).glob(f"{provider.run_prefix}*"))
+        assert run_dirs, "the killed service's sandbox has no relay directory"
+        if provider.use_cgroups:
+            cgroups = [Path("/sys/fs/cgroup", c, "arena", provider.cgroup_owner, o)
+                       for c in ("pids", "memory", "cpu", "") for o in orphan]
+            cgroups = [g for g in cgroups if g.is_dir()]
+            assert cgroups, "the killed service's sandbox has no cgroup"
     second = _start(name, env)
     try:
         # reaped at start-up (the job comes back after ack_wait and would start a new one later)
         await _wait_for(lambda: not orphan & {p.name for p in live()}, timeout=60)
+        await _wait_for(lambda: not any(g.exists() for g in cgroups), timeout=30)
+        await _wait_for(lambda: not any(d.exists() for d in run_dirs), timeout=30)
         if name == "docker":
             await _wait_for(lambda: all(c["Labels"].get("arena.sandbox_id") not in orphan for c in containers()))
     finally:
@@ -96,3 +113,81 @@ async def test_sigkilled_service_leaves_nothing_after_restart(request, name, bus
             second.wait(10)
     if name == "docker":  # the redelivered job, if it started, was stopped with the service
         await _wait_for(lambda: not containers(), timeout=30)
+
+
+async def _done(bus, rid: str, service: subprocess.Popen, timeout: float = 90.0):
+    from nats.js.errors import NotFoundError
+
+    import msgspec
+
+    from arena.schemas import SandboxDone
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = await bus.js.get_last_msg("ARENA_RESULTS", subjects.sandbox_done(rid))
+            return msgspec.json.decode(msg.data, type=SandboxDone)
+        except NotFoundError:
+            assert service.poll() is None, f"the service exited with code {service.returncode}"
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"no SandboxDone for {rid}")
+
+
+async def test_engine_down_at_start_then_up(request, bus, nats_server, tmp_path):
+    """The docker engine is unreachable when the service starts: the service does not
+    crash, answers jobs with an `error` outcome naming the engine, and once the engine
+    is back reaps its predecessor's orphans before its first sandbox, then runs jobs."""
+    import shutil
+    import tempfile
+
+    from arena.schemas import SandboxOutcome
+    from arena_sandbox.provider import CreateSpec
+    from arena_sandbox.testing import make_provider
+
+    docker_url = request.getfixturevalue("docker_url")
+    if not docker_url.startswith("unix://"):
+        pytest.skip("needs the engine on a Unix socket (to make it appear later through a link)")
+    owner = f"late-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "data"
+    crashed = make_provider("docker", data, docker_url=docker_url, owner=owner)
+    orphan = await crashed.create(CreateSpec())  # what a killed predecessor of this owner left
+    short = Path(tempfile.mkdtemp(prefix="arena-eng-"))  # a Unix socket path has 108 bytes
+    link = short / "engine.sock"  # the engine "appears" when this link does
+    env = {**os.environ, "ARENA_NATS_URL": nats_server.url, "ARENA_DATA_DIR": str(data),
+           "ARENA_SANDBOX_PROVIDER": "docker", "ARENA_SANDBOX_OWNER": owner, "ARENA_DOCKER_URL": f"unix://{link}",
+           "ARENA_LOG_LEVEL": "WARNING"}
+    repo, agent = tmp_path / "repo", tmp_path / "agent"
+    repo.mkdir()
+    agent.mkdir()
+    (repo / "f.txt").write_text("x\n")
+    (agent / "agent.py").write_text("open('f.txt', 'w').write('y\\n')\nopen('/sandbox/.arena/done', 'w')\n")
+    task = Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(), budget=Budget(wall_clock_s=120),
+                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)))
+    service = _start("docker", env)
+    try:
+        await bus.publish(subjects.sandbox_run("docker"), SandboxJob(rollout_id="down", task=task,
+                          proxy_url="http://127.0.0.1:9/v1", api_key="k"), msg_id="down:sandbox-job:1")
+        down = await _done(bus, "down", service)
+        assert down.outcome is SandboxOutcome.ERROR
+        assert down.reason.startswith("the docker sandbox provider is unavailable: no Docker-API engine at unix://")
+        assert service.poll() is None, "the service crashed"
+        assert crashed.client.api.containers(all=True, filters={"id": orphan.container_id})  # not reaped yet
+        os.symlink(docker_url.removeprefix("unix://"), link)
+        await bus.publish(subjects.sandbox_run("docker"), SandboxJob(rollout_id="up", task=task,
+                          proxy_url="http://127.0.0.1:9/v1", api_key="k"), msg_id="up:sandbox-job:1")
+        up = await _done(bus, "up", service)
+        assert up.outcome is SandboxOutcome.COMPLETED, up.reason
+        assert "+y" in up.diff
+        assert not crashed.client.api.containers(all=True, filters={"id": orphan.container_id})  # reaped
+        assert not orphan.root.exists()
+    finally:
+        service.send_signal(signal.SIGTERM)
+        try:
+            service.wait(30)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait(10)
+        await orphan.destroy()
+        await crashed.close()
+        shutil.rmtree(short, ignore_errors=True)
+    assert not crashed.client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})

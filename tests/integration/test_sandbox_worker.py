@@ -29,7 +29,10 @@ from arena.schemas import (
 )
 from arena.settings import Settings
 from arena_sandbox import local
-from arena_sandbox.local_provider import LocalProvider
+from arena_sandbox.local_provider import LocalProvider, LocalSandbox
+from arena_sandbox.pool import WarmPool
+from arena_sandbox.provider import CreateSpec
+from arena_sandbox.runner import RunnerConfig
 from arena_sandbox.worker import SandboxWorker
 
 pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
@@ -55,6 +58,7 @@ DONE_AGENT = """
 open('src/calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')
 open('EXTRA.txt', 'w').write('untracked\\n')
 print('agent says hi')
+open('/sandbox/.arena/result.json', 'w').write('{"answer": "42"}')
 open('/sandbox/.arena/done', 'w').close()
 """
 
@@ -69,12 +73,12 @@ async def _put_record(bus, job: SandboxJob, state: RolloutState) -> None:
     await kv.put(job.rollout_id, msgspec.json.encode(record))
 
 
-async def _last(bus, stream: str, subject: str, type_, timeout: float = 20.0):
+async def _last(bus, stream: str, subject: str, type_, timeout: float = 20.0, *, decode: bool = True):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             msg = await bus.js.get_last_msg(stream, subject)
-            return msgspec.json.decode(msg.data, type=type_)
+            return msgspec.json.decode(msg.data, type=type_) if decode else msg
         except NotFoundError:
             await asyncio.sleep(0.1)
     raise AssertionError(f"nothing on {subject} within {timeout}s")
@@ -89,11 +93,12 @@ async def _absent(bus, stream: str, subject: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(bus, tmp_path):
-    settings = Settings(data_dir=str(tmp_path / "data"), sandbox_concurrency=2)
+async def running_worker(bus, tmp_path, *, provider: LocalProvider | None = None, concurrency: int = 2,
+                         pool: WarmPool | None = None):
+    settings = Settings(data_dir=str(tmp_path / "data"), sandbox_concurrency=concurrency)
     stop = asyncio.Event()
-    provider = LocalProvider(data_dir=tmp_path / "data", owner="w")
-    worker = SandboxWorker(bus, settings, provider, stop=stop)
+    provider = provider or LocalProvider(data_dir=tmp_path / "data", owner="w")
+    worker = SandboxWorker(bus, settings, provider, pool=pool, stop=stop)
     task = asyncio.create_task(worker.consumer().run(stop))
     try:
         yield worker
@@ -114,6 +119,7 @@ async def test_job_runs_and_publishes_started_done_and_verify_job(bus, tmp_path)
     assert done.outcome is SandboxOutcome.COMPLETED, done.reason
     assert "+    return a + b" in done.diff and "b/EXTRA.txt\nnew file mode" in done.diff
     assert verify.rollout_id == "r1" and verify.diff == done.diff and verify.task == job.task
+    assert done.result == verify.result == {"answer": "42"}  # answer verifiers need no lookup
     assert done.log_artifact == "r1/agent.log"
     artifact = await (await bus.artifacts()).get("r1/agent.log")
     assert b"agent says hi" in artifact.data
@@ -173,3 +179,124 @@ async def test_worker_shutdown_returns_the_running_job_to_the_queue(bus, tmp_pat
     assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"))
     assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 1  # redelivered later
     assert list((tmp_path / "data" / "sandboxes" / "w").iterdir()) == []
+
+
+async def test_a_large_log_goes_to_the_object_store_whole(bus, tmp_path, nats_server):
+    """9 MiB of output, more than a NATS message may carry (``max_payload``): the whole
+    log is an artifact in the object store, the SandboxDone keeps only its tail."""
+    assert nats_server.max_payload < 9 * 2**20
+    code = ("import sys\n"
+            "for i in range(9 * 1024):\n"
+            "    sys.stdout.write(f'{i:08d} ' + 'x' * 1014 + '\\n')\n"  # 1 KiB a line
+            "sys.exit(4)\n")
+    job = make_job(tmp_path, code)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        msg = None
+        deadline = time.monotonic() + 60
+        while msg is None:
+            assert time.monotonic() < deadline, "no SandboxDone"
+            try:
+                msg = await bus.js.get_last_msg("ARENA_RESULTS", subjects.sandbox_done("r1"))
+            except NotFoundError:
+                await asyncio.sleep(0.1)
+    done = msgspec.json.decode(msg.data, type=SandboxDone)
+    assert done.outcome is SandboxOutcome.FAILED and done.exit_code == 4
+    assert len(msg.data) < 16 * 1024  # the message carries a tail, not the log
+    assert done.log_tail.endswith("x" * 100) and "00009215 " in done.log_tail
+    artifact = await (await bus.artifacts()).get(done.log_artifact)
+    lines = artifact.data.split(b"\n")
+    assert len(artifact.data) == 9 * 2**20 and lines[0].startswith(b"00000000 ") and lines[-2].startswith(b"00009215 ")
+
+
+class CountingProvider(LocalProvider):
+    """A local provider that counts its live sandboxes (the peak is the worker's concurrency)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.live = self.peak = self.created = 0
+
+    async def create(self, spec: CreateSpec) -> LocalSandbox:
+        sandbox = await super().create(spec)
+        self.created += 1
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        destroy = sandbox.destroy
+
+        async def counted() -> None:
+            if not sandbox._destroyed:
+                self.live -= 1
+            await destroy()
+
+        sandbox.destroy = counted  # type: ignore[method-assign]
+        return sandbox
+
+
+async def test_workers_share_the_queue_each_within_its_concurrency(bus, tmp_path):
+    """Two workers (two processes' worth: own providers and owners) on one durable
+    consumer: every job runs exactly once, both take jobs, neither runs more sandboxes
+    at a time than its ARENA_SANDBOX_CONCURRENCY."""
+    code = "import time\ntime.sleep(1.0)\nopen('/sandbox/.arena/done', 'w')\n"
+    base = make_job(tmp_path, code)
+    first = CountingProvider(data_dir=tmp_path / "data", owner="w1")
+    second = CountingProvider(data_dir=tmp_path / "data", owner="w2")
+    rids = [f"r{i}" for i in range(8)]
+    async with running_worker(bus, tmp_path, provider=first, concurrency=2), \
+            running_worker(bus, tmp_path, provider=second, concurrency=1):
+        for rid in rids:
+            await bus.publish(subjects.sandbox_run("local"), msgspec.structs.replace(base, rollout_id=rid),
+                              msg_id=subjects.msg_id(rid, "sandbox-job"))
+        dones = [await _last(bus, "ARENA_RESULTS", subjects.sandbox_done(rid), SandboxDone, timeout=90)
+                 for rid in rids]
+    assert [d.outcome for d in dones] == [SandboxOutcome.COMPLETED] * len(rids)
+    assert first.created + second.created == len(rids)  # each job ran once
+    assert first.created >= 1 and second.created >= 1
+    assert first.peak == 2 and second.peak == 1
+    assert first.live == second.live == 0
+    assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 0
+
+
+async def test_worker_runs_jobs_in_warm_sandboxes(bus, tmp_path):
+    provider = LocalProvider(data_dir=tmp_path / "data", owner="w")
+    pool = WarmPool(provider, size=1)
+    spec = CreateSpec(limits=RunnerConfig().sandbox_limits)
+    await pool.prefill(spec)
+    warm = {p.name for p in provider.base.iterdir()}
+    assert len(warm) == 1
+    job = make_job(tmp_path, DONE_AGENT)
+    try:
+        async with running_worker(bus, tmp_path, provider=provider, pool=pool):
+            await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+            done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone)
+            deadline = time.monotonic() + 30
+            while pool.idle(spec) < 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        assert done.outcome is SandboxOutcome.COMPLETED, done.reason
+        left = {p.name for p in provider.base.iterdir()}
+        assert len(left) == 1 and not left & warm  # the warm one ran the job and is gone; a new one waits
+    finally:
+        await pool.close()
+    assert list(provider.base.iterdir()) == []
+
+
+async def test_a_diff_larger_than_a_message_is_delivered_whole(bus, tmp_path, nats_server):
+    """An agent that leaves more data in the workspace than a NATS message may carry:
+    SandboxDone and VerifyJob still reach their readers whole (the bus puts such a body
+    in the object store, ``Bus.body`` reads it back), instead of a job that fails to
+    publish, runs the agent again and is dead-lettered."""
+    code = ("import os\n"
+            "open('blob.bin', 'wb').write(os.urandom(9 * 2**20))\n"
+            "open('/sandbox/.arena/done', 'w')\n")
+    job = make_job(tmp_path, code)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        await _last(bus, "ARENA_VERIFY_JOBS", subjects.VERIFY_RUN, object, decode=False)
+        done_msg = await bus.js.get_last_msg("ARENA_RESULTS", subjects.sandbox_done("r1"))
+        verify_msg = await bus.js.get_last_msg("ARENA_VERIFY_JOBS", subjects.VERIFY_RUN)
+        done = msgspec.json.decode(await bus.body(done_msg), type=SandboxDone)
+        verify = msgspec.json.decode(await bus.body(verify_msg), type=VerifyJob)
+    assert done.outcome is SandboxOutcome.COMPLETED, done.reason
+    assert "diff --git a/blob.bin b/blob.bin\nnew file mode" in done.diff and "GIT binary patch" in done.diff
+    assert len(done.diff) > nats_server.max_payload and verify.diff == done.diff
+    assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 0  # acked once

@@ -104,6 +104,13 @@ def test_decide_outcome(run, done, outcome, reason_part):
     assert reason_part in reason
 
 
+def test_timeout_reason_names_the_budget_not_the_time_the_kill_took():
+    run = RunResult(exit_code=None, timed_out=True, killed=True, duration_s=2.7)
+    assert runner.decide_outcome(run, done=False, tail="", wall_clock_s=2.0) == (
+        SandboxOutcome.TIMED_OUT, "wall clock of 2s exceeded")
+    assert runner.decide_outcome(run, done=False, tail="", wall_clock_s=1.5)[1] == "wall clock of 1.5s exceeded"
+
+
 def test_failed_reason_carries_the_log_tail():
     _, reason = runner.decide_outcome(_run(1), done=False, tail="Traceback\nValueError: nope")
     assert reason.endswith("last output:\nTraceback\nValueError: nope")

@@ -13,7 +13,7 @@ from arena.settings import Settings, SettingsError
 from arena_sandbox.factory import build_providers
 from arena_sandbox.pool import WarmPool
 from arena_sandbox.provider import CreateSpec
-from arena_sandbox.worker import SandboxWorker
+from arena_sandbox.worker import SandboxWorker, reap_orphans
 
 
 async def main(settings: Settings) -> int:
@@ -25,16 +25,19 @@ async def main(settings: Settings) -> int:
     await bus.ensure_topology()
     workers, pools = [], []
     for provider in providers:
-        await provider.reap_orphans()  # whatever a killed predecessor of this owner left
+        # Whatever a killed predecessor of this owner left; if the provider cannot be
+        # reached now (engine down), the worker does it before its first sandbox.
+        reaped = await reap_orphans(provider) is None
         reason = await provider.health()
         if reason is not None:
             # Keep consuming: every job then ends as an `error` outcome that names the reason.
             log.error("sandbox provider %s does not work here: %s", provider.name, reason)
         pool = WarmPool(provider, size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None
-        if pool is not None and reason is None:
-            await pool.prefill(CreateSpec())
+        if pool is not None:
+            if reason is None and reaped:
+                await pool.prefill(CreateSpec())
             pools.append(pool)
-        workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop))
+        workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop, reap_pending=not reaped))
         log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
                  provider.name, settings.sandbox_concurrency, settings.sandbox_pool_size)
     code = await serve(stop, consumers=[w.consumer() for w in workers])

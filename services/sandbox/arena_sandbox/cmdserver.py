@@ -24,6 +24,8 @@ server -> host
     ``R``  the command ended: exit code in ASCII (``128 + N`` if killed by signal N;
            127 or 126 with a message on ``E`` when it could not be started)
 
+Every command inherits the server's seccomp filter: no new user namespaces.
+
 A command ends when its first process has exited: every other process then left in
 the sandbox is killed (as PID 1, ``kill(-1)`` reaches every process in the sandbox's
 PID namespace but the server), the output is drained, and ``R`` is sent. So after
@@ -41,12 +43,84 @@ import sys
 HEADER = struct.Struct(">cI")
 _CHUNK = 65536
 _PR_SET_DUMPABLE = 4
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# A seccomp filter (classic BPF over struct seccomp_data: nr at 0, arch at 4, the low
+# word of args[0] at 16) that refuses to create a user namespace: in one, a process
+# holds every capability again (scoped to it), the usual first step of a kernel
+# exploit; engines' default profiles differ (Podman's allows it). unshare(2) and
+# clone(2) with CLONE_NEWUSER fail with EPERM; clone3(2), whose flags a filter cannot
+# read, fails with ENOSYS, so libc falls back to clone(2); x32 system calls fail.
+# Other architectures than x86_64 and aarch64 are let through unfiltered.
+_CLONE_NEWUSER = 0x10000000
+_ALLOW, _EPERM, _ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+_FILTER = (
+    ("ld", 4, None, None),
+    ("jeq", 0xC000003E, "x86_64", None),  # AUDIT_ARCH_X86_64
+    ("jeq", 0xC00000B7, "aarch64", "allow"),  # AUDIT_ARCH_AARCH64
+    "x86_64",
+    ("ld", 0, None, None),
+    ("jge", 0x40000000, "eperm", None),  # x32
+    ("jeq", 272, "flags", None),  # unshare
+    ("jeq", 56, "flags", None),  # clone
+    ("jeq", 435, "enosys", "allow"),  # clone3
+    "aarch64",
+    ("ld", 0, None, None),
+    ("jeq", 97, "flags", None),  # unshare
+    ("jeq", 220, "flags", None),  # clone
+    ("jeq", 435, "enosys", "allow"),  # clone3
+    "flags",
+    ("ld", 16, None, None),
+    ("jset", _CLONE_NEWUSER, "eperm", "allow"),
+    "allow", ("ret", _ALLOW, None, None),
+    "eperm", ("ret", _EPERM, None, None),
+    "enosys", ("ret", _ENOSYS, None, None),
+)
+_OPCODES = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}  # BPF_LD|W|ABS, BPF_JMP|..|K, BPF_RET|K
+
+
+def _assemble(program: tuple) -> bytes:
+    """``struct sock_filter[]`` of ``program``: jump targets are labels (None: the next)."""
+    labels, index = {}, 0
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = index
+        else:
+            index += 1
+    code, index = b"", 0
+    for item in program:
+        if isinstance(item, str):
+            continue
+        op, k, true, false = item
+        jt = labels[true] - index - 1 if true else 0
+        jf = labels[false] - index - 1 if false else 0
+        code += struct.pack("=HBBI", _OPCODES[op], jt, jf, k)
+        index += 1
+    return code
+
+
+def _deny_user_namespaces(ctypes, libc) -> "str | None":
+    """Install :data:`_FILTER` on the server; every command it starts inherits it."""
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    code = ctypes.create_string_buffer(_assemble(_FILTER))
+    prog = SockFprog(len(code.raw) // 8, ctypes.addressof(code))
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return f"prctl(PR_SET_NO_NEW_PRIVS) failed: errno {ctypes.get_errno()}"
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.c_void_p(ctypes.addressof(prog)), 0, 0) != 0:
+        return f"seccomp filter refused: errno {ctypes.get_errno()}"
+    return None
 
 
 def _prepare() -> "str | None":
     """Make the server non-dumpable, so that processes of the same uid (the agent's)
     can neither ptrace it nor read its memory (``exec`` resets this for the commands
-    it starts), and check that process fds work here; the reason if not."""
+    it starts), forbid user namespaces to it and its commands, and check that process
+    fds work here; the reason if not."""
     try:
         os.close(os.pidfd_open(os.getpid()))
         import ctypes  # only here: the rest of the server needs no ctypes
@@ -54,9 +128,9 @@ def _prepare() -> "str | None":
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
             return f"prctl(PR_SET_DUMPABLE, 0) failed: errno {ctypes.get_errno()}"
+        return _deny_user_namespaces(ctypes, libc)
     except (AttributeError, ImportError, OSError) as exc:  # Python < 3.9, Linux < 5.3, no ctypes
         return f"{type(exc).__name__}: {exc} (needs Python >= 3.9 with ctypes, Linux >= 5.3)"
-    return None
 
 
 class Server:

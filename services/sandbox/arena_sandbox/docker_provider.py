@@ -3,7 +3,8 @@ any Docker-API engine (Docker, or Podman's compatible service).
 
 A container is hardened: uid 1000, every capability dropped, ``no-new-privileges``,
 read-only root, a ``/tmp`` tmpfs, memory (= memory+swap), CPU, pids,
-``nofile``/``nproc``/``fsize`` limits and ``network_mode=none``. Its
+``nofile``/``nproc``/``fsize`` limits, ``network_mode=none`` and no new user
+namespaces (the command server's seccomp filter, whatever the engine's profile). Its
 ``/sandbox/{workspace,.arena,agent}`` and ``/run/arena`` are bind mounts of
 ``<data_dir>/docker/<owner>/<id>/`` (so the engine must run on the worker's host); the
 LLM proxy is reached through the same Unix-socket relay as the local provider
@@ -401,6 +402,9 @@ class DockerProvider:
                                         peer_ok=lambda pid: _in_container(pid, container_id))
         except (ChannelClosed, docker.errors.DockerException) as exc:
             raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
+
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        return CreateSpec(image=spec.image or self.default_image, limits=spec.limits)
 
     async def create(self, spec: CreateSpec) -> DockerSandbox:
         sandbox_id = uuid.uuid4().hex[:12]

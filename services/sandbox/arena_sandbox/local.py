@@ -9,7 +9,8 @@ What a sandbox sees:
 - ``/sandbox/workspace`` (read-write, the working directory), optionally
   ``/sandbox/.arena`` (read-write) and ``/sandbox/agent`` (read-only);
 - a private ``/tmp`` (tmpfs, ``HOME=/tmp``), ``/proc`` and a minimal ``/dev``;
-- its own user, PID, IPC, UTS and network namespaces: no network at all, except,
+- its own user, PID, IPC, UTS and network namespaces (and, with bwrap 0.8+, no way
+  to create another user namespace): no network at all, except,
   when ``proxy`` is set, ``127.0.0.1:<proxy.inside_port>`` which is relayed to the proxy on
   the host (in-sandbox :mod:`arena_sandbox.shim` -> Unix socket -> host forwarder ->
   TCP).
@@ -115,6 +116,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     limits: ResourceLimits = ResourceLimits()
     #: ``cgroup.procs`` files the sandbox joins before exec (pids/memory/CPU limits).
     cgroup_procs: tuple[str, ...] = ()
+    #: Name prefix of the run's host directory in the temp dir (relay socket, shim,
+    #: generated /etc files): a provider reaps its own after a crash by it.
+    run_prefix: str = "arena-run-"
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -230,6 +234,18 @@ def validate_env(env: dict[str, str]) -> None:
             raise ValueError(f"invalid environment variable {name!r}")
 
 
+@functools.lru_cache(maxsize=1)
+def _userns_args() -> tuple[str, ...]:
+    """``--disable-userns`` where bwrap has it (0.8 and later): nothing in the sandbox
+    can create a user namespace, in which it would hold every capability again (the
+    kernel's largest attack surface for an unprivileged process). Older bwrap: none."""
+    try:
+        out = subprocess.run([BWRAP, "--help"], capture_output=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("--unshare-user", "--disable-userns") if b"--disable-userns" in out else ()
+
+
 def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None) -> list[str]:
     """The bwrap command line. The sandbox's environment is set with ``--setenv`` on
     top of ``--clearenv``, never in bwrap's own environment: bwrap runs on the host,
@@ -239,6 +255,7 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     argv = [
         BWRAP,
         "--unshare-all",
+        *_userns_args(),
         "--die-with-parent",
         "--new-session",
         "--hostname", "sandbox",
@@ -407,7 +424,7 @@ async def _execute(
 ) -> RunResult:
     if cancel is not None and cancel.is_set():
         return RunResult(exit_code=None, timed_out=False, killed=True, duration_s=0.0)
-    run_dir = Path(tempfile.mkdtemp(prefix="arena-run-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix))
     forwarder: _Forwarder | None = None
     proc: asyncio.subprocess.Process | None = None
     started = time.monotonic()
@@ -527,7 +544,8 @@ def _exclude_pathspecs() -> list[str]:
     return out
 
 
-async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 120.0) -> str:
+async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 120.0,
+                   run_prefix: str = "arena-run-") -> str:
     """The workspace's changes against ``base`` (new files included), as a binary diff.
 
     Git runs inside a fresh sandbox over the workspace, never on the host: an agent
@@ -542,6 +560,7 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
             workspace=Path(workspace),
             env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **GIT_IDENTITY},
             timeout_s=timeout_s,
+            run_prefix=run_prefix,
         )
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             result = await _execute(spec, cancel=None, stdout=out.fileno(), stderr=err.fileno())

@@ -2,7 +2,8 @@
 
 A sandbox is a directory ``<data_dir>/sandboxes/<owner>/<id>/`` plus, where cgroups
 are writable, a cgroup with the pids/memory/CPU limits; each ``exec`` is a fresh
-``bwrap`` over that directory. Creating one is a few ``mkdir``s, so a warm pool is
+``bwrap`` over that directory (with a relay directory ``<tmp>/arena-run-<installation>-*``
+while it runs). Creating one is a few ``mkdir``s, so a warm pool is
 cheap. Limits: pids, memory (no swap), CPU by cgroup; open files, file size,
 address space by rlimit; ``/tmp`` size by tmpfs.
 """
@@ -13,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import shutil
+import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,11 +30,13 @@ log = logging.getLogger("arena.sandbox.local")
 class LocalSandbox(HostDirSandbox):
     provider = "local"
 
-    def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None):
+    def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
+                 run_prefix: str = "arena-run-"):
         self.id = sandbox_id
         self.root = root
         self.limits = limits
         self.cgroup = cgroup
+        self.run_prefix = run_prefix
         self._destroyed = False
 
     def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
@@ -54,6 +58,7 @@ class LocalSandbox(HostDirSandbox):
                 tmp_size_bytes=self.limits.tmp_bytes,
             ),
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            run_prefix=self.run_prefix,
         )
 
     async def exec(
@@ -84,7 +89,7 @@ class LocalSandbox(HostDirSandbox):
                           oom_killed=oom, duration_s=run.duration_s)
 
     async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
-        return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s)
+        return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix)
 
     async def destroy(self) -> None:
         if self._destroyed:
@@ -111,6 +116,9 @@ class LocalProvider:
         # sharing an owner name never reap each other's sandboxes
         digest = hashlib.sha1(str(self.base.resolve()).encode()).hexdigest()[:8]
         self.cgroup_owner = f"{owner}-{digest}"
+        # each run's relay directory in the temp dir (a Unix socket path must be short)
+        # is named after this installation too, so a crash's are reaped at start-up
+        self.run_prefix = f"arena-run-{hashlib.sha1(self.cgroup_owner.encode()).hexdigest()[:10]}-"
         self.use_cgroups = use_cgroups and cgroups.available() is None
 
     async def health(self) -> str | None:
@@ -121,6 +129,9 @@ class LocalProvider:
         if self.use_cgroups:
             return f"cgroups {cgroups.mode()}: pids, memory, cpu per sandbox"
         return "no cgroups: pids and memory are NOT limited per sandbox (rlimits only)"
+
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        return CreateSpec(limits=spec.limits)  # no images here: the host's /usr for every task
 
     async def create(self, spec: CreateSpec) -> LocalSandbox:
         sandbox_id = uuid.uuid4().hex[:12]
@@ -133,7 +144,7 @@ class LocalProvider:
                 cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus)
 
         await asyncio.to_thread(make)
-        return LocalSandbox(sandbox_id, root, spec.limits, cgroup)
+        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:
@@ -144,6 +155,8 @@ class LocalProvider:
                     count += 1
             if self.use_cgroups:
                 count = max(count, cgroups.reap(self.cgroup_owner))
+            for run_dir in Path(tempfile.gettempdir()).glob(f"{self.run_prefix}*"):
+                shutil.rmtree(run_dir, ignore_errors=True)
             return count
 
         n = await asyncio.to_thread(reap)

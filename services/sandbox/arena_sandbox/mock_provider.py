@@ -65,6 +65,9 @@ class MockProvider:
     async def health(self) -> str | None:
         return None
 
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        return CreateSpec(limits=spec.limits)
+
     async def create(self, spec: CreateSpec) -> MockSandbox:
         return MockSandbox(f"mock-{uuid.uuid4().hex[:12]}")
 

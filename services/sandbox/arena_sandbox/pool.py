@@ -3,6 +3,8 @@
 ``acquire(spec)`` hands out a ready sandbox for ``spec`` if one is waiting, else
 creates one; either way a refill to ``size`` starts in the background. Sandboxes are
 never reused: the caller destroys what it acquired. ``close`` destroys the idle ones.
+Specs are keyed by :meth:`SandboxProvider.pool_key`, so one pool serves every spec that
+gives the same sandbox (``local``: any image; ``docker``: ``""`` = the default image).
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ class WarmPool:
 
     async def prefill(self, spec: CreateSpec) -> None:
         """Fill the pool for ``spec`` to ``size`` and wait until it is full."""
+        spec = self.provider.pool_key(spec)
         if self.size > 0:
             self._refill(spec)
             await asyncio.shield(self._filling[spec])
 
     def idle(self, spec: CreateSpec) -> int:
-        return len(self._idle.get(spec, []))
+        return len(self._idle.get(self.provider.pool_key(spec), []))
 
     async def acquire(self, spec: CreateSpec) -> Sandbox:
+        spec = self.provider.pool_key(spec)
         idle = self._idle.get(spec)
         sandbox = idle.pop() if idle else None
         if self.size > 0:

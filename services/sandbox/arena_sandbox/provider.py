@@ -119,6 +119,11 @@ class SandboxProvider(Protocol):
 
     async def create(self, spec: CreateSpec) -> Sandbox: ...
 
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        """The spec that sandboxes created for ``spec`` are interchangeable under (warm
+        pools are keyed by it): ``local``/``mock`` ignore the image, ``docker`` resolves
+        ``""`` to its default image."""
+
     async def reap_orphans(self) -> int:
         """Destroy every sandbox of this owner left by an earlier process; how many."""
 

@@ -161,13 +161,15 @@ def done_written(arena_dir: Path) -> bool:
 
 
 def decide_outcome(
-    run: RunResult | ExecResult, *, done: bool, tail: str, memory_bytes: int | None = None
+    run: RunResult | ExecResult, *, done: bool, tail: str, memory_bytes: int | None = None,
+    wall_clock_s: float | None = None,
 ) -> tuple[SandboxOutcome, str]:
     """The outcome and its reason.
 
     A cancel (Arena killed it, not for the wall clock) wins; otherwise writing ``done`` means completed, even if the agent then
     exited non-zero or ran out of time (its workspace is final either way, and
-    verification judges it); then the timeout; anything else is a failure.
+    verification judges it); then the timeout (the reason names ``wall_clock_s``, the
+    budget, else the measured duration); anything else is a failure.
     """
     if run.killed and not run.timed_out:
         return SandboxOutcome.CANCELLED, "rollout cancelled while the agent was running"
@@ -178,7 +180,8 @@ def decide_outcome(
             return SandboxOutcome.COMPLETED, f"agent wrote /sandbox/.arena/done and exited with code {run.exit_code}"
         return SandboxOutcome.COMPLETED, "agent wrote /sandbox/.arena/done"
     if run.timed_out:
-        return SandboxOutcome.TIMED_OUT, f"wall clock of {run.duration_s:.0f}s exceeded"
+        budget = f"{wall_clock_s:g}" if wall_clock_s is not None else f"{run.duration_s:.0f}"
+        return SandboxOutcome.TIMED_OUT, f"wall clock of {budget}s exceeded"
     if getattr(run, "oom_killed", False):
         limit = f" of {memory_bytes // 2**20} MiB" if memory_bytes else ""
         reason = f"out of memory: the OOM killer fired (memory limit{limit}); agent exited with code {run.exit_code}"
@@ -270,7 +273,8 @@ async def run_job(
         full_log = output.data()
         tail = log_tail(full_log, lines=config.log_tail_lines, max_chars=config.log_tail_chars)
         done_seen = await sandbox.exists(f"{local.ARENA_DIR}/done")
-        outcome, reason = decide_outcome(run, done=done_seen, tail=tail, memory_bytes=config.sandbox_limits.memory_bytes)
+        outcome, reason = decide_outcome(run, done=done_seen, tail=tail, memory_bytes=config.sandbox_limits.memory_bytes,
+                                         wall_clock_s=job.task.budget.wall_clock_s)
         result_path = f"{local.ARENA_DIR}/result.json"
         raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
         result, note = parse_result(raw, max_bytes=config.max_result_bytes)

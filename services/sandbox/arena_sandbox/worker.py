@@ -5,6 +5,10 @@ publish ``SandboxStarted``, watch ``arena.rollout.state.{id}`` to kill the sandb
 when the rollout reaches a final state (cancel, budget), run the job
 (:func:`arena_sandbox.runner.run_job`), store the full log in the object store,
 publish ``SandboxDone`` and, for a completed sandbox, the ``VerifyJob``.
+
+Orphans: the service reaps its owner's leftovers at start-up (:func:`reap_orphans`);
+where the provider cannot be reached then (a docker engine that is down), the worker
+reaps them before it creates its first sandbox instead of crashing at start.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class SandboxWorker:
     """Handles sandbox jobs for one provider (``arena.sandbox.run.{provider}``).
 
     ``stop`` (the service's shutdown event) kills running sandboxes and returns their
-    jobs to the queue unacknowledged, so another worker runs them.
+    jobs to the queue unacknowledged, so another worker runs them. ``reap_pending``:
+    the start-up reaping failed, so it is done before this worker's first sandbox.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class SandboxWorker:
         pool: WarmPool | None = None,
         config: RunnerConfig = RunnerConfig(),
         stop: asyncio.Event | None = None,
+        reap_pending: bool = False,
     ):
         self.bus = bus
         self.provider = provider
@@ -71,6 +77,8 @@ class SandboxWorker:
         self.config = config
         self.data_dir = Path(settings.data_dir)
         self.stop = stop or asyncio.Event()
+        self.reap_pending = reap_pending
+        self._reaping = asyncio.Lock()
 
     def consumer(self) -> Consumer[SandboxJob]:
         return Consumer(
@@ -125,6 +133,8 @@ class SandboxWorker:
             msg_id=subjects.msg_id(rid, "sandbox-started", job.attempt),
         )
         unavailable = await self.provider.health()
+        if unavailable is None:
+            unavailable = await self._reap_if_pending()
         if unavailable is not None:
             done = SandboxDone(
                 rollout_id=rid, sandbox_id=sandbox_id, provider=self.name, outcome=SandboxOutcome.ERROR,
@@ -148,6 +158,20 @@ class SandboxWorker:
         outcome = await self._publish_done(job, done)
         log.info("sandbox %s: %s", sandbox_id, outcome.value, extra=extra)
 
+    async def _reap_if_pending(self) -> str | None:
+        """Reap the owner's orphans if start-up could not; before any sandbox of this
+        worker exists (jobs wait on the lock), so only a predecessor's are reaped.
+        The reason no sandbox may be created yet, or ``None``."""
+        if not self.reap_pending:
+            return None
+        async with self._reaping:
+            if self.reap_pending:
+                error = await reap_orphans(self.provider)
+                if error is not None:
+                    return f"cannot reap the sandboxes left by an earlier worker: {error}"
+                self.reap_pending = False
+        return None
+
     async def _publish_done(self, job: SandboxJob, done: SandboxDone) -> SandboxOutcome:
         rid = job.rollout_id
         await self.bus.publish(
@@ -156,7 +180,7 @@ class SandboxWorker:
         if done.outcome is SandboxOutcome.COMPLETED:
             await self.bus.publish(
                 subjects.VERIFY_RUN,
-                VerifyJob(rollout_id=rid, task=job.task, diff=done.diff),
+                VerifyJob(rollout_id=rid, task=job.task, diff=done.diff, result=done.result),
                 msg_id=subjects.msg_id(rid, "verify-job", job.attempt),
             )
         return done.outcome
@@ -182,6 +206,17 @@ class SandboxWorker:
             log.warning("could not store the agent log: %s", exc, extra={"rollout_id": rollout_id})
             return None
         return key
+
+
+async def reap_orphans(provider: SandboxProvider) -> str | None:
+    """Reap what an earlier process of this owner left (``kill -9``, a crash); the
+    error if the provider cannot be reached now (logged), else ``None``."""
+    try:
+        await provider.reap_orphans()
+    except Exception as exc:  # noqa: BLE001 - any failure: retried before the first sandbox
+        log.error("sandbox provider %s: cannot reap orphaned sandboxes now: %s", provider.name, exc)
+        return str(exc) or type(exc).__name__
+    return None
 
 
 async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:

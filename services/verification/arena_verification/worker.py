@@ -80,7 +80,7 @@ class VerificationWorker:
             raw = await self.bus.js.get_last_msg(RESULTS_STREAM, subjects.sandbox_done(rollout_id))
         except NotFoundError:
             return None
-        return _sandbox_done_decoder.decode(raw.data).result
+        return _sandbox_done_decoder.decode(await self.bus.body(raw)).result  # a large one is in the object store
 
     async def close(self) -> None:
         await self.http.aclose()
