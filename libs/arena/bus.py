@@ -286,14 +286,19 @@ def body_object(msg: Any) -> str | None:
 class Delivery:
     """What a handler knows about the message besides its decoded body."""
 
-    __slots__ = ("subject", "num_delivered", "stream_seq", "_msg")
+    __slots__ = ("subject", "_msg")
 
     def __init__(self, msg: Msg | JsMsg):
-        meta = msg.metadata
         self.subject: str = msg.subject
-        self.num_delivered: int = meta.num_delivered
-        self.stream_seq: int = meta.sequence.stream
         self._msg = msg
+
+    @property
+    def num_delivered(self) -> int:
+        return self._msg.metadata.num_delivered
+
+    @property
+    def stream_seq(self) -> int:
+        return self._msg.metadata.sequence.stream
 
     @property
     def headers(self) -> dict[str, str]:

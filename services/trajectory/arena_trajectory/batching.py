@@ -87,6 +87,8 @@ class BatchConsumer(PullConsumer, Generic[T]):
                          message_type=message_type, max_deliver=max_deliver, ack_wait=ack_wait,
                          max_backoff=max_backoff, max_ack_pending=batch_size * (concurrency + 3))
         self.handler = handler
+        # a ``Raw`` handler decodes (and validates) the bytes itself: they are handed over as they are
+        self.passthrough = message_type is msgspec.Raw
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
         self.linger = linger
@@ -146,7 +148,7 @@ class BatchConsumer(PullConsumer, Generic[T]):
         for msg in msgs:
             try:
                 data = msg.data if body_object(msg) is None else await self.bus.body(msg)
-                items.append((self.decoder.decode(data), Delivery(msg)))
+                items.append((data if self.passthrough else self.decoder.decode(data), Delivery(msg)))
                 kept.append(msg)
             except (msgspec.DecodeError, BodyMissing) as exc:
                 log.error("dead-lettering undecodable %s: %s", msg.subject, exc, extra={"consumer": self.durable})

@@ -173,6 +173,21 @@ def _string(value: bytes) -> bytes:
     return (bytes((n,)) if n < 0x80 else _varint(n)) + value
 
 
+_short: dict[str, bytes] = {}
+
+
+def _label(value: str) -> bytes:
+    """``_string`` of a short text that repeats from row to row (a rollout id, a model, a
+    replica URL, a policy version), encoded once and kept (up to 10,000 of them)."""
+    got = _short.get(value)
+    if got is None:
+        got = _string(value.encode())
+        if len(_short) >= 10_000:
+            _short.clear()
+        _short[value] = got
+    return got
+
+
 def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
     """One ``steps`` row, ``RowBinary`` in ``STEP_COLUMNS`` order. ``body``: the step's JSON
     if at hand (as it arrived), else it is encoded here. Raises ``RowError`` for a value
@@ -189,10 +204,9 @@ def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
             tail = _TAIL_NO_LOGPROBS.pack(timings.total_ms, timings.first_token_ms, timings.queued_ms,
                                           1, 1, 0.0, 0, started_ms)
         return b"".join((
-            _string(step.rollout_id.encode()), _U32.pack(step.step_index), _string(step.model.encode()),
-            _string(step.backend.encode()), _string((step.policy_version or "").encode()),
-            _U32x2.pack(usage.prompt_tokens, usage.completion_tokens), _string((step.finish_reason or "").encode()),
-            tail, _string(_encoder.encode(step) if body is None else bytes(body)),
+            _label(step.rollout_id), _U32.pack(step.step_index), _label(step.model), _label(step.backend),
+            _label(step.policy_version or ""), _U32x2.pack(usage.prompt_tokens, usage.completion_tokens),
+            _label(step.finish_reason or ""), tail, _string(_encoder.encode(step) if body is None else bytes(body)),
         ))
     except (struct.error, OverflowError, ValueError) as exc:  # out of range, inf/NaN time, lone surrogate
         raise RowError(f"step {step.rollout_id}/{step.step_index} does not fit the steps table: {exc}") from exc
