@@ -13,7 +13,7 @@ embedded chDB, and a ``TrajectoryStream`` consumer in this process.
    transitions, steps, sandbox and verification results of ``--rollouts`` rollouts
    (groups of ``--group-size``, ``--steps`` steps each, async publishes with
    ``Nats-Msg-Id``, at most 4,000 awaiting their ack); measure from the first
-   publish until (a) ``GET /v1/counts`` shows every step queryable, and (b) the trainer
+   publish until (a) ``GET /v1/counts?table=steps`` shows every step queryable, and (b) the trainer
    has received (and committed) every group, i.e. every step inside a ``GroupCompleted``.
    As the rollout plane does, a final transition carries the rollout's history.
 
@@ -202,7 +202,7 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
             t_query = None
             while t_query is None or not t_stream.done():
                 if t_query is None:
-                    counts = (await client.get(f"http://127.0.0.1:{port}/v1/counts")).json()
+                    counts = (await client.get(f"http://127.0.0.1:{port}/v1/counts", params={"table": "steps"})).json()
                     if counts["steps"] >= total_steps:
                         t_query = time.perf_counter()
                 if time.perf_counter() - t0 > args.timeout:

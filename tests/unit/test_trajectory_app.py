@@ -107,3 +107,13 @@ async def test_trainer_metrics_round_trip(tmp_path):
             assert bad.status_code == 422 and "missing required field" in bad.json()["error"]["message"]
     finally:
         await store.close()
+
+
+async def test_counts_of_every_table_or_of_the_ones_asked_for(client):
+    c, _ = client
+    everything = (await c.get("/v1/counts")).json()
+    assert everything["trajectories"] == 3 and everything["steps"] == 3 and set(everything) >= {"groups", "verifications"}
+    assert (await c.get("/v1/counts", params={"table": ["steps", "trajectories"]})).json() == {
+        "steps": 3, "trajectories": 3}
+    r = await c.get("/v1/counts", params={"table": "nope"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request" and "nope" in r.text

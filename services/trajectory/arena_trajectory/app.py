@@ -9,7 +9,7 @@
 - ``GET /v1/stats/tokens``                             -> ``TokenStats``
 - ``GET /v1/stats/latency``                            -> ``LatencyStats``
 - ``GET /v1/export/trajectories?after_group=&after_rollout=&limit=`` -> ``ExportPage``
-- ``GET /v1/counts``                                   -> rows per table as queries see them
+- ``GET /v1/counts[?table=...]``                       -> rows per table as queries see them
 
 Every listing, stats and export route takes the same filters: ``task_id``, ``group_id``,
 ``state``, ``policy_version``, ``min_reward``, ``max_reward``, ``since``, ``until``.
@@ -32,6 +32,7 @@ from arena.schemas import ErrorBody, ErrorResponse, RolloutState, TrainerMetrics
 from arena_trajectory import analytics, assembler
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TrajectoryStore
+from arena_trajectory.tables import TABLES
 
 MAX_METRICS_BODY = 1 << 20
 
@@ -156,8 +157,11 @@ def create_app(store: TrajectoryStore) -> FastAPI:
         return _json(await analytics.latency(store, f))
 
     @app.get("/v1/counts")
-    async def counts() -> Response:
-        return _json(await store.count_all())
+    async def counts(table: list[str] = Query([])) -> Response:
+        try:
+            return _json(await store.count_all(table or TABLES))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
 
     @app.get("/v1/export/trajectories")
     async def export_trajectories(

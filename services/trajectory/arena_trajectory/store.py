@@ -392,11 +392,15 @@ class TrajectoryStore:
         rows = await self.select(f"SELECT count() AS n FROM {DATABASE}.trajectories FINAL{where}", params)
         return int(msgspec.json.decode(rows[0])["n"])
 
-    async def count_all(self) -> dict[str, int]:
-        """Rows in every table as queries see them (``FINAL``), in one statement."""
-        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t} FINAL) AS {t}" for t in TABLES)
+    async def count_all(self, tables: Sequence[str] = TABLES) -> dict[str, int]:
+        """Rows in each of ``tables`` (default: all) as queries see them (``FINAL``), in one
+        statement."""
+        unknown = [t for t in tables if t not in TABLES]
+        if unknown or not tables:
+            raise ValueError(f"unknown tables {unknown}: choose from {', '.join(TABLES)}")
+        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t} FINAL) AS {t}" for t in tables)
         row = msgspec.json.decode((await self.select(sql))[0])
-        return {t: int(row[t]) for t in TABLES}
+        return {t: int(row[t]) for t in tables}
 
     async def count_rows(self, table: str, *, rollout_id: str | None = None, final: bool = True) -> int:
         """Rows in ``table`` (as queries see them with ``final``; physical rows without)."""
