@@ -99,6 +99,8 @@ class Bus:
         feeds, acks and publishes. Opened on first use and again after it dropped (e.g. a
         NATS restart), retrying for up to ``timeout`` seconds; then ``Unavailable``."""
         async with self._link_lock:
+            if self.closing:
+                raise Unavailable(f"the {self.service} bus is closed")
             if self._link is None or self._link.closed:
                 deadline = time.monotonic() + timeout
                 while True:
@@ -209,7 +211,7 @@ class Bus:
                                                    headers={**hdrs, BODY_OBJECT_HEADER: name})
                 return await publisher.publish(subject, data, msg_id=msg_id, headers=hdrs)
             except (NoResponders, PublishTimeout, LinkClosed, Unavailable) as exc:
-                if attempt == attempts:
+                if attempt == attempts or self.closing:
                     raise Unavailable(f"publish to {subject} failed after {attempts} attempts: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
