@@ -56,7 +56,7 @@ async def test_batches_in_order_then_a_timeout_when_drained(bus, link):
     await publish(bus, 25)
     feed = PullFeed(link, "PULL_TEST", "d1").start()
     try:
-        first = await feed.fetch(10, timeout=1.0)
+        first = await feed.fetch(10, timeout=1.0, linger=1.0)  # returns once 10 are in
         rest = await feed.fetch(100, timeout=1.0, linger=0.05)
         assert [m.data for m in first + rest] == [str(i).encode() for i in range(25)] and len(first) == 10
         d = Delivery(rest[-1])  # the reply subject's numbers
