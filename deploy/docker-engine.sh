@@ -96,7 +96,9 @@ case "${1:-}" in
     rm -f "$sock"
     store="$(store_opts decide)"
     read -r -a opts <<< "$store"
-    podman "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1 &
+    # run from the socket's directory: conmon writes an `oom` marker file into its working
+    # directory when a container is OOM-killed, which must not land in the caller's checkout
+    (cd "$(dirname "$sock")" && exec podman "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1) &
     echo $! > "$pidfile"
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     [ -S "$sock" ] || { echo "docker engine: podman service did not start: $(tail -5 "$sock.log")" >&2; exit 3; }
