@@ -516,6 +516,24 @@ class Failover(Base, kw_only=True):
     at: float
 
 
+class PromptCount(Base, kw_only=True):
+    """How the token budget counted a call's prompt before sending it (rollouts with
+    ``budget.max_total_tokens`` only; docs/rollout.md, Budgets).
+
+    ``source``: ``ids`` (a completions prompt of token ids, counted exactly), ``tokenize``
+    (counted exactly by the serving replica's ``/tokenize``), ``bound`` (not counted: an
+    upper bound of the prompt plus ``max_tokens`` fitted what remained, so nothing was
+    capped and no round trip was made), ``fallback`` (the serving replica could not count:
+    ``max_tokens`` was capped, or the call refused, on the upper bound; ``note`` says why).
+    """
+
+    tokens: int  # the prompt's tokens as counted (an upper bound for ``bound`` / ``fallback``)
+    source: Literal["ids", "tokenize", "bound", "fallback"]
+    remaining: int = 0  # tokens left in the rollout's budget when the call was admitted
+    replica: str | None = None  # the replica that counted (or could not count) the prompt
+    note: str = ""
+
+
 class BackendReplica(Base, kw_only=True):
     """An inference replica in the ``arena_backends`` KV bucket (key = ``replica_id``).
 
@@ -570,6 +588,9 @@ class Step(Base, kw_only=True):
     #: The replica id that served the call; ``backend`` is its URL.
     backend_replica: str | None = None
     failovers: list[Failover] = []
+    #: How the token budget counted this call's prompt before sending it; None without a
+    #: ``max_total_tokens`` budget.
+    prompt_count: PromptCount | None = None
 
 
 # --------------------------------------------------------------------------- trajectories

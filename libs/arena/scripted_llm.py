@@ -6,11 +6,15 @@ chosen by the request's ``seed`` so a group of rollouts with seeds ``s, s+1, ...
 reproducible mix of answers. Like vLLM with ``return_token_ids``, it returns
 ``prompt_token_ids`` and ``choices[0].token_ids`` (per chunk when streaming), and
 per-token ``logprobs`` (with ``top_logprobs`` alternatives when asked). With
-``stream_options.include_usage`` the stream ends with a usage-only chunk.
+``stream_options.include_usage`` the stream ends with a usage-only chunk. Like vLLM it
+answers ``POST /tokenize`` (at its root, beside ``/v1``): ``{"model", "messages", ...}`` or
+``{"model", "prompt"}`` -> ``{"count", "tokens", "max_model_len"}``, the very prompt ids the
+same request would get as ``prompt_token_ids``.
 
 Tokenizer: bytes. A chat is rendered as ``<|role|>\\ncontent\\n`` per message plus
-``<|assistant|>\\n``; token id = byte value + 3 (0 pad, 1 bos, 2 eos). Real enough
-that ids, counts, truncation by ``max_tokens`` and decoding are all exact. A tool call
+``<|assistant|>\\n`` (unless ``add_generation_prompt`` is false); a text prompt gets BOS
+unless ``add_special_tokens`` is false; token id = byte value + 3 (0 pad, 1 bos, 2 eos).
+Real enough that ids, counts, truncation by ``max_tokens`` and decoding are all exact. A tool call
 is sampled as the text ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
 
 Script file: ``{"responses": [{"label": str, "weight": float, "content": str,
@@ -18,7 +22,8 @@ Script file: ``{"responses": [{"label": str, "weight": float, "content": str,
 is chosen only when the request offers tools and its last message is not a tool result.
 
 ``Faults`` are knobs for tests and benchmarks: fixed latency, death mid-stream,
-malformed JSON, no token ids (like Ollama), an error status.
+malformed JSON, no token ids (like Ollama), no ``/tokenize`` (404, like Ollama), an
+error status.
 
 Run: ``python -m arena.scripted_llm --script FILE --port 9093 [--latency-ms 20]``.
 """
@@ -71,6 +76,7 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
     die_after_chunks: int | None = None  # drop the connection after this many chunks
     malformed_json: bool = False  # answer 200 with a body that is not JSON
     no_token_ids: bool = False  # ignore return_token_ids, like Ollama
+    no_tokenize: bool = False  # answer /tokenize with 404, like Ollama
     error_status: int | None = None  # answer every completion with this status
 
 
@@ -102,7 +108,7 @@ def _text_of(content: Any) -> str:
     return content or ""
 
 
-def render_chat(messages: list[dict[str, Any]]) -> str:
+def render_chat(messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
     parts = []
     for m in messages:
         text = _text_of(m.get("content"))
@@ -110,7 +116,8 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
             fn = call.get("function") or {}
             text += tool_call_text(fn.get("name", ""), fn.get("arguments", ""))
         parts.append(f"<|{m.get('role', 'user')}|>\n{text}\n")
-    parts.append("<|assistant|>\n")
+    if add_generation_prompt:
+        parts.append("<|assistant|>\n")
     return "".join(parts)
 
 
@@ -133,11 +140,12 @@ class ScriptedLLM:
     """The pure model: a request in, a vLLM-shaped response (or chunks) out."""
 
     def __init__(self, script: Script, *, model: str = "scripted", seed: int = 0, policy_version: str = "0",
-                 faults: Faults = Faults()):
+                 faults: Faults = Faults(), max_model_len: int = 32768):
         self.script = script
         self.model = model
         self.policy_version = policy_version
         self.faults = faults
+        self.max_model_len = max_model_len  # reported by /tokenize; nothing is truncated to it
         self._unseeded = itertools.count(seed * 1_000_003)
 
     def choose(self, seed: int | None, *, wants_tool: bool = False) -> ScriptedResponse:
@@ -153,23 +161,39 @@ class ScriptedLLM:
                 return response
         return candidates[-1]
 
-    def sample(self, body: dict[str, Any], *, chat: bool) -> Sample:
-        seed = body.get("seed")
+    @staticmethod
+    def prompt_ids(body: dict[str, Any], *, chat: bool) -> list[int]:
+        """The prompt's token ids: what ``prompt_token_ids`` and ``/tokenize`` both say."""
         if chat:
             messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("'messages' must be a non-empty list")
-            wants_tool = bool(body.get("tools")) and messages[-1].get("role") != "tool"
-            prompt_ids = [BOS, *encode_text(render_chat(messages))]
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise ValueError("'messages' must be a non-empty list of objects")
+            text = render_chat(messages, add_generation_prompt=body.get("add_generation_prompt", True) is not False)
+            return [BOS, *encode_text(text)]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, str) and prompt:
+            special = [BOS] if body.get("add_special_tokens", True) is not False else []
+            return [*special, *encode_text(prompt)]
+        raise ValueError("'prompt' must be a non-empty string or list of token ids")
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: ``messages`` (chat) or ``prompt`` (a string) in; ``count``,
+        ``tokens`` and ``max_model_len`` out."""
+        if "messages" in body:
+            tokens = self.prompt_ids(body, chat=True)
+        elif isinstance(body.get("prompt"), str):
+            tokens = self.prompt_ids(body, chat=False)
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                prompt_ids = list(prompt)
-            elif isinstance(prompt, str) and prompt:
-                prompt_ids = [BOS, *encode_text(prompt)]
-            else:
-                raise ValueError("'prompt' must be a non-empty string or list of token ids")
-            wants_tool = False
+            raise ValueError("/tokenize takes 'messages' (a chat) or 'prompt' (a string)")
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+
+    def sample(self, body: dict[str, Any], *, chat: bool) -> Sample:
+        seed = body.get("seed")
+        prompt_ids = self.prompt_ids(body, chat=chat)
+        messages = body.get("messages") if chat else None
+        wants_tool = bool(chat and body.get("tools")) and messages[-1].get("role") != "tool"
         chosen = self.choose(seed, wants_tool=wants_tool)
         calls = [{"id": f"call_{i}_{hashlib.sha256(c.name.encode()).hexdigest()[:8]}", "type": "function",
                   "function": {"name": c.name, "arguments": c.arguments}}
@@ -377,6 +401,22 @@ def create_app(llm: ScriptedLLM) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        if faults.no_tokenize:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        try:
+            body = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return error(400, f"invalid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error(400, "body must be a JSON object")
+        try:
+            answer = llm.tokenize(body)
+        except (ValueError, TypeError) as exc:
+            return error(400, str(exc))
+        return Response(msgspec.json.encode(answer), media_type="application/json")
+
     return app
 
 
@@ -391,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")
     parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per streamed chunk")
     parser.add_argument("--no-token-ids", action="store_true", help="never return token ids (like Ollama)")
+    parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404 (like Ollama)")
     args = parser.parse_args(argv)
     try:
         script = load_script(args.script)
@@ -399,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     faults = Faults(latency_s=args.latency_ms / 1000, chunk_delay_s=args.chunk_delay_ms / 1000,
-                    chunk_tokens=args.chunk_tokens, no_token_ids=args.no_token_ids)
+                    chunk_tokens=args.chunk_tokens, no_token_ids=args.no_token_ids, no_tokenize=args.no_tokenize)
     app = create_app(ScriptedLLM(script, model=args.model, policy_version=args.policy_version, faults=faults))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 

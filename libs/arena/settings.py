@@ -48,6 +48,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Docker-API engine URL ("" = the docker SDK's environment, DOCKER_HOST).
     docker_url: str = ""
     verify_concurrency: int = 2
+    #: Seconds a rollout may stay in ``verifying`` (no verification result: the verify job
+    #: never picked up, every verification worker down) before the rollout service's reaper
+    #: fails it; a task whose verifier's own timeouts (plus set-up) are longer gets those.
+    #: 0 never fails it (docs/rollout.md).
+    verify_deadline_s: int = 1800
+    #: Ended rollouts the rollout service's record cache remembers (to ignore stale
+    #: revisions of them arriving late through its KV watch); the oldest are forgotten first.
+    rollout_cache_ended: int = 100_000
     #: Shared secret of the verification service on the rollout service's judge route
     #: (``/judge/{rollout_id}/v1``); "" disables the route. ``arena up`` makes one per run.
     judge_key: str = ""
@@ -100,6 +108,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_SANDBOX_POOL_SIZE must be >= 0")
         if self.sandbox_concurrency < 1 or self.verify_concurrency < 1:
             raise SettingsError("ARENA_SANDBOX_CONCURRENCY and ARENA_VERIFY_CONCURRENCY must be >= 1")
+        if self.verify_deadline_s < 0:
+            raise SettingsError("ARENA_VERIFY_DEADLINE_S must be >= 0 (0 = no deadline)")
+        if self.rollout_cache_ended < 1:
+            raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
 
     def to_env(self) -> dict[str, str]:
         """The ``ARENA_*`` variables that reproduce these settings in a child process."""

@@ -211,15 +211,16 @@ async def test_a_rollout_max_tokens_never_lifts_the_token_budget_cap(stack, tmp_
     rid, key = await s.rollout(tmp_path, sampling=SamplingParams(max_tokens=4000), max_total_tokens=150)
     client = s.openai(rid, key)
     first = await client.chat.completions.create(model="default", messages=MSGS, max_tokens=10)
-    # the rollout's 4000 overrides the agent's 10 and is capped to the 150 left
-    assert msgspec.json.decode(s.backends["default"].requests[-1])["max_tokens"] == 150
+    # the rollout's 4000 overrides the agent's 10 and is capped to the 150 left after the prompt
+    cap1 = 150 - first.usage.prompt_tokens
+    assert msgspec.json.decode(s.backends["default"].requests[-1])["max_tokens"] == cap1
     assert first.usage.completion_tokens == len(SCRIPT.responses[0].content.encode()) > 10
     second = await client.chat.completions.create(model="default", messages=MSGS)
-    left = 150 - first.usage.total_tokens
-    assert msgspec.json.decode(s.backends["default"].requests[-1])["max_tokens"] == left
-    assert second.usage.completion_tokens <= left
+    cap2 = 150 - first.usage.total_tokens - second.usage.prompt_tokens
+    assert msgspec.json.decode(s.backends["default"].requests[-1])["max_tokens"] == cap2
+    assert second.usage.completion_tokens <= cap2
     steps = await s.steps(rid, 2)
-    assert [st.sampling.max_tokens for st in steps] == [150, left]  # the step says what was sent
+    assert [st.sampling.max_tokens for st in steps] == [cap1, cap2]  # the step says what was sent
 
 
 # ------------------------------------------------------------------ backends without token ids

@@ -40,18 +40,30 @@ ANTHROPIC_TOOLS = [{"name": "read_file", "description": "read a file", "input_sc
 
 
 class Recorder:
-    """ASGI wrapper keeping every request and response body of the backend, as bytes on
-    the wire, and the most calls it ever had in flight at once."""
+    """ASGI wrapper keeping every request and response body of the backend's completions
+    (``bodies`` / ``requests``: generation calls only), as bytes on the wire, its
+    ``/tokenize`` requests apart (``tokenized``), and the most calls it ever had in flight."""
 
     def __init__(self, app):
         self.app = app
         self.bodies: list[bytes] = []
         self.requests: list[bytes] = []
+        self.tokenized: list[bytes] = []
         self.active = self.peak = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
+        if scope["path"] == "/tokenize":  # recorded on arrival: an app may answer without reading it
+            slot = len(self.tokenized)
+            self.tokenized.append(b"")
+
+            async def counted():
+                message = await receive()
+                self.tokenized[slot] += message.get("body", b"")
+                return message
+
+            return await self.app(scope, counted, send)
         buf, request = bytearray(), bytearray()
 
         async def incoming():
@@ -287,7 +299,9 @@ async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):
     a = await client.chat.completions.create(model="default", messages=msgs, max_tokens=40)
     spent = a.usage.total_tokens
     b = await client.chat.completions.create(model="default", messages=msgs, max_tokens=1000)
-    assert b.usage.completion_tokens == 120 - spent and b.choices[0].finish_reason == "length"  # capped, not refused
+    # capped to what remains after its prompt (counted before sending), not refused
+    assert b.usage.completion_tokens == 120 - spent - b.usage.prompt_tokens and b.choices[0].finish_reason == "length"
+    assert spent + b.usage.total_tokens == 120
     with pytest.raises(openai.RateLimitError) as refused:
         await client.chat.completions.create(model="default", messages=msgs)
     assert refused.value.body["code"] == "budget_exhausted" and "token budget exhausted" in refused.value.body["message"]
@@ -324,7 +338,8 @@ async def test_budgets_stay_exact_while_earlier_steps_are_still_being_recorded(s
     b = await client.chat.completions.create(model="default", messages=msgs, max_tokens=1000, stream=True,
                                              stream_options={"include_usage": True})
     usage = [chunk.usage async for chunk in b if chunk.usage][-1]
-    assert usage.completion_tokens == 120 - a.usage.total_tokens  # capped by a's tokens, not yet recorded
+    # capped by a's tokens, not yet recorded, and b's own prompt
+    assert usage.completion_tokens == 120 - a.usage.total_tokens - usage.prompt_tokens
     assert (await store.get(rid))[0].steps == 0  # neither recording has landed yet
     with pytest.raises(openai.RateLimitError) as refused:
         await client.chat.completions.create(model="default", messages=msgs)

@@ -1,18 +1,20 @@
-"""The wall-clock reaper against a real nats-server: a rollout whose agent makes no LLM
-calls, or whose sandbox job no worker ever picks up, still ends ``timed_out`` when its
-wall-clock budget has passed, with the reason and its final state event."""
+"""The reaper against a real nats-server: a rollout whose agent makes no LLM calls, or
+whose sandbox job no worker ever picks up, still ends ``timed_out`` when its wall-clock
+budget has passed, and one whose verify job no worker picks up ends ``failed`` at its
+verification deadline, each with the reason and its final state event."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
 
 from arena import subjects
 from arena.errors import Unauthorized
-from arena.schemas import (AgentSpec, Budget, RolloutState, RolloutStateChanged, SandboxJob, SubmitRolloutRequest,
-                           Task, TestsVerifier)
+from arena.schemas import (AgentSpec, Budget, ExactVerifier, RolloutState, RolloutStateChanged, SandboxJob,
+                           SubmitRolloutRequest, Task, TestsVerifier, VerificationResult)
 from arena.settings import Settings
 from arena_rollout.reaper import REAPED, Reaper
 from arena_rollout.service import RolloutService
@@ -99,3 +101,56 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
     # the job was never picked up; a worker that takes it later sees a final rollout and skips it
     jobs = await fetch_all(bus, "ARENA_SANDBOX_JOBS", subjects.sandbox_run("local"), SandboxJob)
     assert stuck in {j.rollout_id for j in jobs}
+
+
+async def test_a_rollout_stuck_verifying_fails_at_its_verification_deadline(service, bus, tmp_path):
+    """No verification worker ever picks the verify job up: the rollout (and its group) does
+    not wait forever, it ends ``failed`` with the reason once its verification deadline passed."""
+    svc = service
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+
+    async def verifying(verifier) -> str:
+        task = Task(id="t", repo=str(repo), instructions="i", agent=AgentSpec(command=["true"]), verifier=verifier)
+        rid = (await svc.submit(SubmitRolloutRequest(task=task))).rollout_id
+        await svc.transition(rid, S.RUNNING, reason="sandbox s1 started")
+        await svc.transition(rid, S.VERIFYING, reason="agent finished: done")
+        return rid
+
+    stuck = await verifying(ExactVerifier(answers=["4"]))  # no timeout of its own: the deadline decides
+    suite = await verifying(TestsVerifier(fail_to_pass=["t::x"], timeout_s=300.0))  # its own 300 s (+ set-up)
+    answered = await verifying(ExactVerifier(answers=["4"]))
+    now = time.time()
+    await svc.on_verify_done(VerificationResult(rollout_id=answered, verifier="exact", reward=1.0, passed=True,
+                                                started_at=now, finished_at=now), None)
+
+    stop = asyncio.Event()  # two rollout-service replicas reaping at once
+    reapers = [asyncio.create_task(Reaper(lifecycle=svc, records=svc.store.cache, interval_s=0.1, grace_s=0.2,
+                                          verify_deadline_s=1.0).run(stop)) for _ in range(2)]
+    try:
+        for _ in range(100):
+            if (await svc.store.get(stuck))[0].state == S.FAILED:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # more sweeps: nothing else moves, nothing moves twice
+    finally:
+        stop.set()
+        await asyncio.gather(*reapers)
+
+    record, _ = await svc.store.get(stuck)
+    assert record.state == S.FAILED, record.state
+    assert record.reason.startswith("verification deadline passed: no verification result after ")
+    assert record.reason.endswith("in verifying (deadline 1 s): the verify job was never picked up or every "
+                                  "verification worker is down")
+    entered = next(h.at for h in record.history if h.to_state == S.VERIFYING)
+    assert record.history[-1].at - entered >= 1.0
+    assert [h.to_state for h in record.history][-2:] == [S.VERIFYING, S.FAILED]
+    events = await fetch_all(bus, "ARENA_ROLLOUTS", subjects.rollout_state(stuck), RolloutStateChanged)
+    finals = [e for e in events if e.to_state.is_final]
+    assert len(finals) == 1 and finals[0].to_state == S.FAILED and finals[0].reason == record.reason
+    assert (await svc.store.get(suite))[0].state == S.VERIFYING  # within its verifier's own budget
+    assert (await svc.store.get(answered))[0].state == S.COMPLETED
+    # a verification result arriving after the deadline changes nothing: a final state is never left
+    await svc.on_verify_done(VerificationResult(rollout_id=stuck, verifier="exact", reward=1.0, passed=True,
+                                                started_at=now, finished_at=time.time()), None)
+    assert (await svc.store.get(stuck))[0].state == S.FAILED

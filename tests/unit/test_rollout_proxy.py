@@ -6,7 +6,8 @@ import msgspec
 import pytest
 
 from arena.errors import BudgetExhausted, InvalidRequest, UpstreamError, WallClockExceeded
-from arena.schemas import AgentSpec, Budget, RolloutRecord, RolloutState, SamplingParams, Task, TestsVerifier, Timings
+from arena.schemas import (AgentSpec, Budget, PromptCount, RolloutRecord, RolloutState, SamplingParams, Task,
+                           TestsVerifier, Timings)
 from arena.scripted_llm import Script, ScriptedLLM, ScriptedResponse, decode_ids
 from arena_rollout import proxy
 
@@ -35,16 +36,20 @@ def test_turn_budget_refuses_before_sending():
 
 
 def test_token_budget_caps_max_tokens_then_refuses():
-    capped = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 500}, now=1.0)
-    assert capped["max_tokens"] == 30
-    untouched = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {"max_tokens": 10}, now=1.0)
-    assert untouched["max_tokens"] == 10
-    with pytest.raises(BudgetExhausted, match="token budget exhausted"):
+    ids = {"prompt": [7, 8, 9, 10, 11]}  # a prompt of token ids: counted exactly, no round trip
+    capped = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {**ids, "max_tokens": 500}, now=1.0,
+                                api="openai.completions")
+    assert capped.verdict == "send" and capped.body["max_tokens"] == 25  # 30 left, 5 of them the prompt
+    assert capped.prompt == PromptCount(tokens=5, source="ids", remaining=30) and capped.reserve == 30
+    untouched = proxy.check_budget(record(Budget(max_total_tokens=100), tokens=70), {**ids, "max_tokens": 10},
+                                   now=1.0, api="openai.completions")
+    assert untouched.body["max_tokens"] == 10 and untouched.reserve == 15
+    with pytest.raises(BudgetExhausted, match="token budget exhausted: 100 of 100 tokens used"):
         proxy.check_budget(record(Budget(max_total_tokens=100), tokens=100), {}, now=1.0)
 
 
 def test_wall_clock_budget_refuses_after_it_has_passed():
-    assert proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=9.9) == {}
+    assert proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=9.9).body == {}
     with pytest.raises(WallClockExceeded, match="wall-clock budget exhausted: 10.5 s of 10 s"):
         proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=10.5)
 
@@ -188,21 +193,24 @@ def test_the_token_cap_holds_under_every_sampling_policy():
     for policy in ("override", "default", "clamp"):
         rec = msgspec.structs.replace(record(Budget(max_total_tokens=100), tokens=70),
                                       sampling=SamplingParams(max_tokens=512, temperature=0.7, policy=policy))
-        sent, applied = proxy.admit(rec, body, api="openai.chat", now=1.0)
-        assert sent["max_tokens"] == 30 and applied.max_tokens == 30, policy
-        assert applied.temperature == 0.7 and sent["logprobs"] is True
+        assert proxy.admit(rec, body, api="openai.chat", now=1.0).verdict == "count"  # tight: count the prompt
+        counted = PromptCount(tokens=12, source="tokenize", replica="default")
+        a = proxy.admit(rec, body, api="openai.chat", now=1.0, prompt=counted)
+        assert a.verdict == "send" and a.body["max_tokens"] == 18 and a.applied.max_tokens == 18, policy
+        assert a.applied.temperature == 0.7 and a.body["logprobs"] is True
     roomy = msgspec.structs.replace(record(Budget(max_total_tokens=10_000)), sampling=SamplingParams(max_tokens=512))
-    sent, applied = proxy.admit(roomy, body, api="openai.chat", now=1.0)
-    assert sent["max_tokens"] == 512 == applied.max_tokens  # under the budget: the policy decides
+    a = proxy.admit(roomy, body, api="openai.chat", now=1.0)
+    assert a.body["max_tokens"] == 512 == a.applied.max_tokens  # under the budget: the policy decides
+    assert a.prompt.source == "bound" and a.verdict == "send"  # and no count was needed
 
 
 def test_completions_keep_their_default_length_and_count_a_token_id_prompt():
     rec = record(Budget(max_total_tokens=100), tokens=50)
-    sent, applied = proxy.admit(rec, {"prompt": "def f():"}, api="openai.completions", now=1.0)
-    assert "max_tokens" not in sent and applied.max_tokens is None  # the API's own 16 fits: not stretched to 50
-    sent, applied = proxy.admit(rec, {"prompt": [1, 2, 3, 4, 5], "max_tokens": 100}, api="openai.completions",
-                                now=1.0)
-    assert sent["max_tokens"] == 45 == applied.max_tokens  # 50 left, 5 of them the known prompt
+    a = proxy.admit(rec, {"prompt": "def f():"}, api="openai.completions", now=1.0)
+    assert a.verdict == "send"  # 8 bytes + allowance + the API's own 16 fit the 50 left: no count
+    assert "max_tokens" not in a.body and a.applied.max_tokens is None  # and not stretched to 50
+    a = proxy.admit(rec, {"prompt": [1, 2, 3, 4, 5], "max_tokens": 100}, api="openai.completions", now=1.0)
+    assert a.body["max_tokens"] == 45 == a.applied.max_tokens  # 50 left, 5 of them the known prompt
     with pytest.raises(BudgetExhausted, match="a prompt of 50 tokens does not fit in the 50 of 100"):
         proxy.admit(rec, {"prompt": list(range(3, 53))}, api="openai.completions", now=1.0)
     with pytest.raises(InvalidRequest, match="'max_tokens' must be an integer"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from arena.schemas import AgentSpec, Budget, RolloutRecord, RolloutState, SamplingParams, Task, TestsVerifier
@@ -71,3 +72,65 @@ async def test_a_sweep_times_out_overdue_rollouts_only_from_the_agent_states():
     with pytest.raises(ValueError, match="interval_s"):
         Reaper(lifecycle=life, records=FakeCache([]), interval_s=0)
     assert S.VERIFYING not in REAPED
+
+
+def verifying(rid: str, entered_at: float, verifier=None) -> RolloutRecord:
+    """A rollout that entered ``verifying`` at ``entered_at`` (created at 0, wall clock 60 s)."""
+    from arena.schemas import StateTransition
+
+    r = rec(rid, S.VERIFYING, created_at=0.0)
+    history = [StateTransition(from_state=S.RUNNING, to_state=S.VERIFYING, at=entered_at, reason="agent finished")]
+    changes = {"history": history, "updated_at": entered_at + 1.0}  # a later update (a step counter, say)
+    if verifier is not None:
+        changes["task"] = msgspec.structs.replace(r.task, verifier=verifier)
+    return msgspec.structs.replace(r, **changes)
+
+
+def test_verifying_past_its_deadline_fails_from_when_it_entered_verifying():
+    from arena.schemas import CompositeVerifier, ExactVerifier, LlmJudgeVerifier, WeightedVerifier
+    from arena_rollout.reaper import VERIFY_SETUP_S, verifier_budget_s, verify_deadline_s, verifying_since
+
+    exact = ExactVerifier(answers=["4"])
+    records = [
+        verifying("stuck", entered_at=10.0, verifier=exact),  # no verifier timeout: the setting decides
+        verifying("fresh", entered_at=50.0, verifier=exact),
+        verifying("slow-suite", entered_at=10.0),  # tests, 300 s timeout: its own budget is longer
+        rec("running", S.RUNNING, created_at=0.0, wall_clock_s=10_000.0),
+    ]
+    found = overdue(records, now=111.0, grace_s=5.0, verify_deadline=100.0)
+    assert [(o.rollout_id, o.state, o.target) for o in found] == [("stuck", S.VERIFYING, S.FAILED)]
+    assert found[0].reason == ("verification deadline passed: no verification result after 101.0 s in verifying "
+                               "(deadline 100 s): the verify job was never picked up or every verification "
+                               "worker is down")
+    assert verifying_since(records[0]) == 10.0  # the transition, not the record's last update
+    assert overdue(records, now=110.0, grace_s=5.0, verify_deadline=100.0) == []  # at the deadline: on time
+    assert overdue(records, now=10_000.0, grace_s=5.0, verify_deadline=0.0) == []  # 0: no deadline
+    assert verify_deadline_s(records[2], 100.0) == 300.0 + VERIFY_SETUP_S
+    suite_deadline = 10.0 + 300.0 + VERIFY_SETUP_S
+    assert "slow-suite" not in [o.rollout_id for o in overdue(records, now=suite_deadline, grace_s=5.0,
+                                                                verify_deadline=100.0)]
+    late = overdue(records, now=suite_deadline + 0.5, grace_s=5.0, verify_deadline=100.0)
+    assert [o.rollout_id for o in late] == ["stuck", "fresh", "slow-suite"]
+    assert verify_deadline_s(records[2], 1800.0) == 1800.0  # the setting, when longer
+    composite = CompositeVerifier(verifiers=[
+        WeightedVerifier(name="tests", verifier=TestsVerifier(fail_to_pass=["x"], timeout_s=600.0)),
+        WeightedVerifier(name="judge", verifier=LlmJudgeVerifier(rubric="r", timeout_s=120.0)),
+        WeightedVerifier(name="exact", verifier=exact)])
+    assert verifier_budget_s(composite) == 720.0 and verifier_budget_s(exact) == 0.0
+
+
+async def test_a_sweep_fails_rollouts_stuck_verifying_only_from_verifying():
+    from arena.schemas import ExactVerifier
+    from arena_rollout.reaper import VERIFYING
+
+    records = [verifying("stuck", 0.0, ExactVerifier(answers=["4"])), rec("late", S.PROVISIONING, 0.0)]
+    life = Lifecycle()
+    reaper = Reaper(lifecycle=life, records=FakeCache(records), grace_s=0.0, verify_deadline_s=30.0)
+    assert await reaper.sweep(now=61.0) == ["stuck", "late"]
+    assert [(c[0], c[1], c[3]) for c in life.calls] == [("stuck", S.FAILED, VERIFYING),
+                                                        ("late", S.TIMED_OUT, REAPED)]
+    assert life.calls[0][2].startswith("verification deadline passed: no verification result after 61.0 s")
+    off = Reaper(lifecycle=Lifecycle(), records=FakeCache(records), grace_s=0.0, verify_deadline_s=0)
+    assert await off.sweep(now=10_000.0) == ["late"]  # 0 disables the verification deadline
+    with pytest.raises(ValueError, match="verify_deadline_s"):
+        Reaper(lifecycle=life, records=FakeCache([]), verify_deadline_s=-1)

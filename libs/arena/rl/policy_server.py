@@ -2,7 +2,9 @@
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (vLLM's
 ``return_token_ids``: ``prompt_token_ids`` and ``choices[0].token_ids``; per-token
-``logprobs`` and ``top_logprobs``), ``GET /v1/models``, ``GET /health``, and
+``logprobs`` and ``top_logprobs``), ``GET /v1/models``, ``GET /health``, vLLM's
+``POST /tokenize`` (``messages`` or a ``prompt`` string -> ``count``, ``tokens``,
+``max_model_len``: the ids the same request gets as ``prompt_token_ids``), and
 ``POST /v1/weights`` (body: a policy blob from :func:`arena.rl.model.to_blob`).
 
 Concurrent requests are batched: a batcher takes what is queued (up to ``max_batch``,
@@ -188,6 +190,21 @@ def create_app(server: PolicyServer) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve(request, completion_prompt, completion_response)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            policy = server.policy  # one version for the whole answer
+            if "messages" in body:
+                ids = chat_prompt(policy.tokenizer, body)
+            elif isinstance(body.get("prompt"), str):
+                ids = completion_prompt(policy.tokenizer, body)
+            else:
+                raise BadRequest("/tokenize takes 'messages' (a chat) or 'prompt' (a string)")
+        except BadRequest as exc:
+            return error(400, str(exc))
+        return ok({"count": len(ids), "max_model_len": policy.model.cfg.max_len, "tokens": ids}, policy.version)
 
     @app.post("/v1/weights")
     async def weights(request: Request) -> Response:

@@ -18,7 +18,7 @@ from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.http1 import Http1Client
 from arena_rollout.reaper import Reaper
 from arena_rollout.service import RolloutService
-from arena_rollout.store import RolloutStore
+from arena_rollout.store import RecordCache, RolloutStore
 from arena_rollout.worker import consumers
 
 
@@ -33,15 +33,17 @@ async def main(settings: Settings) -> int:
         router = Router()
         registry = BackendRegistry(router=router, settings=settings, http=http)
         rollouts_kv = await bus.kv(subjects.KV_ROLLOUTS)
-        store = RolloutStore(rollouts_kv)
+        store = RolloutStore(rollouts_kv, cache=RecordCache(max_ended=settings.rollout_cache_ended))
         upstream = Http1Client(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
                                  upstream=upstream)
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
                       asyncio.create_task(registry.health_loop(stop)),
                       asyncio.create_task(store.cache.watch(rollouts_kv, stop)),
-                      # ends over-time rollouts nothing else would end (no LLM call, job never picked up)
-                      asyncio.create_task(Reaper(lifecycle=service, records=store.cache).run(stop))]
+                      # ends over-time rollouts nothing else would end (no LLM call, job never picked up),
+                      # and fails rollouts stuck verifying past their deadline (no verification worker)
+                      asyncio.create_task(Reaper(lifecycle=service, records=store.cache,
+                                                 verify_deadline_s=settings.verify_deadline_s).run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
         code = await serve(stop, consumers=consumers(bus, service), app=create_app(service),
                            host=settings.host, port=settings.rollout_port)

@@ -1,17 +1,25 @@
-"""The wall-clock reaper: a rollout past its wall-clock budget ends even when nothing
-else would end it.
+"""The reaper: a rollout past its wall-clock budget, or stuck in ``verifying`` past its
+verification deadline, ends even when nothing else would end it.
 
 The proxy refuses a late LLM call and the sandbox times out the run it started, but a
 rollout whose agent makes no LLM calls while its sandbox job is never picked up (no
 worker for its provider, every worker down), or whose sandbox service died with it,
 would otherwise wait forever. ``overdue`` (pure) picks the rollouts still ``pending``,
 ``provisioning`` or ``running`` more than ``wall_clock_s + grace_s`` after they were
-created; ``Reaper.run`` checks the record cache's live rollouts every ``interval_s`` and
-moves each one to ``timed_out`` with the reason. ``verifying`` is not reaped: the agent
-finished within its budget and the verifier bounds its own run.
+created (-> ``timed_out``).
 
-Several rollout-service replicas may reap at once: the transition is compare-and-set,
-only from the states above, and its event is de-duplicated by ``Nats-Msg-Id``.
+``verifying`` is after the agent's time: the agent finished within its budget, so the
+wall clock does not apply. But a verify job that no verification worker ever picks up
+(all down, none deployed) would leave the rollout, and its group, waiting forever; a job
+that keeps failing is dead-lettered and fails the rollout already. So a rollout in
+``verifying`` for longer than its verification deadline -> ``failed`` with the reason:
+the deadline is ``ARENA_VERIFY_DEADLINE_S`` (``verify_deadline_s``, default 1800 s) from
+when it entered ``verifying``, or its verifier's own timeouts plus set-up time when those
+are longer (a test suite allowed an hour is not failed at 30 minutes).
+
+``Reaper.run`` checks the record cache's live rollouts every ``interval_s``. Several
+rollout-service replicas may reap at once: the transition is compare-and-set, only from
+the states above, and its event is de-duplicated by ``Nats-Msg-Id``.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from arena.schemas import RolloutRecord, RolloutState
+from arena.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
 
 log = logging.getLogger("arena.rollout.reaper")
 
@@ -32,12 +40,19 @@ S = RolloutState
 
 #: The states a wall-clock budget runs in (the agent's time); ``verifying`` is after it.
 REAPED = frozenset({S.PENDING, S.PROVISIONING, S.RUNNING})
+#: The state the verification deadline runs in.
+VERIFYING = frozenset({S.VERIFYING})
+#: Time a verification takes besides its verifier's own timeouts (a fresh sandbox, the
+#: agent's diff applied, the result published), added to those timeouts.
+VERIFY_SETUP_S = 300.0
 
 
 class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     rollout_id: str
     state: RolloutState
     reason: str
+    #: ``timed_out`` (wall clock) or ``failed`` (verification deadline)
+    target: RolloutState = S.TIMED_OUT
 
 
 def deadline(record: RolloutRecord, grace_s: float) -> float:
@@ -45,15 +60,51 @@ def deadline(record: RolloutRecord, grace_s: float) -> float:
     return record.created_at + record.task.budget.wall_clock_s + grace_s
 
 
-def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float) -> list[Overdue]:
-    """The rollouts of ``records`` to end now, oldest first."""
-    return [
-        Overdue(rollout_id=r.rollout_id, state=r.state,
-                reason=(f"wall-clock budget exhausted: {now - r.created_at:.1f} s of "
-                        f"{r.task.budget.wall_clock_s:g} s used while {r.state.value}"))
-        for r in sorted(records, key=lambda r: r.created_at)
-        if r.state in REAPED and now > deadline(r, grace_s)
-    ]
+def verifier_budget_s(verifier: object) -> float:
+    """How long a verifier may run by its own timeouts (composites run their parts in
+    turn); 0 for verifiers without one (exact, rubric, python)."""
+    if isinstance(verifier, CompositeVerifier):
+        return sum(verifier_budget_s(part.verifier) for part in verifier.verifiers)
+    if isinstance(verifier, (TestsVerifier, LlmJudgeVerifier)):
+        return verifier.timeout_s
+    return 0.0
+
+
+def verifying_since(record: RolloutRecord) -> float:
+    """When ``record`` entered ``verifying`` (its last such transition; else its last update)."""
+    for entry in reversed(record.history):
+        if entry.to_state == S.VERIFYING:
+            return entry.at
+    return record.updated_at
+
+
+def verify_deadline_s(record: RolloutRecord, deadline_s: float) -> float:
+    """How long ``record`` may stay in ``verifying``: ``deadline_s``, or its verifier's own
+    timeouts plus ``VERIFY_SETUP_S`` when that is longer."""
+    own = verifier_budget_s(record.task.verifier)
+    return max(deadline_s, own + VERIFY_SETUP_S if own else 0.0)
+
+
+def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
+            verify_deadline: float = 0.0) -> list[Overdue]:
+    """The rollouts of ``records`` to end now, oldest first: past their wall clock (agent
+    states), or, when ``verify_deadline`` > 0, in ``verifying`` past their verification
+    deadline (``verify_deadline_s``)."""
+    found: list[Overdue] = []
+    for r in sorted(records, key=lambda r: r.created_at):
+        if r.state in REAPED and now > deadline(r, grace_s):
+            found.append(Overdue(rollout_id=r.rollout_id, state=r.state,
+                                 reason=(f"wall-clock budget exhausted: {now - r.created_at:.1f} s of "
+                                         f"{r.task.budget.wall_clock_s:g} s used while {r.state.value}")))
+        elif r.state == S.VERIFYING and verify_deadline > 0:
+            since, allowed = verifying_since(r), verify_deadline_s(r, verify_deadline)
+            if now > since + allowed:
+                found.append(Overdue(
+                    rollout_id=r.rollout_id, state=r.state, target=S.FAILED,
+                    reason=(f"verification deadline passed: no verification result after {now - since:.1f} s in "
+                            f"verifying (deadline {allowed:g} s): the verify job was never picked up or every "
+                            f"verification worker is down")))
+    return found
 
 
 class Lifecycle(Protocol):
@@ -69,22 +120,26 @@ class LiveRecords(Protocol):
 
 class Reaper:
     def __init__(self, *, lifecycle: Lifecycle, records: LiveRecords, interval_s: float = 1.0,
-                 grace_s: float = 5.0):
-        if interval_s <= 0 or grace_s < 0:
-            raise ValueError("reaper: interval_s must be > 0 and grace_s >= 0")
+                 grace_s: float = 5.0, verify_deadline_s: float = 1800.0):
+        if interval_s <= 0 or grace_s < 0 or verify_deadline_s < 0:
+            raise ValueError("reaper: interval_s must be > 0, grace_s and verify_deadline_s >= 0")
         self.lifecycle = lifecycle
         self.records = records
         self.interval_s = interval_s
         self.grace_s = grace_s
+        #: 0 never fails a rollout for staying in ``verifying``
+        self.verify_deadline_s = verify_deadline_s
 
     async def sweep(self, now: float | None = None) -> list[str]:
-        """End every overdue rollout; return the ids this call moved to ``timed_out``."""
+        """End every overdue rollout; return the ids this call ended."""
         if not self.records.watching:  # the cache answers only once its watch has caught up
             return []
         ended: list[str] = []
-        for item in overdue(self.records.live(), now=time.time() if now is None else now, grace_s=self.grace_s):
-            after = await self.lifecycle.transition(item.rollout_id, S.TIMED_OUT, reason=item.reason,
-                                                    only_from=REAPED)
+        items = overdue(self.records.live(), now=time.time() if now is None else now, grace_s=self.grace_s,
+                        verify_deadline=self.verify_deadline_s)
+        for item in items:
+            after = await self.lifecycle.transition(item.rollout_id, item.target, reason=item.reason,
+                                                    only_from=REAPED if item.target == S.TIMED_OUT else VERIFYING)
             if after is not None:
                 log.info("rollout reaped: %s", item.reason, extra={"rollout_id": item.rollout_id})
                 ended.append(item.rollout_id)

@@ -4,12 +4,21 @@
 by a KV watch and by this process's own writes, so the proxy's hot path (key and
 budget checks) needs no round trip to NATS. It answers only while its watch runs;
 a final record is dropped and never comes back, so an ended rollout's key is refused.
+
+To keep an ended rollout out, the cache remembers which rollouts ended (a stale,
+non-final revision of one can still arrive through a lagging watch after this process
+wrote its final revision). That memory is bounded: the ``max_ended`` most recently ended,
+the oldest forgotten first. Forgetting one is safe once the watch has delivered its final
+revision (the watch is in revision order, so nothing older of it can still come), which
+takes milliseconds; forgetting one the watch has not reached yet is logged as a warning:
+the bound is then too small for the watch's lag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 
 import msgspec
@@ -25,10 +34,19 @@ _decoder = msgspec.json.Decoder(RolloutRecord)
 _encoder = msgspec.json.Encoder()
 
 
+#: Ended rollouts a ``RecordCache`` remembers by default (``ARENA_ROLLOUT_CACHE_ENDED``).
+MAX_ENDED = 100_000
+
+
 class RecordCache:
-    def __init__(self) -> None:
+    def __init__(self, *, max_ended: int = MAX_ENDED) -> None:
+        if max_ended < 1:
+            raise ValueError("RecordCache: max_ended must be >= 1")
         self._live: dict[str, tuple[RolloutRecord, int]] = {}
-        self._final: set[str] = set()
+        #: ended rollouts -> the revision that ended them, oldest first (bounded by ``max_ended``)
+        self._final: OrderedDict[str, int] = OrderedDict()
+        self.max_ended = max_ended
+        self.seen_revision = 0  # the highest revision the watch has delivered
         self.watching = False
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
@@ -52,13 +70,23 @@ class RecordCache:
         current = self._live.get(rollout_id)
         return current is None or revision > current[1]
 
+    def ended(self, rollout_id: str) -> bool:
+        """Whether the cache remembers ``rollout_id`` as ended."""
+        return rollout_id in self._final
+
     def put(self, record: RolloutRecord, revision: int) -> None:
         rid = record.rollout_id
         if rid in self._final:
             return
         if record.state.is_final:
-            self._final.add(rid)
+            self._final[rid] = revision
             self._live.pop(rid, None)
+            while len(self._final) > self.max_ended:
+                old, ended_at = self._final.popitem(last=False)
+                if ended_at > self.seen_revision:
+                    log.warning("forgot ended rollout %s before the KV watch passed its final revision %d "
+                                "(at %d): raise ARENA_ROLLOUT_CACHE_ENDED (now %d)", old, ended_at,
+                                self.seen_revision, self.max_ended)
             return
         current = self._live.get(rid)
         if current is None or revision > current[1]:
@@ -68,6 +96,8 @@ class RecordCache:
         """Follow the bucket until ``stop``; the cache answers once the initial values are in."""
 
         def on_entry(entry) -> None:
+            if entry.revision > self.seen_revision:
+                self.seen_revision = entry.revision
             if entry.value is None or entry.operation is not None:
                 return  # records are never deleted by Arena
             if not self.newer(entry.key, entry.revision):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from arena.errors import UpstreamError
-from arena.schemas import Failover, SamplingParams, Step, Timings, ToolCall, TopLogprob, Usage
+from arena.schemas import Failover, PromptCount, SamplingParams, Step, Timings, ToolCall, TopLogprob, Usage
 
 from arena_rollout.proxy.policy import Api
 
@@ -168,7 +168,8 @@ class Capture:
     def to_step(self, *, rollout_id: str, step_index: int, api: Api, request: dict[str, Any],
                 applied: SamplingParams, backend: str, replica: str | None, policy_version: str | None,
                 timings: Timings, started_at: float, stream: bool, incomplete: bool = False,
-                error: str | None = None, failovers: list[Failover] | None = None) -> Step:
+                error: str | None = None, failovers: list[Failover] | None = None,
+                prompt_count: PromptCount | None = None) -> Step:
         ids_ok = self.prompt_ids is not None and not self.ids_missing and (
             bool(self.completion_ids) or not self.completion_text)
         source = "backend" if ids_ok else "unavailable"
@@ -199,6 +200,7 @@ class Capture:
             incomplete=incomplete,
             error=error,
             failovers=list(failovers or []),
+            prompt_count=prompt_count,
         )
 
 

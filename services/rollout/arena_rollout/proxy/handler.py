@@ -11,6 +11,12 @@ are recorded in order. Budgets stay exact without waiting for them: when a call 
 rollout's counters as they will be once its recordings land are kept in memory
 (``_ahead``), and the next call's budget check reads those. ``drain`` waits for pending
 recordings (shutdown).
+
+Under a token budget every admitted call holds, until it ends, the most it can spend
+(prompt + ``max_tokens`` as sent: ``_flights``), so calls of one rollout in flight at once
+cannot together overshoot; a call that would fit only if they spent less waits for them.
+A tight call's prompt is counted by the serving replica's ``/tokenize`` before it is sent
+(``count_prompt``), or bounded when the replica cannot count.
 """
 
 from __future__ import annotations
@@ -25,17 +31,17 @@ import msgspec
 
 from arena import subjects
 from arena.bus import Bus
-from arena.errors import ArenaError, BudgetExhausted, InvalidRequest, UpstreamError, WallClockExceeded
-from arena.schemas import RolloutRecord, RolloutState, SamplingParams, Timings
+from arena.errors import ArenaError, BudgetExhausted, InvalidRequest, Unauthorized, UpstreamError, WallClockExceeded
+from arena.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings
 
 from arena_rollout.proxy import anthropic
-from arena_rollout.proxy.budget import admit
+from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound
 from arena_rollout.proxy.capture import Capture
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
 from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.http1 import Http1Client, TransportError
-from arena_rollout.proxy.upstream import Upstream, open_call, sse_events
+from arena_rollout.proxy.upstream import Upstream, count_prompt, open_call, sse_events
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout.proxy")
@@ -87,6 +93,21 @@ class _Call(msgspec.Struct, kw_only=True):
     t0: float
     stream: bool
     counted: tuple[int, int]  # the rollout's (steps, total_tokens) when the call was admitted
+    prompt_count: PromptCount | None = None  # how the token budget counted the prompt
+    counting_failovers: list[Failover] = []  # replicas left while counting the prompt
+    reserve: int = 0  # tokens held in the rollout's flight until the call's usage is known
+    released: bool = False
+
+
+class _Flight:
+    """A rollout's admitted calls whose usage is not known yet, and the most they may spend."""
+
+    __slots__ = ("calls", "reserved", "idle")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.reserved = 0
+        self.idle = asyncio.Event()
 
 
 class Relay:
@@ -124,6 +145,8 @@ class ProxyHandler:
         self._tail: dict[str, asyncio.Task] = {}  # the last step being recorded, per rollout
         #: per rollout with recordings pending: (steps, total_tokens) once they have landed
         self._ahead: dict[str, tuple[int, int]] = {}
+        #: per rollout under a token budget with calls in flight: what they hold
+        self._flights: dict[str, _Flight] = {}
 
     # ---------------------------------------------------------------- entry
 
@@ -138,22 +161,33 @@ class ProxyHandler:
             body = validate_chat_body(payload)
         stream = bool(body.get("stream"))
         client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        try:  # sampling injected, then the budget capped on what will be sent
-            sent, applied = admit(record, body, api=api, now=time.time())
-        except WallClockExceeded as exc:
-            await self.lifecycle.transition(rid, RolloutState.TIMED_OUT, reason=exc.message)
+        counting_failovers: list[Failover] = []
+        try:  # sampling injected, then the budgets checked and max_tokens capped on what will be sent
+            if record.task.budget.max_total_tokens is None:
+                admitted = admit(record, body, api=api, now=time.time())
+            else:  # may count the prompt (/tokenize) or wait for the rollout's calls in flight
+                record, admitted, counting_failovers = await self._admit_budgeted(record, body, api)
+        except (WallClockExceeded, BudgetExhausted) as exc:
+            target = RolloutState.TIMED_OUT if isinstance(exc, WallClockExceeded) else RolloutState.BUDGET_EXHAUSTED
+            await self.lifecycle.transition(rid, target, reason=exc.message)
             raise
-        except BudgetExhausted as exc:
-            await self.lifecycle.transition(rid, RolloutState.BUDGET_EXHAUSTED, reason=exc.message)
-            raise
+        sent = admitted.body  # a dict of its own (sampling injection copies the agent's)
         if record.model and record.model != "default":
             sent["model"] = record.model
-        call = _Call(rollout_id=rid, api=api, sent=sent, applied=applied, started_at=time.time(),
-                     t0=time.perf_counter(), stream=stream, counted=(record.steps, record.total_tokens))
-        up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
-                             path=_PATHS[api], body=msgspec.json.encode(sent))
+        call = _Call(rollout_id=rid, api=api, sent=sent, applied=admitted.applied, started_at=time.time(),
+                     t0=time.perf_counter(), stream=stream, counted=(record.steps, record.total_tokens),
+                     prompt_count=admitted.prompt, reserve=admitted.reserve, counting_failovers=counting_failovers)
+        try:
+            up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
+                                 path=_PATHS[api], body=msgspec.json.encode(sent))
+        except BaseException:
+            self._release(call)
+            raise
         if not stream:
-            return await self._whole(call, up, payload)
+            try:
+                return await self._whole(call, up, payload)
+            finally:
+                self._release(call)  # a call that failed without a step frees what it held
 
         def unstarted() -> None:  # the client went away before the first byte: still free the slot, record
             total_ms = (time.perf_counter() - call.t0) * 1000
@@ -161,6 +195,75 @@ class ProxyHandler:
 
         return Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or "")),
                      unstarted)
+
+    # ---------------------------------------------------------------- budgets
+
+    async def _admit_budgeted(self, record: RolloutRecord, body: dict[str, Any],
+                              api: Api) -> tuple[RolloutRecord, Admission, list[Failover]]:
+        """Admit a call of a rollout with ``max_total_tokens``: sampling injected, then the
+        budget capped on what will be sent. A tight call's prompt is counted first (the
+        serving replica's ``/tokenize``, else an upper bound); a call that fits only if the
+        rollout's calls in flight spend less than they hold waits for them. The admitted call
+        holds its ``reserve`` until ``_release``. Returns the record it was admitted on, the
+        admission, and the replicas left while counting (for the step's ``failovers``)."""
+        rid = record.rollout_id
+        prompt: PromptCount | None = None
+        failovers: list[Failover] = []
+        while True:
+            flight = self._flights.get(rid)
+            admitted = admit(record, body, api=api, now=time.time(), prompt=prompt,
+                             reserved=flight.reserved if flight is not None else 0)
+            if admitted.verdict == "send":
+                self._hold(rid, admitted.reserve)
+                return record, admitted, failovers
+            if admitted.verdict == "wait" and flight is not None:
+                await flight.idle.wait()
+                record = self._counted(await self.store.current(rid))
+                if record.state not in (RolloutState.PROVISIONING, RolloutState.RUNNING):
+                    raise Unauthorized(f"rollout {rid} is {record.state.value}; its key is no longer valid")
+                continue
+            prompt, failovers = await self._count_prompt(record, admitted.body, api)
+
+    async def _count_prompt(self, record: RolloutRecord, sent: dict[str, Any],
+                            api: Api) -> tuple[PromptCount, list[Failover]]:
+        rid = record.rollout_id
+        if record.model and record.model != "default":  # counted for the model the call will name
+            sent = {**sent, "model": record.model}
+        counted = await count_prompt(router=self.router, http=self.http, rollout_id=rid, model=record.model,
+                                     body=sent, chat=api != "openai.completions")
+        if counted.tokens is not None:
+            return PromptCount(tokens=counted.tokens, source="tokenize", replica=counted.replica), counted.failovers
+        bound = prompt_upper_bound(sent, api)
+        if bound is None:
+            raise InvalidRequest(f"this prompt (non-text content or a chat template of its own) has no upper "
+                                 f"bound, and {counted.why}: it cannot be admitted under the rollout's token budget")
+        log.info("prompt of rollout %s not counted (%s): max_tokens capped on an upper bound of %d tokens",
+                 rid, counted.why, bound, extra={"rollout_id": rid})
+        return PromptCount(tokens=bound, source="fallback", replica=counted.replica,
+                           note=f"{counted.why}: the budget counted an upper bound of the prompt"), counted.failovers
+
+    def _hold(self, rid: str, amount: int) -> None:
+        if amount <= 0:
+            return
+        flight = self._flights.get(rid)
+        if flight is None:
+            flight = self._flights[rid] = _Flight()
+        flight.calls += 1
+        flight.reserved += amount
+
+    def _release(self, call: _Call) -> None:
+        """The call's usage is known (or it failed): what it held is free (once)."""
+        if call.released or call.reserve <= 0:
+            return
+        call.released = True
+        flight = self._flights.get(call.rollout_id)
+        if flight is None:
+            return
+        flight.calls -= 1
+        flight.reserved -= call.reserve
+        if flight.calls <= 0:
+            del self._flights[call.rollout_id]
+            flight.idle.set()
 
     # ---------------------------------------------------------------- the judge
 
@@ -332,6 +435,7 @@ class ProxyHandler:
         steps, tokens = self._ahead.get(rollout_id, call.counted)
         steps, tokens = max(steps, call.counted[0]), max(tokens, call.counted[1])
         self._ahead[rollout_id] = (steps + 1, tokens + cap.usage_totals().total_tokens)
+        self._release(call)  # its usage now counts in ``_ahead``: what it held is free
         coro = self._finish(call, up, cap, first_ms, total_ms, error, answer, chunks)
         previous = self._tail.get(rollout_id)
 
@@ -390,7 +494,17 @@ class ProxyHandler:
 
     async def _record(self, call: _Call, up: Upstream, cap: Capture, *, first_token_ms: float, total_ms: float,
                       incomplete: bool = False, error: str | None = None) -> None:
-        spent = cap.usage_totals().total_tokens
+        usage = cap.usage_totals()
+        spent = usage.total_tokens
+        prompt_count = call.prompt_count
+        if prompt_count is not None and usage.prompt_tokens > prompt_count.tokens:
+            # the count (or bound) was short: the backend rendered more than /tokenize did. Say so.
+            why = (f"the backend reported {usage.prompt_tokens} prompt tokens, more than the "
+                   f"{prompt_count.tokens} counted before sending")
+            log.warning("rollout %s: %s (%s)", call.rollout_id, why, prompt_count.source,
+                        extra={"rollout_id": call.rollout_id})
+            prompt_count = msgspec.structs.replace(
+                prompt_count, note=f"{prompt_count.note}; {why}" if prompt_count.note else why)
 
         def count(r: RolloutRecord) -> RolloutRecord:
             return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent)
@@ -403,7 +517,7 @@ class ProxyHandler:
             policy_version=replica.policy_version or None,
             timings=Timings(queued_ms=up.queued_ms, first_token_ms=first_token_ms, total_ms=total_ms),
             started_at=call.started_at, stream=call.stream, incomplete=incomplete, error=error,
-            failovers=up.failovers,
+            failovers=[*call.counting_failovers, *up.failovers], prompt_count=prompt_count,
         )
         await self.bus.publish(subjects.step(call.rollout_id), step,
                                msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))

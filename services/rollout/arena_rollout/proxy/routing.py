@@ -30,6 +30,9 @@ class ReplicaState:
         self.down_since = 0.0
         self.inflight = 0
         self.waiting = 0
+        #: per model name: until when (``time.monotonic()``) the replica is taken to have no
+        #: ``/tokenize`` for it, and why (per model: vLLM answers 404 for a model it does not serve too)
+        self.no_tokenize: dict[str, tuple[float, str]] = {}
         self._slots = asyncio.Semaphore(max(1, replica.max_inflight))
 
     @property

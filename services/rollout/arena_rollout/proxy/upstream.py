@@ -4,17 +4,28 @@
 slot on the replica (the queue), sends, and on a connection failure or a 5xx moves to
 the next replica, recording each failure as a ``Failover``. A backend 4xx is the
 caller's problem and comes back as ``UpstreamRejected`` with the backend's message.
+
+``count_prompt`` asks the replica that will serve a call for its prompt's exact token
+count, with vLLM's ``POST /tokenize`` (at the server's root, beside ``/v1``), and pins the
+rollout to that replica so the call goes where it was counted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from typing import Any
+
+import msgspec
 
 from arena.errors import UpstreamError, UpstreamRejected
 from arena.schemas import Failover
 
 from arena_rollout.proxy.http1 import Http1Client, Response, TransportError
 from arena_rollout.proxy.routing import ReplicaState, Router
+
+log = logging.getLogger("arena.rollout.proxy")
 
 #: Statuses after which another replica is tried (and the replica marked down for the last three).
 _RETRY = {500, 502, 503, 504}
@@ -101,6 +112,128 @@ async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model
         return Upstream(replica=state, response=response, queued_ms=queued_ms, sent_at=sent_at,
                         failovers=failovers)
     raise UpstreamError(f"every backend replica failed ({len(errors)} tried): " + "; ".join(errors))
+
+
+# ---------------------------------------------------------------------------- /tokenize
+
+#: Answers of a replica without vLLM's ``/tokenize`` (Ollama, servers without the route).
+_NO_TOKENIZE = {404, 405, 501}
+#: How long such a replica is not asked again (a restart may bring the route).
+NO_TOKENIZE_TTL_S = 60.0
+#: Longest wait for a count; tokenizing is cheap, a replica this slow is failing.
+TOKENIZE_TIMEOUT_S = 10.0
+#: Chat request fields that change how the prompt is rendered, sent along to ``/tokenize``
+#: (vLLM's ``TokenizeChatRequest``).
+_CHAT_RENDERING = ("tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+                   "chat_template", "chat_template_kwargs", "documents", "mm_processor_kwargs")
+
+
+class _TokenizeAnswer(msgspec.Struct):
+    count: int
+
+
+_tokenize_answer = msgspec.json.Decoder(_TokenizeAnswer)
+
+
+def tokenize_url(base_url: str) -> str:
+    """vLLM serves ``/tokenize`` at its root: ``http://h:8000/v1`` -> ``http://h:8000/tokenize``."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base + "/tokenize"
+
+
+def tokenize_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The ``/tokenize`` request for a chat or completions body as it will be sent."""
+    out: dict[str, Any] = {"model": body.get("model")} if body.get("model") else {}
+    if chat:
+        out["messages"] = body.get("messages")
+        for key in _CHAT_RENDERING:
+            if body.get(key) is not None:
+                out[key] = body[key]
+    else:
+        out["prompt"] = body.get("prompt")
+        if body.get("add_special_tokens") is not None:
+            out["add_special_tokens"] = body["add_special_tokens"]
+    return out
+
+
+class Counted(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt's count by a replica: ``tokens`` None when the replica cannot count (``why``).
+    ``failovers``: replicas left on the way (a sticky one down, a failed ``/tokenize``)."""
+
+    tokens: int | None
+    replica: str
+    why: str = ""
+    failovers: list[Failover] = []
+
+
+async def count_prompt(*, router: Router, http: Http1Client, rollout_id: str, model: str,
+                       body: dict[str, Any], chat: bool) -> Counted:
+    """The exact prompt tokens of ``body`` by the replica that will serve it (the rollout's
+    sticky one while healthy, which it becomes), or ``tokens=None`` when that replica has
+    no ``/tokenize`` (404 / 405 / 501, or an answer without ``count``). A connection
+    failure, timeout or 5xx moves to the next replica, like a call; a 4xx is the request's
+    fault (``UpstreamRejected``); every replica failing is an ``UpstreamError``."""
+    request = tokenize_body(body, chat=chat)
+    payload = msgspec.json.encode(request)
+    named = str(request.get("model") or "")
+    errors: list[str] = []
+    failovers: list[Failover] = []
+    candidates = router.candidates(rollout_id, model)
+    pinned = router.sticky(rollout_id)
+    if pinned is not None and candidates[0].id != pinned and pinned in router.replicas:
+        why = router.replicas[pinned].last_error or "unhealthy"
+        failovers.append(Failover(replica=pinned, error=f"not used: {why}", at=time.time()))
+    for state in candidates:
+        until, why = state.no_tokenize.get(named, (0.0, ""))
+        if until > time.monotonic():
+            router.stick(rollout_id, state.id)
+            return Counted(tokens=None, replica=state.id, why=why, failovers=failovers)
+        url = tokenize_url(state.replica.url)
+        try:
+            response = await asyncio.wait_for(http.post(url, payload), TOKENIZE_TIMEOUT_S)
+            try:
+                data = await asyncio.wait_for(response.aread(), TOKENIZE_TIMEOUT_S)
+            finally:
+                await response.aclose()
+        except (TransportError, asyncio.TimeoutError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            router.mark_down(state.id, why)
+            failovers.append(Failover(replica=state.id, error=f"/tokenize: {why}", at=time.time()))
+            errors.append(f"{state.id}: {why}")
+            continue
+        status = response.status_code
+        text = data[:300].decode("utf-8", "replace").strip()
+        if status == 200:
+            try:
+                count = _tokenize_answer.decode(data).count
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                count = -1
+            if count >= 0:
+                router.stick(rollout_id, state.id)
+                return Counted(tokens=count, replica=state.id, failovers=failovers)
+            why = f"replica {state.id} answered /tokenize without a count: {text[:120]!r}"
+        elif status in _NO_TOKENIZE:
+            why = f"replica {state.id} has no /tokenize ({status})"
+        elif status in _RETRY:
+            why = f"/tokenize answered {status}: {text}"
+            if status in _DOWN:
+                router.mark_down(state.id, why)
+            failovers.append(Failover(replica=state.id, error=why, at=time.time()))
+            errors.append(f"{state.id}: {why}")
+            continue
+        elif status == 429:
+            raise UpstreamError(f"backend replica {state.id} is overloaded (429) counting the prompt: {text}")
+        else:
+            raise UpstreamRejected(f"backend replica {state.id} rejected counting the prompt ({status}): {text}")
+        state.no_tokenize[named] = (time.monotonic() + NO_TOKENIZE_TTL_S, why)
+        log.warning("%s: token budgets fall back to an upper bound of the prompt on it (model %r) for %g s",
+                    why, named, NO_TOKENIZE_TTL_S)
+        router.stick(rollout_id, state.id)
+        return Counted(tokens=None, replica=state.id, why=why, failovers=failovers)
+    raise UpstreamError(f"every backend replica failed counting the prompt ({len(errors)} tried): "
+                        + "; ".join(errors))
 
 
 def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
