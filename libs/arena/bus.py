@@ -277,8 +277,8 @@ def body_object_name(msg_id: str) -> str:
 
 def body_object(msg: Any) -> str | None:
     """The object-store name of ``msg``'s body, if the publisher put it there."""
-    raw = getattr(msg, "raw_headers", None)
-    if isinstance(msg, JsMsg):
+    if type(msg) is JsMsg:
+        raw = msg.raw_headers
         if raw is None or _BODY_OBJECT_HEADER_BYTES not in raw:  # the hot path: no header parsing
             return None
     headers = msg.headers

@@ -88,6 +88,8 @@ class TrajectoryWorker:
         self._steps = StepCache()
         self._results = ResultCache()
         self._progress = asyncio.Event()  # set whenever steps or results were stored
+        #: one set per waiting ``_waves``: the rollouts whose steps or results were stored since it last looked
+        self._touched: list[set[str]] = []
 
     def consumers(self) -> list:
         out: list = [
@@ -129,7 +131,7 @@ class TrajectoryWorker:
                 verdicts.append(None)
         await self.store.insert_step_rows(rows)
         self._steps.add(steps)  # only once stored
-        self._progress.set()
+        self._stored({s.step.rollout_id for s in steps})
         return verdicts
 
     async def on_results(self, items: list[Item]) -> list[Verdict]:
@@ -152,8 +154,14 @@ class TrajectoryWorker:
         await self.store.insert_sandbox_results(sandboxes)
         await self.store.insert_verifications(verifications)
         self._results.add(sandboxes, verifications)  # only once stored
-        self._progress.set()
+        self._stored({r.rollout_id for r in sandboxes} | {r.rollout_id for r in verifications})
         return verdicts
+
+    def _stored(self, rollout_ids: set[str]) -> None:
+        """Parts of ``rollout_ids`` were stored: wake the waiting final states."""
+        for touched in self._touched:
+            touched |= rollout_ids
+        self._progress.set()
 
     async def on_states(self, items: list[Item]) -> list[Verdict]:
         await self.store.insert_states([event for event, _ in items])
@@ -265,33 +273,40 @@ class TrajectoryWorker:
         on other streams), those whose parts arrive, for up to ``wait_for_parts`` seconds;
         last whatever is still missing (retried, or given up on, as before). So a rollout
         whose parts never come holds its batch once, not on every retry."""
-        missing = {rid for rid, event in events.items() if rid in may_wait and self._missing_in_cache(event)}
-        waiting = [rid for rid in events if rid in missing]
-        ready = [rid for rid in events if rid not in missing]
-        if waiting and self.wait_for_parts > 0:
-            stored = await self.store.step_counts(waiting)
-            ready += [rid for rid in waiting if stored.get(rid, 0) >= events[rid].steps]
-            waiting = [rid for rid in waiting if stored.get(rid, 0) < events[rid].steps]
-        else:
-            ready, waiting = list(events), []
-        yield ready
-        deadline = time.monotonic() + self.wait_for_parts
-        while waiting:
-            self._progress.clear()  # before looking: what is stored from now on sets it again
-            arrived = {rid for rid in waiting if not self._missing_in_cache(events[rid])}
-            if arrived:
-                waiting = [rid for rid in waiting if rid not in arrived]
-                yield [rid for rid in events if rid in arrived]
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                await asyncio.wait_for(self._progress.wait(), min(left, 0.25))
-            except asyncio.TimeoutError:
-                break  # nothing stored for a while: stop waiting
-        if waiting:
-            yield waiting
+        touched: set[str] = set()  # stored since the last look: only these can have become complete
+        self._touched.append(touched)
+        try:
+            missing = {rid for rid, event in events.items() if rid in may_wait and self._missing_in_cache(event)}
+            waiting = [rid for rid in events if rid in missing]
+            ready = [rid for rid in events if rid not in missing]
+            if waiting and self.wait_for_parts > 0:
+                stored = await self.store.step_counts(waiting)
+                ready += [rid for rid in waiting if stored.get(rid, 0) >= events[rid].steps]
+                waiting = [rid for rid in waiting if stored.get(rid, 0) < events[rid].steps]
+            else:
+                ready, waiting = list(events), []
+            yield ready
+            deadline = time.monotonic() + self.wait_for_parts
+            while waiting:
+                self._progress.clear()  # before looking: what is stored from now on sets it again
+                candidates = touched.intersection(waiting)
+                touched.clear()
+                arrived = {rid for rid in candidates if not self._missing_in_cache(events[rid])}
+                if arrived:
+                    waiting = [rid for rid in waiting if rid not in arrived]
+                    yield [rid for rid in events if rid in arrived]
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._progress.wait(), min(left, 0.25))
+                except asyncio.TimeoutError:
+                    break  # nothing stored for a while: stop waiting
+            if waiting:
+                yield waiting
+        finally:
+            self._touched.remove(touched)
 
     async def _publish_trajectory(self, t: Trajectory, raw: RawSteps | None, *, look_up: bool) -> None:
         """Publish ``t`` (its steps as the JSON they arrived as, where ``raw`` has it). A
