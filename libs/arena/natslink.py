@@ -144,19 +144,22 @@ class NatsLink(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_rx = time.monotonic()
         buf = self._buf
-        buf += data
-        if len(buf) < self._need:
-            return
+        if buf:  # a frame was cut at the end of the last read: complete it first
+            buf += data
+            if len(buf) < self._need:  # a large frame still arriving: no re-parse per read
+                return
+            data = bytes(buf)
+            buf.clear()
         self._need = 0
-        pos, end_of_data = 0, len(buf)
+        pos, end_of_data = 0, len(data)
         subs = self._subs
         while pos < end_of_data:
-            eol = buf.find(_CRLF, pos)
+            eol = data.find(_CRLF, pos)
             if eol < 0:
                 break
-            first = buf[pos]
+            first = data[pos]
             if first == _H or first == _M:  # HMSG subject sid [reply] hdr_len total_len / MSG subject sid [reply] len
-                head = bytes(buf[pos:eol]).split()
+                head = data[pos:eol].split()
                 total = int(head[-1])
                 start = eol + 2
                 if start + total + 2 > end_of_data:
@@ -165,13 +168,13 @@ class NatsLink(asyncio.Protocol):
                 if first == _H:
                     hdr_len = int(head[-2])
                     reply = head[3].decode() if len(head) == 6 else None
-                    headers = bytes(buf[start:start + hdr_len])
+                    headers = data[start:start + hdr_len]
                     data_start = start + hdr_len
                 else:
                     reply = head[3].decode() if len(head) == 5 else None
                     headers = None
                     data_start = start
-                payload = bytes(buf[data_start:start + total])
+                payload = data[data_start:start + total]
                 pos = start + total + 2
                 callback = subs.get(int(head[2]))
                 if callback is not None:
@@ -180,9 +183,10 @@ class NatsLink(asyncio.Protocol):
                     except Exception:  # noqa: BLE001 - one bad callback must not kill the connection
                         log.exception("natslink %s: message callback failed", self.name)
             else:
-                self._control(bytes(buf[pos:eol]))
+                self._control(data[pos:eol])
                 pos = eol + 2
-        del buf[:pos]
+        if pos < end_of_data:
+            buf += memoryview(data)[pos:]
 
     def _control(self, line: bytes) -> None:
         if line == b"PING":

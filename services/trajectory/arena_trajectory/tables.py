@@ -167,10 +167,18 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _length(n: int) -> bytes:
+    """A RowBinary length: LEB128."""
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    return _varint(n)
+
+
 def _string(value: bytes) -> bytes:
-    """A ``String`` in RowBinary: LEB128 length, then the bytes."""
-    n = len(value)
-    return (bytes((n,)) if n < 0x80 else _varint(n)) + value
+    """A ``String`` in RowBinary: its length, then the bytes."""
+    return _length(len(value)) + value
 
 
 _short: dict[str, bytes] = {}
@@ -194,6 +202,7 @@ def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
     the columns cannot hold."""
     logprobs = step.logprobs or []
     timings, usage = step.timings, step.usage
+    body = _encoder.encode(step) if body is None else body
     try:
         started_ms = round(step.started_at * 1000)
         if logprobs:
@@ -206,7 +215,7 @@ def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
         return b"".join((
             _label(step.rollout_id), _U32.pack(step.step_index), _label(step.model), _label(step.backend),
             _label(step.policy_version or ""), _U32x2.pack(usage.prompt_tokens, usage.completion_tokens),
-            _label(step.finish_reason or ""), tail, _string(_encoder.encode(step) if body is None else bytes(body)),
+            _label(step.finish_reason or ""), tail, _length(len(body)), body,  # body joined as it is, not copied first
         ))
     except (struct.error, OverflowError, ValueError) as exc:  # out of range, inf/NaN time, lone surrogate
         raise RowError(f"step {step.rollout_id}/{step.step_index} does not fit the steps table: {exc}") from exc
