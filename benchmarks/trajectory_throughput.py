@@ -221,6 +221,14 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
         await bus.close()
 
 
+def cpu_reference() -> float:
+    """Seconds for a fixed piece of pure-Python work: this machine's speed at the moment of
+    the run (shared machines vary by tens of percent), to compare runs by."""
+    t0 = time.perf_counter()
+    sum(range(30_000_000))
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=1200, help="default %(default)s: 60,000 steps, a few seconds sustained")
@@ -232,6 +240,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--profile", help="write a cProfile of the trajectory service to this file")
     args = parser.parse_args()
+    reference = cpu_reference()
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
         nats_server = NatsServer(Path(tmp) / "nats", sync=args.sync).start()
         try:
@@ -245,7 +254,7 @@ def main() -> None:
     step_bytes = len(encode(step("r0", 0, args)))
     print(f"\ntrajectory throughput: {args.rollouts} rollouts x {args.steps} steps = {steps} steps "
           f"(~{step_bytes} B each), groups of {args.group_size}, JetStream sync_interval={args.sync}, "
-          f"{os.cpu_count()} cores\n")
+          f"{os.cpu_count()} cores; CPU reference {reference:.3f} s (sum(range(3e7)), lower is faster)\n")
     raw, raw_nats_py = raws["arena"], raws["nats-py"]
     rows = [
         ("raw async publish, Arena's publisher (steps)", raw, None),

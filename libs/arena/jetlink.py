@@ -262,6 +262,7 @@ class JsPublisher:
     def __init__(self, link: NatsLink, *, timeout: float = 5.0):
         self.link = link
         self.timeout = timeout
+        self._loop = asyncio.get_running_loop()
         self._prefix = link.new_inbox() + "."
         self._pending: dict[str, tuple[asyncio.Future, float]] = {}
         self._next = 0
@@ -274,16 +275,21 @@ class JsPublisher:
         """Queue a publish; the future resolves to its ``PubAck`` or raises ``NoResponders``,
         ``PublishRefused``, ``PublishTimeout`` or ``LinkClosed``. Raises ``PayloadTooLarge``
         at once."""
-        hdrs = dict(headers or {})
-        if msg_id is not None:
-            hdrs["Nats-Msg-Id"] = msg_id
+        if headers:
+            block: bytes | None = encode_headers({**headers, "Nats-Msg-Id": msg_id} if msg_id is not None else headers)
+        elif msg_id is not None:  # the common case, without building a dict
+            if "\r" in msg_id or "\n" in msg_id:
+                raise ValueError(f"a Nats-Msg-Id cannot carry a line break: {msg_id!r}")
+            block = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + b"\r\n\r\n"
+        else:
+            block = None
         self._next += 1
         token = str(self._next)
-        future = asyncio.get_running_loop().create_future()
-        self.link.publish(subject, data, reply=self._prefix + token, headers=encode_headers(hdrs) if hdrs else None)
+        future = self._loop.create_future()
+        self.link.publish(subject, data, reply=self._prefix + token, headers=block)
         self._pending[token] = (future, time.monotonic() + self.timeout)
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(self.timeout / 4, self._sweep)
+            self._sweeper = self._loop.call_later(self.timeout / 4, self._sweep)
         return future
 
     async def close(self) -> None:
@@ -326,7 +332,7 @@ class JsPublisher:
             if not future.done():
                 future.set_exception(PublishTimeout(f"no PubAck within {self.timeout}s"))
         if self._pending:
-            self._sweeper = asyncio.get_running_loop().call_later(self.timeout / 4, self._sweep)
+            self._sweeper = self._loop.call_later(self.timeout / 4, self._sweep)
 
     def _fail_all(self) -> None:
         pending, self._pending = self._pending, {}

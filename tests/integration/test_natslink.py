@@ -177,6 +177,8 @@ async def test_publish_errors_are_named(bus, link):
         await publisher.publish("arena.sandbox.started.r1", b"{}", headers={"Nats-Expected-Stream": "OTHER"})
     with pytest.raises(PayloadTooLarge, match="max_payload"):
         publisher.publish("arena.sandbox.started.r1", b"x" * (link.max_payload + 1))
+    with pytest.raises(ValueError, match="line break"):  # would break the protocol framing
+        publisher.publish("arena.sandbox.started.r1", b"{}", msg_id="a\r\nPUB x 0")
 
 
 async def test_headers_round_trip():
