@@ -33,7 +33,8 @@ async def main(settings: Settings) -> int:
         router = Router()
         registry = BackendRegistry(router=router, settings=settings, http=http)
         rollouts_kv = await bus.kv(subjects.KV_ROLLOUTS)
-        store = RolloutStore(rollouts_kv, cache=RecordCache(max_ended=settings.rollout_cache_ended))
+        store = RolloutStore(rollouts_kv, cache=RecordCache(max_ended=settings.rollout_cache_ended),
+                             publisher=bus.publisher)
         upstream = Http1Client(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
                                  upstream=upstream)
