@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 import uvicorn
@@ -23,6 +24,25 @@ class Runner(Protocol):
     """A consumer, or any loop that runs until ``stop`` is set."""
 
     async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def every(stop: asyncio.Event, interval: float, action: Callable[[], Awaitable[Any] | Any], *,
+                what: str) -> None:
+    """Run ``action`` every ``interval`` seconds (the first time after one interval) until
+    ``stop`` is set. A failure is logged and the next run comes as usual: a periodic job
+    (a sweep, a health check) never dies of one error."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+            return
+        except asyncio.TimeoutError:
+            pass
+        try:
+            result = action()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:  # noqa: BLE001 - logged; the next run retries
+            log.warning("%s failed, again in %.1f s: %s: %s", what, interval, type(exc).__name__, exc)
 
 
 class StopEvent(asyncio.Event):

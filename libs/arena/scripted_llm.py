@@ -372,13 +372,18 @@ def create_app(llm: ScriptedLLM) -> FastAPI:
             yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
-    async def handle(request: Request, *, chat: bool) -> Response:
+    async def json_object(request: Request) -> dict | Response:
+        """The request's JSON object, or the 400 that says why it is not one."""
         try:
             body = msgspec.json.decode(await request.body())
         except msgspec.DecodeError as exc:
             return error(400, f"invalid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error(400, "body must be a JSON object")
+        return body if isinstance(body, dict) else error(400, "body must be a JSON object")
+
+    async def handle(request: Request, *, chat: bool) -> Response:
+        body = await json_object(request)
+        if isinstance(body, Response):
+            return body
         if faults.latency_s:
             await asyncio.sleep(faults.latency_s)
         if faults.error_status is not None:
@@ -405,12 +410,9 @@ def create_app(llm: ScriptedLLM) -> FastAPI:
     async def tokenize(request: Request) -> Response:
         if faults.no_tokenize:
             return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
-        try:
-            body = msgspec.json.decode(await request.body())
-        except msgspec.DecodeError as exc:
-            return error(400, f"invalid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error(400, "body must be a JSON object")
+        body = await json_object(request)
+        if isinstance(body, Response):
+            return body
         try:
             answer = llm.tokenize(body)
         except (ValueError, TypeError) as exc:

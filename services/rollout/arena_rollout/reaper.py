@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from arena.runtime import every
 from arena.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
 
 log = logging.getLogger("arena.rollout.reaper")
@@ -147,13 +148,4 @@ class Reaper:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``interval_s`` until ``stop``; an error is logged, never fatal."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval_s)
-                return
-            except asyncio.TimeoutError:
-                pass
-            try:
-                await self.sweep()
-            except Exception:  # noqa: BLE001 - a NATS hiccup must not stop the reaper for good
-                log.exception("reaper sweep failed; retrying in %.1f s", self.interval_s)
+        await every(stop, self.interval_s, self.sweep, what="reaper sweep")

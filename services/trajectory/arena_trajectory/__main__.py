@@ -68,11 +68,7 @@ class CycleCollector:
         self.interval = interval
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval)
-            except asyncio.TimeoutError:
-                gc.collect()
+        await runtime.every(stop, self.interval, gc.collect, what="garbage collection")
 
 
 def run() -> int:

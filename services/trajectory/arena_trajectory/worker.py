@@ -34,6 +34,7 @@ from nats.js.errors import NotFoundError
 from arena import subjects
 from arena.bus import Bus, Delivery
 from arena.errors import Permanent
+from arena.runtime import every
 from arena.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
 from arena_trajectory import assembler
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
@@ -401,16 +402,7 @@ class GroupTimeouts:
         self.interval = min(max(worker.group_timeout / 4, 0.2), 10.0)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval)
-                break
-            except asyncio.TimeoutError:
-                pass
-            try:
-                await self.sweep()
-            except Exception as exc:  # noqa: BLE001 - the next sweep retries
-                log.warning("group timeout sweep failed: %s: %s", type(exc).__name__, exc)
+        await every(stop, self.interval, self.sweep, what="group timeout sweep")
 
     async def sweep(self) -> int:
         overdue = await self.worker.store.overdue_groups(older_than=time.time() - self.worker.group_timeout)

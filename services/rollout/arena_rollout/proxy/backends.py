@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from arena.bus import follow_kv
+from arena.runtime import every
 from arena.schemas import BackendReplica
 from arena.settings import Settings
 
@@ -100,8 +101,4 @@ class BackendRegistry:
         await asyncio.gather(*(probe(s) for s in list(self.router.replicas.values())))
 
     async def health_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.health_interval_s)
-            except asyncio.TimeoutError:
-                await self.check()
+        await every(stop, self.health_interval_s, self.check, what="backend health check")
