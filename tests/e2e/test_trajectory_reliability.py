@@ -107,6 +107,11 @@ async def until(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} not reached in {timeout}s (last: {last})")
 
 
+def handed_again(entries: list[tuple[str, list[str]]], group_id: str) -> bool:
+    """Whether ``group_id`` was yielded more than once (its first batch never committed)."""
+    return sum(group_id in ids for tag, ids in entries if tag == "Y") > 1
+
+
 def consumer_log(path: Path) -> list[tuple[str, list[str]]]:
     if not path.exists():
         return []
@@ -136,8 +141,26 @@ async def test_no_loss_no_duplicate_under_kill9_and_a_nats_restart(tmp_path):
         async def some_committed():
             return len(committed()) > 0
 
+        def interrupted() -> set[str]:
+            """Batches yielded right before a restart marker, whose commit never logged: the
+            trainer was killed between handing them out and recording the commit, so the
+            server may or may not have their acks (if it does, they never come back)."""
+            entries = consumer_log(trainer_log)
+            out = set()
+            for n, (tag, ids) in enumerate(entries):
+                if tag == "Y" and (n + 1 == len(entries) or entries[n + 1][0] == "S"):
+                    out |= set(ids)
+            return out
+
         async def all_committed():
-            return len(committed()) == GROUPS or len(committed())
+            """Every group committed, as the trainer logged it or (for a batch whose commit
+            the kill cut short after the acks landed) as the server's consumer says: nothing
+            pending, nothing unacknowledged."""
+            done = committed()
+            if done | interrupted() != {f"g-{g:03d}" for g in range(GROUPS)}:
+                return len(done)
+            info = await bus.js.consumer_info("ARENA_TRAJECTORIES", "trainer-reliability")
+            return (info.num_pending == 0 and info.num_ack_pending == 0) or len(done)
 
         # ten waves of 5 groups; crashes between and during them
         for wave in range(10):
@@ -193,17 +216,18 @@ async def test_no_loss_no_duplicate_under_kill9_and_a_nats_restart(tmp_path):
         # handed out but not committed when the trainer was killed
         entries = consumer_log(trainer_log)
         commits = [gid for tag, ids in entries if tag == "C" for gid in ids]
-        assert sorted(commits) == sorted(f"g-{g:03d}" for g in range(GROUPS)), "each group committed exactly once"
+        cut_short = interrupted()
+        assert len(commits) == len(set(commits)), "each group committed at most once"
+        # a group without a logged commit is one whose commit the kill cut short after its ack
+        # landed (the server's consumer has nothing pending: checked by all_committed)
+        assert set(commits) | cut_short == {f"g-{g:03d}" for g in range(GROUPS)}
+        assert not (set(commits) & cut_short) or all(handed_again(entries, g) for g in set(commits) & cut_short)
         handed: dict[str, int] = {}
         for tag, ids in entries:
             for gid in ids if tag == "Y" else ():
                 handed[gid] = handed.get(gid, 0) + 1
         again = {gid for gid, n in handed.items() if n > 1}
-        interrupted = set()  # batches yielded right before a restart marker, never committed
-        for n, (tag, ids) in enumerate(entries):
-            if tag == "Y" and (n + 1 == len(entries) or entries[n + 1][0] == "S"):
-                interrupted |= set(ids)
-        assert again <= interrupted, f"re-delivered although committed: {again - interrupted}"
+        assert again <= cut_short, f"re-delivered although committed: {again - cut_short}"
         assert sum(1 for tag, _ in entries if tag == "S") == 2
     finally:
         await bus.close()
