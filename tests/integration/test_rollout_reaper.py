@@ -56,6 +56,23 @@ async def submit(svc: RolloutService, tmp_path, wall_clock_s: float) -> tuple[st
     return record.rollout_id, record.api_key
 
 
+async def reap_until(svc, done, *, tries: int, **options) -> None:
+    """Two rollout-service replicas reaping at once (one wins each rollout) until ``done()``,
+    then a few more sweeps, in which nothing else may move and nothing may move twice."""
+    stop = asyncio.Event()
+    reapers = [asyncio.create_task(Reaper(lifecycle=svc, records=svc.store.cache, interval_s=0.1, grace_s=0.2,
+                                          **options).run(stop)) for _ in range(2)]
+    try:
+        for _ in range(tries):
+            if await done():
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*reapers)
+
+
 async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_worker(service, bus, tmp_path):
     svc = service
     stuck, _ = await submit(svc, tmp_path, 1.0)  # provisioning: no sandbox worker will ever pick its job up
@@ -67,19 +84,10 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
     roomy, _ = await submit(svc, tmp_path, 600.0)
     await svc.authorize(idle, f"Bearer {idle_key}", None)  # the key works while the rollout runs
 
-    stop = asyncio.Event()  # two rollout-service replicas reaping at once: one wins each rollout
-    reapers = [asyncio.create_task(Reaper(lifecycle=svc, records=svc.store.cache, interval_s=0.1,
-                                          grace_s=0.2).run(stop)) for _ in range(2)]
-    try:
-        for _ in range(150):
-            states = [(await svc.store.get(rid))[0].state for rid in (stuck, idle)]
-            if states == [S.TIMED_OUT, S.TIMED_OUT]:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)  # more sweeps: nothing else moves, nothing moves twice
-    finally:
-        stop.set()
-        await asyncio.gather(*reapers)
+    async def reaped() -> bool:
+        return [(await svc.store.get(rid))[0].state for rid in (stuck, idle)] == [S.TIMED_OUT, S.TIMED_OUT]
+
+    await reap_until(svc, reaped, tries=150)
 
     for rid, was in ((stuck, "provisioning"), (idle, "running")):
         record, _ = await svc.store.get(rid)
@@ -124,18 +132,10 @@ async def test_a_rollout_stuck_verifying_fails_at_its_verification_deadline(serv
     await svc.on_verify_done(VerificationResult(rollout_id=answered, verifier="exact", reward=1.0, passed=True,
                                                 started_at=now, finished_at=now), None)
 
-    stop = asyncio.Event()  # two rollout-service replicas reaping at once
-    reapers = [asyncio.create_task(Reaper(lifecycle=svc, records=svc.store.cache, interval_s=0.1, grace_s=0.2,
-                                          verify_deadline_s=1.0).run(stop)) for _ in range(2)]
-    try:
-        for _ in range(100):
-            if (await svc.store.get(stuck))[0].state == S.FAILED:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)  # more sweeps: nothing else moves, nothing moves twice
-    finally:
-        stop.set()
-        await asyncio.gather(*reapers)
+    async def failed() -> bool:
+        return (await svc.store.get(stuck))[0].state == S.FAILED
+
+    await reap_until(svc, failed, tries=100, verify_deadline_s=1.0)
 
     record, _ = await svc.store.get(stuck)
     assert record.state == S.FAILED, record.state

@@ -26,6 +26,23 @@ def _start(name: str, env: dict[str, str]) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _service_env(nats_url: str, data: Path, provider: str, owner: str, docker_url: str) -> dict[str, str]:
+    return {**os.environ, "ARENA_NATS_URL": nats_url, "ARENA_DATA_DIR": str(data), "ARENA_SANDBOX_PROVIDER": provider,
+            "ARENA_SANDBOX_OWNER": owner, "ARENA_DOCKER_URL": docker_url, "ARENA_LOG_LEVEL": "WARNING"}
+
+
+def _task(tmp_path: Path, agent_code: str, wall_clock_s: float) -> Task:
+    """A one-file repository and an agent running ``agent_code``."""
+    repo, agent = tmp_path / "repo", tmp_path / "agent"
+    repo.mkdir()
+    agent.mkdir()
+    (repo / "f.txt").write_text("x\n")
+    (agent / "agent.py").write_text(agent_code)
+    return Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(),
+                budget=Budget(wall_clock_s=wall_clock_s),
+                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)))
+
+
 async def _wait_for(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -41,16 +58,8 @@ async def test_sigkilled_service_leaves_nothing_after_restart(request, name, bus
         pytest.skip(f"no bubblewrap: {local.available()}")
     docker_url = request.getfixturevalue("docker_url") if name == "docker" else ""
     data = tmp_path / "data"
-    env = {**os.environ, "ARENA_NATS_URL": nats_server.url, "ARENA_DATA_DIR": str(data),
-           "ARENA_SANDBOX_PROVIDER": name, "ARENA_SANDBOX_OWNER": OWNER, "ARENA_DOCKER_URL": docker_url,
-           "ARENA_LOG_LEVEL": "WARNING"}
-    repo, agent = tmp_path / "repo", tmp_path / "agent"
-    repo.mkdir()
-    agent.mkdir()
-    (repo / "f.txt").write_text("x\n")
-    (agent / "agent.py").write_text("import time\ntime.sleep(1000)\n")
-    task = Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(), budget=Budget(wall_clock_s=600),
-                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)))
+    env = _service_env(nats_server.url, data, name, OWNER, docker_url)
+    task = _task(tmp_path, "import time\ntime.sleep(1000)\n", wall_clock_s=600)
     await bus.publish(subjects.sandbox_run(name), SandboxJob(rollout_id="rk", task=task, proxy_url="http://127.0.0.1:9/v1",
                                                              api_key="k"), msg_id="rk:sandbox-job:1")
     sandboxes = data / ("sandboxes" if name == "local" else "docker") / OWNER
@@ -153,16 +162,8 @@ async def test_engine_down_at_start_then_up(request, bus, nats_server, tmp_path)
     orphan = await crashed.create(CreateSpec())  # what a killed predecessor of this owner left
     short = Path(tempfile.mkdtemp(prefix="arena-eng-"))  # a Unix socket path has 108 bytes
     link = short / "engine.sock"  # the engine "appears" when this link does
-    env = {**os.environ, "ARENA_NATS_URL": nats_server.url, "ARENA_DATA_DIR": str(data),
-           "ARENA_SANDBOX_PROVIDER": "docker", "ARENA_SANDBOX_OWNER": owner, "ARENA_DOCKER_URL": f"unix://{link}",
-           "ARENA_LOG_LEVEL": "WARNING"}
-    repo, agent = tmp_path / "repo", tmp_path / "agent"
-    repo.mkdir()
-    agent.mkdir()
-    (repo / "f.txt").write_text("x\n")
-    (agent / "agent.py").write_text("open('f.txt', 'w').write('y\\n')\nopen('/sandbox/.arena/done', 'w')\n")
-    task = Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(), budget=Budget(wall_clock_s=120),
-                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)))
+    env = _service_env(nats_server.url, data, "docker", owner, f"unix://{link}")
+    task = _task(tmp_path, "open('f.txt', 'w').write('y\\n')\nopen('/sandbox/.arena/done', 'w')\n", wall_clock_s=120)
     service = _start("docker", env)
     try:
         await bus.publish(subjects.sandbox_run("docker"), SandboxJob(rollout_id="down", task=task,
