@@ -82,6 +82,65 @@ class _Server(uvicorn.Server):
         pass
 
 
+class CorkedTransport:
+    """A transport whose writes within one event-loop turn leave in one ``send``.
+
+    uvicorn writes a response's head as soon as the app starts it, then its body: two
+    segments, and the first wakes the client, which on a small machine can take the core
+    before the second is written (a whole answer then costs the client two wake-ups, and
+    the proxy's added latency grows by the time the client runs). Corked, the head and
+    whatever the app sends in the same turn go out together at the start of the next
+    turn. Closing flushes first; everything else is the real transport's."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _corked_http_protocol() -> type[asyncio.Protocol] | str:
+    """uvicorn's httptools protocol on a ``CorkedTransport`` ("auto" without httptools)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class CorkedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(CorkedTransport(transport, self.loop))
+
+    return CorkedHttpToolsProtocol
+
+
 async def _serve_http(server: uvicorn.Server) -> None:
     try:
         await server.serve()
@@ -99,7 +158,8 @@ async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=No
     server = None
     if app is not None:
         server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                        lifespan="off", timeout_keep_alive=30, proxy_headers=False))
+                                        lifespan="off", timeout_keep_alive=30, proxy_headers=False,
+                                        http=_corked_http_protocol()))
         tasks.append(asyncio.create_task(_serve_http(server), name="http"))
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -10,6 +10,7 @@ from arena.schemas import (AgentSpec, Budget, PromptCount, RolloutRecord, Rollou
                            TestsVerifier, Timings)
 from arena.scripted_llm import Script, ScriptedLLM, ScriptedResponse, decode_ids
 from arena_rollout import proxy
+from arena_rollout.proxy.upstream import sse_events
 
 
 def record(budget: Budget, steps: int = 0, tokens: int = 0) -> RolloutRecord:
@@ -216,3 +217,19 @@ def test_completions_keep_their_default_length_and_count_a_token_id_prompt():
     with pytest.raises(InvalidRequest, match="'max_tokens' must be an integer"):
         proxy.admit(rec, {"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"},
                     api="openai.chat", now=1.0)
+
+
+def test_sse_events_are_read_whole_however_the_reads_cut_them():
+    stream = (b'data: {"a":1}\n\n: keep-alive comment\n\ndata: {"b":2}\n\n'
+              b'event: ping\ndata: {"c":\ndata: 3}\n\ndata:{"d":4}\n\ndata: [DONE]\n\n')
+    expected = [b'{"a":1}', b'{"b":2}', b'{"c":\n3}', b'{"d":4}', b"[DONE]"]
+    for stream_ in (stream, stream.replace(b"\n", b"\r\n")):
+        for size in (1, 2, 3, 7, 16, len(stream_)):  # every way reads can cut events, lines and CRLFs
+            buffer, got = bytearray(), []
+            for i in range(0, len(stream_), size):
+                got += sse_events(buffer, stream_[i:i + size])
+            assert got == expected, (size, got)
+            assert not buffer
+    buffer = bytearray()
+    assert sse_events(buffer, b'data: {"partial"') == []
+    assert sse_events(buffer, b': 1}\n\n') == [b'{"partial": 1}']

@@ -288,10 +288,17 @@ async def _send_stream(send, receive, relay) -> None:
     step is still recorded, ``incomplete``), and the relay is always closed."""
 
     async def pump() -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-        async for piece in relay:
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        started = ended = False
+        async for piece in relay:  # after the last piece, one more turn lets the relay finish
+            if not started:  # the head goes out with the first piece: the client wakes once for both
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+                started = True
+            ended = relay.final
+            await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        if not ended:
+            await send({"type": "http.response.body", "body": b""})
 
     loop = asyncio.get_running_loop()
     pumping = loop.create_task(pump())

@@ -112,12 +112,15 @@ class _Flight:
 
 class Relay:
     """A relayed stream; closing it before it started still runs ``on_unstarted`` (an
-    async generator that never started would skip its ``finally``)."""
+    async generator that never started would skip its ``finally``). ``final`` is set when
+    the piece just returned is the stream's last: the server sends it together with the
+    end of the response (one write, so the client is done one wake-up sooner)."""
 
     def __init__(self, gen: AsyncIterator[bytes], on_unstarted):
         self._gen = gen
         self._on_unstarted = on_unstarted
         self._started = False
+        self.final = False
 
     def __aiter__(self) -> Relay:
         return self
@@ -193,8 +196,9 @@ class ProxyHandler:
             total_ms = (time.perf_counter() - call.t0) * 1000
             self._spawn(call, up, Capture(), None, total_ms, "client disconnected before the stream started")
 
-        return Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or "")),
-                     unstarted)
+        relay = Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or ""),
+                                  mark_final=lambda: setattr(relay, "final", True)), unstarted)
+        return relay
 
     # ---------------------------------------------------------------- budgets
 
@@ -339,8 +343,12 @@ class ProxyHandler:
 
     # ---------------------------------------------------------------- streams
 
-    async def _relay(self, call: _Call, up: Upstream, *, client_usage: bool,
-                     client_model: str) -> AsyncIterator[bytes]:
+    async def _relay(self, call: _Call, up: Upstream, *, client_usage: bool, client_model: str,
+                     mark_final=lambda: None) -> AsyncIterator[bytes]:
+        """The client's stream, read by read. The step is spawned once the last piece was
+        handed over (capturing it, when the backend reported no usage, is then off the
+        client's path); the server sends that piece and the response's end before it asks
+        for more, so the call's tokens count in ``_ahead`` before the client can see the end."""
         cap = Capture()
         add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
         translator = anthropic.StreamTranslator(model=client_model) if call.api == "anthropic.messages" else None
@@ -381,19 +389,20 @@ class ProxyHandler:
                         chunks.append(payload)  # captured while recording, off the relay's path
                         if shape.choices or client_usage:
                             out.append(b"data: " + payload + b"\n\n")
+                    if done:
+                        break  # what this read brought goes out with the end
                     if out:
                         relay, out = b"".join(out), []
                         yield relay
-                    if done:
-                        break
             except TransportError as exc:
                 raise _Broken(f"backend replica {replica} died mid-stream: {type(exc).__name__}: {exc}", True) from None
             if not done:
                 raise _Broken(f"backend replica {replica} closed the stream before [DONE]", True)
-            phase = "done"
+            phase = "ending"
             total_ms = (time.perf_counter() - call.t0) * 1000
-            self._spawn(call, up, cap, first_ms, total_ms, None, chunks=chunks)
-            yield b"".join(translator.end()) if translator is not None else b"data: [DONE]\n\n"
+            mark_final()
+            out += translator.end() if translator is not None else (b"data: [DONE]\n\n",)
+            yield b"".join(out)
         except _Broken as exc:
             phase = "broken"
             log.warning("%s", exc.message, extra={"rollout_id": call.rollout_id})
@@ -406,9 +415,12 @@ class ProxyHandler:
             else:
                 out.append(b"data: " + msgspec.json.encode(
                     {"error": {"message": exc.message, "type": "upstream_error", "code": "upstream_error"}}) + b"\n\n")
+            mark_final()
             yield b"".join(out)  # what was captured before the break reaches the client too
         finally:
-            if phase == "streaming":  # the client went away (or the server is stopping)
+            if phase == "ending":  # the whole stream was relayed (the last piece handed over)
+                self._spawn(call, up, cap, first_ms, total_ms, None, chunks=chunks)
+            elif phase == "streaming":  # the client went away (or the server is stopping)
                 total_ms = (time.perf_counter() - call.t0) * 1000
                 self._spawn(call, up, cap, first_ms, total_ms, "client disconnected mid-stream", chunks=chunks)
 
@@ -440,6 +452,9 @@ class ProxyHandler:
         previous = self._tail.get(rollout_id)
 
         async def ordered() -> None:
+            # one loop turn later: the answer's bytes (written corked, at the start of the next
+            # turn) leave before this recording's work (capturing, encoding) runs
+            await asyncio.sleep(0)
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
             await coro

@@ -239,6 +239,25 @@ async def count_prompt(*, router: Router, http: Http1Client, rollout_id: str, mo
 def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
     """Append ``data`` to ``buffer`` and pop every complete SSE event's ``data:`` payload."""
     buffer += data
+    raw = bytes(buffer)
+    if b"\r" in raw:  # CRLF line ends (or a lone CR): the general, slower reading
+        return _sse_events_crlf(buffer)
+    end = raw.rfind(b"\n\n")
+    if end < 0:
+        return []
+    del buffer[:end + 2]  # every complete event at once (one cut, not one per event)
+    out: list[bytes] = []
+    for event in raw[:end].split(b"\n\n"):
+        if event.startswith(b"data: ") and b"\n" not in event:  # what every backend sends: one data line
+            out.append(event[6:])
+            continue
+        lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            out.append(b"\n".join(lines))
+    return out
+
+
+def _sse_events_crlf(buffer: bytearray) -> list[bytes]:
     out: list[bytes] = []
     while True:
         end = buffer.find(b"\n\n")
