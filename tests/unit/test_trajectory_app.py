@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -117,3 +119,16 @@ async def test_counts_of_every_table_or_of_the_ones_asked_for(client):
         "steps": 3, "trajectories": 3}
     r = await c.get("/v1/counts", params={"table": "nope"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request" and "nope" in r.text
+
+
+async def test_counts_without_final_are_the_rows_stored_duplicates_included(client):
+    c, store = client
+    await asyncio.to_thread(store.backend.execute, "SYSTEM STOP MERGES arena.steps")  # keep the duplicate's part
+    redelivered = (await store.trajectory("a")).steps[0]
+    await store.insert_steps([redelivered])  # a step delivered twice: one row for queries, two stored
+    assert (await c.get("/v1/counts", params={"table": "steps"})).json() == {"steps": 3}
+    assert (await c.get("/v1/counts", params={"table": "steps", "final": "false"})).json() == {"steps": 4}
+    tuned = await store.select("SELECT value FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
+    assert tuned  # the setting exists in the embedded ClickHouse, so TUNING applies there
+    create = await store.select("SHOW CREATE TABLE arena.steps")
+    assert "merge_selector_base = 20" in create[0].decode()

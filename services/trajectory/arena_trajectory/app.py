@@ -9,7 +9,8 @@
 - ``GET /v1/stats/tokens``                             -> ``TokenStats``
 - ``GET /v1/stats/latency``                            -> ``LatencyStats``
 - ``GET /v1/export/trajectories?after_group=&after_rollout=&limit=`` -> ``ExportPage``
-- ``GET /v1/counts[?table=...]``                       -> rows per table as queries see them
+- ``GET /v1/counts[?table=...][&final=false]``         -> rows per table as queries see them (or as
+                                                           stored, duplicates included: cheap to poll)
 
 Every listing, stats and export route takes the same filters: ``task_id``, ``group_id``,
 ``state``, ``policy_version``, ``min_reward``, ``max_reward``, ``since``, ``until``.
@@ -157,9 +158,9 @@ def create_app(store: TrajectoryStore) -> FastAPI:
         return _json(await analytics.latency(store, f))
 
     @app.get("/v1/counts")
-    async def counts(table: list[str] = Query([])) -> Response:
+    async def counts(table: list[str] = Query([]), final: bool = True) -> Response:
         try:
-            return _json(await store.count_all(table or TABLES))
+            return _json(await store.count_all(table or TABLES, final=final))
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 

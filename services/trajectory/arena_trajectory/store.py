@@ -13,6 +13,7 @@ string escaping is done by msgspec).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from arena_trajectory.tables import (  # noqa: F401 - re-exported
     STEP_COLUMNS,
     STEP_FORMAT,
     TABLES,
+    TUNING,
     group_row,
     rows_bytes,
     sandbox_row,
@@ -49,6 +51,8 @@ from arena_trajectory.tables import (  # noqa: F401 - re-exported
     trajectory_row,
     verification_row,
 )
+
+log = logging.getLogger("arena.trajectory.store")
 
 
 class _KeyedBody(msgspec.Struct):
@@ -97,9 +101,14 @@ class TrajectoryStore:
         return cls(ChdbBackend(Path(settings.data_dir) / "clickhouse"))
 
     async def init(self) -> None:
-        """Create the database and tables and add newer columns. Idempotent."""
+        """Create the database and tables, add newer columns and tune storage. Idempotent."""
         for sql in DDL + MIGRATIONS:
             await asyncio.to_thread(self.backend.execute, sql)
+        for sql in TUNING:
+            try:
+                await asyncio.to_thread(self.backend.execute, sql)
+            except Exception as exc:  # noqa: BLE001 - each driver raises its own type; defaults stay
+                log.warning("storage tuning not applied (%s): %s", sql, str(exc).splitlines()[0][:300])
 
     async def close(self) -> None:
         await asyncio.to_thread(self.backend.close)
@@ -392,13 +401,15 @@ class TrajectoryStore:
         rows = await self.select(f"SELECT count() AS n FROM {DATABASE}.trajectories FINAL{where}", params)
         return int(msgspec.json.decode(rows[0])["n"])
 
-    async def count_all(self, tables: Sequence[str] = TABLES) -> dict[str, int]:
+    async def count_all(self, tables: Sequence[str] = TABLES, *, final: bool = True) -> dict[str, int]:
         """Rows in each of ``tables`` (default: all) as queries see them (``FINAL``), in one
-        statement."""
+        statement; with ``final=False`` the rows stored, duplicates included: an upper bound
+        read from the parts' metadata, cheap enough to poll."""
         unknown = [t for t in tables if t not in TABLES]
         if unknown or not tables:
             raise ValueError(f"unknown tables {unknown}: choose from {', '.join(TABLES)}")
-        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t} FINAL) AS {t}" for t in tables)
+        mode = " FINAL" if final else ""
+        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t}{mode}) AS {t}" for t in tables)
         row = msgspec.json.decode((await self.select(sql))[0])
         return {t: int(row[t]) for t in tables}
 
