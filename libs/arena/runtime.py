@@ -90,25 +90,33 @@ class CorkedTransport:
     before the second is written (a whole answer then costs the client two wake-ups, and
     the proxy's added latency grows by the time the client runs). Corked, the head and
     whatever the app sends in the same turn go out together at the start of the next
-    turn. Closing flushes first; everything else is the real transport's."""
+    turn. Past ``limit`` bytes a write goes out at once, so a large response streamed
+    without pause is neither held in memory nor kept from the real transport's flow
+    control. Closing flushes first; everything else is the real transport's."""
 
-    __slots__ = ("_transport", "_loop", "_pending")
+    __slots__ = ("_transport", "_loop", "_pending", "_size", "limit")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, *, limit: int = 1 << 16):
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] = []
+        self._size = 0
+        self.limit = limit
 
     def write(self, data: bytes) -> None:
         if not self._pending:
             self._loop.call_soon(self.flush)
         self._pending.append(data)
+        self._size += len(data)
+        if self._size >= self.limit:
+            self.flush()
 
     def flush(self) -> None:
         pending = self._pending
         if not pending:
             return
         self._pending = []
+        self._size = 0
         if not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
@@ -118,10 +126,11 @@ class CorkedTransport:
 
     def abort(self) -> None:
         self._pending = []
+        self._size = 0
         self._transport.abort()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+        return self._transport.get_write_buffer_size() + self._size
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

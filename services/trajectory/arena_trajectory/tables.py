@@ -132,8 +132,8 @@ MIGRATIONS: tuple[str, ...] = (
 #: Storage tuning, applied after the migrations; a server too old to know a setting keeps
 #: its default (logged), nothing else changes. ``steps`` takes every step of every rollout
 #: in batches of up to a few thousand rows: merging parts only once about 20 of a size have
-#: gathered (the default is 5) rewrites each row about half as often, which was a fifth of
-#: the trajectory service's CPU at 20,000 steps/s, for a few more parts to read (``FINAL``).
+#: gathered (the default is 5) rewrites each row about half as often (merging was about a
+#: sixth of the trajectory service's CPU at 20,000 steps/s), for a few more parts to read (``FINAL``).
 TUNING: tuple[str, ...] = (
     f"ALTER TABLE {DATABASE}.steps MODIFY SETTING merge_selector_base = 20",
 )
