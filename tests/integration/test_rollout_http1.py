@@ -108,6 +108,20 @@ async def test_chunked_stream_arrives_piece_by_piece_with_extensions_and_trailer
     assert server.connections == 1
 
 
+async def test_a_chunked_answer_cut_at_every_byte_reads_whole_on_one_connection():
+    events = [b'data: {"n": %d}\n\n' % i for i in range(3)]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    answer = head + chunked(*events).replace(b"\r\n0\r\n\r\n", b"\r\n0;x=1\r\nx-t: y\r\n\r\n")
+    replies = [[answer[:cut], answer[cut:]] for cut in range(1, len(answer))]
+    async with Canned(replies) as server:
+        client = Http1Client(read_timeout=5)
+        for cut in range(1, len(answer)):
+            response = await client.post(server.url, b"{}")
+            assert await response.aread() == b"".join(events), cut
+        await client.aclose()
+    assert server.connections == 1  # every answer ended exactly where it should: the connection stayed clean
+
+
 async def test_body_until_close_and_connection_close_are_not_reused():
     async with Canned([[b"HTTP/1.1 200 OK\r\n\r\nuntil the end", None]]) as first, \
             Canned([[OK_HEAD + b"connection: close\r\ncontent-length: 2\r\n\r\nok"], [OK_HEAD + b"content-length: 0\r\n\r\n"]]) as second:

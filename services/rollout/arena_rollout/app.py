@@ -300,15 +300,29 @@ async def _send_stream(send, receive, relay) -> None:
         if not ended:
             await send({"type": "http.response.body", "body": b""})
 
-    loop = asyncio.get_running_loop()
-    pumping = loop.create_task(pump())
-    watching = loop.create_task(receive())  # answers http.disconnect when the client goes away
+    # the pump runs in this task; a watcher answers http.disconnect when the client goes
+    # away and cancels it (one task fewer per stream than pumping in a task of its own)
+    this = asyncio.current_task()
+    pumping, gone = True, False
+
+    def on_receive(_watch: asyncio.Task) -> None:
+        nonlocal gone
+        if pumping:
+            gone = True
+            this.cancel()
+
+    watching = asyncio.get_running_loop().create_task(receive())
+    watching.add_done_callback(on_receive)
     try:
-        await asyncio.wait((pumping, watching), return_when=asyncio.FIRST_COMPLETED)
-        if not pumping.done():
-            pumping.cancel()
-        await asyncio.gather(pumping, return_exceptions=True)
+        await pump()
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+    except Exception as exc:  # noqa: BLE001 - the client's connection broke mid-write: nothing to answer
+        log.debug("stream to the client ended: %s: %s", type(exc).__name__, exc)
     finally:
+        pumping = False
+        watching.remove_done_callback(on_receive)
         watching.cancel()
-        pumping.cancel()
         await relay.aclose()

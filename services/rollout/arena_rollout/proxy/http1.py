@@ -238,14 +238,17 @@ class _Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- parsing
 
     def _parse(self, data: bytes) -> None:
+        """Feed one read. Lines (the head, chunk sizes, trailers) are found in the read
+        itself; only a line cut by the end of a read is kept (``_head``) and completed by
+        the next one, so a read of many small chunks costs no copying beyond each piece."""
         buf = self._head  # a partial status/header block, chunk-size line or trailer
-        view, pos, n = memoryview(data), 0, len(data)
+        raw, pos, n = data, 0, len(data)
         while True:
             state = self._state
             if state == "length" or state == "chunk-data":
                 take = min(self._remaining, n - pos)
                 if take:
-                    self._emit(view[pos:pos + take])
+                    self._emit(raw if take == n else raw[pos:pos + take])
                     pos += take
                     self._remaining -= take
                 if self._remaining:
@@ -256,7 +259,7 @@ class _Connection(asyncio.Protocol):
                     self._state, self._remaining = "chunk-end", 2
             elif state == "chunk-end":
                 take = min(self._remaining, n - pos)
-                if bytes(view[pos:pos + take]) != b"\r\n"[2 - self._remaining:2 - self._remaining + take]:
+                if raw[pos:pos + take] != b"\r\n"[2 - self._remaining:2 - self._remaining + take]:
                     raise RemoteProtocolError("a chunk is not followed by CRLF")
                 pos += take
                 self._remaining -= take
@@ -265,31 +268,33 @@ class _Connection(asyncio.Protocol):
                 self._state = "chunk-size"
             elif state == "close":
                 if pos < n:
-                    self._emit(view[pos:])
+                    self._emit(raw[pos:])
                 return
             elif state == "idle":
                 if pos < n:
                     raise RemoteProtocolError(f"the server sent {n - pos} bytes outside an answer")
                 return
             else:  # head, chunk-size, trailer: delimited by CRLFs
-                buf += view[pos:]
-                if state == "trailer" and buf.startswith(b"\r\n"):
-                    end, cut = 0, 2
+                if buf:  # the rest of a line the previous read cut
+                    buf += raw[pos:]
+                    raw, pos, n = bytes(buf), 0, len(buf)
+                    buf.clear()
+                if state == "trailer" and raw.startswith(b"\r\n", pos):
+                    end, cut = pos, pos + 2
                 else:
                     term = b"\r\n\r\n" if state == "head" else b"\r\n"
-                    end = buf.find(term)
-                    if (end if end >= 0 else len(buf)) > (_MAX_HEAD if state == "head" else 8192):
+                    end = raw.find(term, pos)
+                    if (end if end >= 0 else n) - pos > (_MAX_HEAD if state == "head" else 8192):
                         raise RemoteProtocolError(f"the answer's {state} exceeds its size limit")
                     if end < 0:
+                        buf += raw[pos:]
                         return
                     cut = end + len(term)
-                line, rest = bytes(buf[:end]), bytes(buf[cut:])
-                buf.clear()
-                view, pos, n = memoryview(rest), 0, len(rest)
+                line, pos = raw[pos:end], cut
                 if state == "head":
                     self._on_head(line)
                 elif state == "trailer":
-                    if end == 0:
+                    if not line:
                         self._complete()
                 else:
                     size_text = line.split(b";", 1)[0].strip()
@@ -340,13 +345,13 @@ class _Connection(asyncio.Protocol):
         if self._state == "length" and self._remaining == 0:
             self._complete()
 
-    def _emit(self, piece: memoryview) -> None:
+    def _emit(self, piece: bytes) -> None:
         if not piece:
             return
         response = self._response
         if response is None:
             return
-        response._feed(bytes(piece))
+        response._feed(piece)
         if response._buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
