@@ -43,6 +43,16 @@ def _task(tmp_path: Path, agent_code: str, wall_clock_s: float) -> Task:
                 agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)))
 
 
+def _stop(service: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if the service has not exited within 30 s."""
+    service.send_signal(signal.SIGTERM)
+    try:
+        service.wait(30)
+    except subprocess.TimeoutExpired:
+        service.kill()
+        service.wait(10)
+
+
 async def _wait_for(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,12 +124,7 @@ async def test_sigkilled_service_leaves_nothing_after_restart(request, name, bus
         if name == "docker":
             await _wait_for(lambda: all(c["Labels"].get("arena.sandbox_id") not in orphan for c in containers()))
     finally:
-        second.send_signal(signal.SIGTERM)
-        try:
-            second.wait(30)
-        except subprocess.TimeoutExpired:
-            second.kill()
-            second.wait(10)
+        _stop(second)
     if name == "docker":  # the redelivered job, if it started, was stopped with the service
         await _wait_for(lambda: not containers(), timeout=30)
 
@@ -182,12 +187,7 @@ async def test_engine_down_at_start_then_up(request, bus, nats_server, tmp_path)
         assert not crashed.client.api.containers(all=True, filters={"id": orphan.container_id})  # reaped
         assert not orphan.root.exists()
     finally:
-        service.send_signal(signal.SIGTERM)
-        try:
-            service.wait(30)
-        except subprocess.TimeoutExpired:
-            service.kill()
-            service.wait(10)
+        _stop(service)
         await orphan.destroy()
         await crashed.close()
         shutil.rmtree(short, ignore_errors=True)
