@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import uvicorn
 
+from arena.fastroutes import FastRoutes, protocol_with_routes
+
 log = logging.getLogger("arena.runtime")
 
 
@@ -111,6 +113,15 @@ class CorkedTransport:
         if self._size >= self.limit:
             self.flush()
 
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` (after anything pending, in the same ``send``) without waiting for
+        the end of the turn: for a writer whose every write is already whole."""
+        if self._pending:
+            self._pending.append(data)
+            self.flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def flush(self) -> None:
         pending = self._pending
         if not pending:
@@ -136,8 +147,9 @@ class CorkedTransport:
         return getattr(self._transport, name)
 
 
-def _corked_http_protocol() -> type[asyncio.Protocol] | str:
-    """uvicorn's httptools protocol on a ``CorkedTransport`` ("auto" without httptools)."""
+def _corked_http_protocol(routes: FastRoutes | None = None) -> type[asyncio.Protocol] | str:
+    """uvicorn's httptools protocol on a ``CorkedTransport``, answering ``routes`` itself
+    (``arena.fastroutes``); "auto" without httptools (the app then serves every route)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
@@ -147,7 +159,7 @@ def _corked_http_protocol() -> type[asyncio.Protocol] | str:
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(CorkedTransport(transport, self.loop))
 
-    return CorkedHttpToolsProtocol
+    return CorkedHttpToolsProtocol if routes is None else protocol_with_routes(CorkedHttpToolsProtocol, routes)
 
 
 async def _serve_http(server: uvicorn.Server) -> None:
@@ -160,6 +172,7 @@ async def _serve_http(server: uvicorn.Server) -> None:
 async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=None, host: str = "127.0.0.1",
                 port: int = 0) -> int:
     """Run ``consumers`` and, if given, the ASGI ``app`` under uvicorn until ``stop`` is set.
+    An app with a ``fast_routes`` attribute has those answered by the protocol itself.
 
     Returns 0 after a requested stop, 1 when the server or a consumer ended on its own
     (a failure, logged)."""
@@ -168,7 +181,7 @@ async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=No
     if app is not None:
         server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                         lifespan="off", timeout_keep_alive=30, proxy_headers=False,
-                                        http=_corked_http_protocol()))
+                                        http=_corked_http_protocol(getattr(app, "fast_routes", None))))
         tasks.append(asyncio.create_task(_serve_http(server), name="http"))
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -182,12 +182,14 @@ async def test_garbage_and_oversized_heads_are_protocol_errors():
         with pytest.raises(RemoteProtocolError, match="size limit"):
             await client.post(server.url, b"{}")
         await client.aclose()
-    async with Canned([[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"]]) as server:
-        client = Http1Client(read_timeout=5)
-        response = await client.post(server.url, b"{}")
-        with pytest.raises(RemoteProtocolError, match="chunk size"):
-            await response.aread()
-        await client.aclose()
+    for bad, why in ((b"zz\r\n", "chunk size"), (b"-5\r\nabc", "chunk size"),
+                     (b"2\r\nok\r\n3\r\nabcXY0\r\n\r\n", "not followed by CRLF")):
+        async with Canned([[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + bad]]) as server:
+            client = Http1Client(read_timeout=5)
+            response = await client.post(server.url, b"{}")
+            with pytest.raises(RemoteProtocolError, match=why):
+                await response.aread()
+            await client.aclose()
 
 
 async def test_timeouts_and_refused_connections():

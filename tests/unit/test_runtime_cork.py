@@ -68,3 +68,14 @@ async def test_close_delivers_what_is_pending_and_abort_drops_it():
     except ConnectionResetError:
         pass
     peer.close()
+
+
+async def test_write_now_sends_what_is_pending_and_its_own_bytes_in_one_piece_at_once():
+    corked, peer = await _pair()
+    corked.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    corked.write_now(b"HTTP/1.1 200 OK\r\n\r\n")  # no loop turn needed
+    assert _received(peer) == b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n"
+    corked.write_now(b"alone")
+    assert _received(peer) == b"alone" and corked.get_write_buffer_size() == 0
+    corked.close()
+    peer.close()

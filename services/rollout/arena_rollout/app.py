@@ -10,6 +10,8 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -17,8 +19,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from arena.errors import ArenaError, InvalidRequest, PayloadTooLarge
+from arena.fastroutes import BodyTooLarge, ClientGone, Exchange
 from arena.schemas import ErrorBody, ErrorResponse, RolloutState, SubmitGroupRequest, SubmitRolloutRequest, encode
 
+from arena_rollout.proxy.handler import Relay
 from arena_rollout.proxy.policy import Api
 from arena_rollout.service import RolloutService, view
 
@@ -206,6 +210,8 @@ def _payload(body: bytes) -> Any:
 
 
 _PROXY_PATH = re.compile(r"^/proxy/([^/]+)/v1/(chat/completions|completions|messages)$")
+#: the same routes as sent on the wire (a percent-encoded target is left to ASGI, which decodes it)
+_PROXY_TARGET = re.compile(rb"^/proxy/([^/%?]+)/v1/(chat/completions|completions|messages)(?:\?[^#]*)?$")
 _APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
                          "messages": "anthropic.messages"}
 _JSON_HEAD = [(b"content-type", b"application/json")]
@@ -216,44 +222,50 @@ _SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-co
 class RolloutApp:
     """The ASGI app. The proxy's POST routes are served here in plain ASGI (no routing,
     request objects, dependency solving or middleware on every LLM call); everything
-    else goes to FastAPI."""
+    else goes to FastAPI. Under ``arena.runtime.serve`` the server's protocol answers
+    the proxy's routes itself (``fast_routes``, no ASGI cycle at all); both ways run
+    ``_answer``."""
 
     def __init__(self, service: RolloutService, api: FastAPI):
         self.service = service
         self.api = api
         self.limit = service.settings.max_body_bytes
+        self.fast_routes = _ProxyRoutes(self)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _PROXY_PATH.match(scope["path"])
             if match is not None:
-                await self._proxy(scope, receive, send, match[1], _APIS[match[2]])
+                headers = dict(scope["headers"])
+                answer = await self._answer(match[1], _APIS[match[2]], headers.get(b"authorization"),
+                                            headers.get(b"x-api-key"),
+                                            partial(self._body, receive, headers.get(b"content-length")))
+                if isinstance(answer, Relay):
+                    await _send_stream(send, receive, answer)
+                else:
+                    await _send_whole(send, *answer)
                 return
         await self.api(scope, receive, send)
 
-    async def _proxy(self, scope, receive, send, rollout_id: str, api: Api) -> None:
+    async def _answer(self, rollout_id: str, api: Api, authorization: bytes | None, api_key: bytes | None,
+                      read_body: Callable[[], Awaitable[bytes]]) -> tuple[int, bytes] | Relay:
+        """One proxied call: the key checked, then the body read, then the call made. A
+        whole answer or an error is ``(status, JSON body)``; a stream is its ``Relay``."""
         try:
-            headers = dict(scope["headers"])
-            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
             record = await self.service.authorize(rollout_id, authorization and authorization.decode("latin-1"),
                                                   api_key and api_key.decode("latin-1"))
-            body = await self._body(receive, headers.get(b"content-length"))
-            answer = await self.service.proxy.call(record, api, _payload(body))
+            answer = await self.service.proxy.call(record, api, _payload(await read_body()))
         except ArenaError as exc:
-            await _send_whole(send, exc.status, encode(ErrorResponse(error=ErrorBody(code=exc.code,
-                                                                                     message=exc.message))))
-            return
+            return exc.status, encode(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)))
         except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
-            log.exception("unhandled error on POST %s", scope["path"])
-            await _send_whole(send, 500, encode(ErrorResponse(error=ErrorBody(
-                code="internal", message=f"internal error: {type(exc).__name__}"))))
-            return
+            log.exception("unhandled error on a proxied %s call of rollout %s", api, rollout_id)
+            return 500, encode(ErrorResponse(error=ErrorBody(code="internal",
+                                                             message=f"internal error: {type(exc).__name__}")))
         if isinstance(answer, bytes):
-            await _send_whole(send, 200, answer)
-        elif isinstance(answer, dict):
-            await _send_whole(send, 200, encode(answer))
-        else:
-            await _send_stream(send, receive, answer)
+            return 200, answer
+        if isinstance(answer, dict):
+            return 200, encode(answer)
+        return answer
 
     async def _body(self, receive, declared: bytes | None) -> bytes:
         limit = self.limit
@@ -271,10 +283,46 @@ class RolloutApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if not body:
-            raise InvalidRequest("request body is empty; send a JSON object")
-        return body
+        return _nonempty(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+    async def _fast(self, exchange: Exchange, rollout_id: str, api: Api) -> None:
+        answer = await self._answer(rollout_id, api, exchange.header(b"authorization"), exchange.header(b"x-api-key"),
+                                    partial(self._exchange_body, exchange))
+        if isinstance(answer, Relay):
+            await _fast_stream(exchange, answer)
+        else:
+            exchange.respond(answer[0], answer[1])
+
+    @staticmethod
+    async def _exchange_body(exchange: Exchange) -> bytes:
+        try:
+            return _nonempty(await exchange.read())
+        except BodyTooLarge as exc:
+            raise PayloadTooLarge(str(exc)) from None
+        except ClientGone as exc:
+            raise InvalidRequest(str(exc)) from None
+
+
+class _ProxyRoutes:
+    """The proxy's POST routes, for the server's protocol (``arena.fastroutes``)."""
+
+    def __init__(self, app: RolloutApp):
+        self._app = app
+        self.body_limit = app.limit
+
+    def match(self, method: bytes, target: bytes) -> Callable[[Exchange], Awaitable[None]] | None:
+        if method != b"POST":
+            return None
+        match = _PROXY_TARGET.match(target)
+        if match is None:
+            return None
+        return partial(self._app._fast, rollout_id=match[1].decode("latin-1"), api=_APIS[match[2].decode()])
+
+
+def _nonempty(body: bytes) -> bytes:
+    if not body:
+        raise InvalidRequest("request body is empty; send a JSON object")
+    return body
 
 
 async def _send_whole(send, status: int, body: bytes) -> None:
@@ -283,22 +331,28 @@ async def _send_whole(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_stream(send, receive, relay) -> None:
+async def _pump(relay: Relay, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
+    """Hand a relay's pieces to ``write(piece, last)``: the response's head goes out with
+    the first piece and its end with the last (the client wakes once for each)."""
+    ended = False
+    async for piece in relay:  # after the last piece, one more turn lets the relay finish
+        ended = relay.final
+        await write(piece, ended)
+    if not ended:
+        await write(b"", True)
+
+
+async def _send_stream(send, receive, relay: Relay) -> None:
     """Relay SSE pieces as they come; a client that goes away stops the relay at once (its
     step is still recorded, ``incomplete``), and the relay is always closed."""
+    started = False
 
-    async def pump() -> None:
-        started = ended = False
-        async for piece in relay:  # after the last piece, one more turn lets the relay finish
-            if not started:  # the head goes out with the first piece: the client wakes once for both
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-                started = True
-            ended = relay.final
-            await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+    async def write(piece: bytes, last: bool) -> None:
+        nonlocal started
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-        if not ended:
-            await send({"type": "http.response.body", "body": b""})
+            started = True
+        await send({"type": "http.response.body", "body": piece, "more_body": not last})
 
     # the pump runs in this task; a watcher answers http.disconnect when the client goes
     # away and cancels it (one task fewer per stream than pumping in a task of its own)
@@ -314,7 +368,7 @@ async def _send_stream(send, receive, relay) -> None:
     watching = asyncio.get_running_loop().create_task(receive())
     watching.add_done_callback(on_receive)
     try:
-        await pump()
+        await _pump(relay, write)
     except asyncio.CancelledError:
         if not gone:
             raise
@@ -325,4 +379,23 @@ async def _send_stream(send, receive, relay) -> None:
         pumping = False
         watching.remove_done_callback(on_receive)
         watching.cancel()
+        await relay.aclose()
+
+
+async def _fast_stream(exchange: Exchange, relay: Relay) -> None:
+    """``_send_stream`` on the server's protocol: the exchange cancels this task when the
+    client goes away mid-stream."""
+    this = asyncio.current_task()
+    try:
+        if exchange.disconnected:  # gone while the call was being made: nothing to relay
+            return
+        exchange.begin_stream(200, _SSE_HEAD)
+        exchange.cancel_on_disconnect = True
+        await _pump(relay, exchange.write)
+    except asyncio.CancelledError:
+        if not exchange.disconnected:
+            raise
+        this.uncancel()
+    finally:
+        exchange.cancel_on_disconnect = False
         await relay.aclose()

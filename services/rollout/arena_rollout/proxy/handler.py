@@ -347,8 +347,9 @@ class ProxyHandler:
                      mark_final=lambda: None) -> AsyncIterator[bytes]:
         """The client's stream, read by read. The step is spawned once the last piece was
         handed over (capturing it, when the backend reported no usage, is then off the
-        client's path); the server sends that piece and the response's end before it asks
-        for more, so the call's tokens count in ``_ahead`` before the client can see the end."""
+        client's path): the server writes that piece with the response's end and asks for
+        more in the same loop step, so the call's tokens count in ``_ahead`` before the proxy
+        can read the client's next request."""
         cap = Capture()
         add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
         translator = anthropic.StreamTranslator(model=client_model) if call.api == "anthropic.messages" else None
@@ -452,8 +453,8 @@ class ProxyHandler:
         previous = self._tail.get(rollout_id)
 
         async def ordered() -> None:
-            # one loop turn later: the answer's bytes (written corked, at the start of the next
-            # turn) leave before this recording's work (capturing, encoding) runs
+            # one loop turn later: the answer's bytes leave before this recording's work
+            # (capturing, encoding) runs, also when the server writes them corked (ASGI)
             await asyncio.sleep(0)
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)

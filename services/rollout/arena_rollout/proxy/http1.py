@@ -146,6 +146,7 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = False
         self._head_waiter: asyncio.Future | None = None
         self._response: Response | None = None
+        self._out: list[bytes] = []  # body pieces of the read being parsed, handed over at its end
 
     # ---------------------------------------------------------------- protocol callbacks
 
@@ -170,6 +171,8 @@ class _Connection(asyncio.Protocol):
             self._parse(data)
         except RemoteProtocolError as exc:
             self.abort(exc)
+        if self._out:
+            self._hand_over()
 
     def pause_writing(self) -> None:  # the server is not reading our body yet; the transport buffers it
         pass
@@ -213,6 +216,8 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _fail(self, error: TransportError) -> None:
+        if self._out:  # what came before the failure is read first
+            self._hand_over()
         self._state = "idle"
         waiter, self._head_waiter = self._head_waiter, None
         if waiter is not None and not waiter.done():
@@ -222,6 +227,8 @@ class _Connection(asyncio.Protocol):
             response._finish(error)
 
     def _complete(self) -> None:
+        if self._out:
+            self._hand_over()
         self._state = "idle"
         if self.paused:  # the body is buffered in the response; the socket may serve the next call
             self.resume()
@@ -275,6 +282,8 @@ class _Connection(asyncio.Protocol):
                     raise RemoteProtocolError(f"the server sent {n - pos} bytes outside an answer")
                 return
             else:  # head, chunk-size, trailer: delimited by CRLFs
+                if state == "chunk-size" and not buf:
+                    pos = self._whole_chunks(raw, pos, n)
                 if buf:  # the rest of a line the previous read cut
                     buf += raw[pos:]
                     raw, pos, n = bytes(buf), 0, len(buf)
@@ -301,11 +310,36 @@ class _Connection(asyncio.Protocol):
                     try:
                         size = int(size_text, 16)
                     except ValueError:
-                        raise RemoteProtocolError(f"invalid chunk size {size_text[:40]!r}") from None
+                        size = -1
+                    if size < 0:
+                        raise RemoteProtocolError(f"invalid chunk size {size_text[:40]!r}")
                     if size == 0:
                         self._state = "trailer"
                     else:
                         self._state, self._remaining = "chunk-data", size
+
+    def _whole_chunks(self, raw: bytes, pos: int, n: int) -> int:
+        """Take the plain chunks (a size line, the data, CRLF) that this read holds whole,
+        from ``pos``; return where the first other one starts (cut by the read, the last
+        chunk, a size with extensions): the state machine reads that one. A backend streams
+        one SSE event per chunk, and a read often holds many."""
+        out = self._out
+        while True:
+            end = raw.find(b"\r\n", pos, pos + 18)
+            if end < 0:
+                return pos
+            try:
+                size = int(raw[pos:end], 16)
+            except ValueError:
+                return pos
+            start = end + 2
+            stop = start + size
+            if size <= 0 or stop + 2 > n:
+                return pos
+            if raw[stop:stop + 2] != b"\r\n":
+                raise RemoteProtocolError("a chunk is not followed by CRLF")
+            out.append(raw[start:stop])
+            pos = stop + 2
 
     def _on_head(self, block: bytes) -> None:
         lines = block.split(b"\r\n")
@@ -346,12 +380,16 @@ class _Connection(asyncio.Protocol):
             self._complete()
 
     def _emit(self, piece: bytes) -> None:
-        if not piece:
-            return
+        if piece:
+            self._out.append(piece)
+
+    def _hand_over(self) -> None:
+        """Give the response what this read brought, as one piece (one wake-up of its reader)."""
+        out, self._out = self._out, []
         response = self._response
         if response is None:
             return
-        response._feed(piece)
+        response._feed(out[0] if len(out) == 1 else b"".join(out))
         if response._buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()

@@ -238,16 +238,21 @@ async def count_prompt(*, router: Router, http: Http1Client, rollout_id: str, mo
 
 def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
     """Append ``data`` to ``buffer`` and pop every complete SSE event's ``data:`` payload."""
-    buffer += data
-    raw = bytes(buffer)
+    if buffer:  # the start of an event a previous read cut
+        buffer += data
+        raw = bytes(buffer)
+        buffer.clear()
+    else:
+        raw = data
     if b"\r" in raw:  # CRLF line ends (or a lone CR): the general, slower reading
+        buffer += raw
         return _sse_events_crlf(buffer)
-    end = raw.rfind(b"\n\n")
-    if end < 0:
-        return []
-    del buffer[:end + 2]  # every complete event at once (one cut, not one per event)
+    events = raw.split(b"\n\n")
+    rest = events.pop()  # after the last blank line: an event not complete yet (or nothing)
+    if rest:
+        buffer += rest
     out: list[bytes] = []
-    for event in raw[:end].split(b"\n\n"):
+    for event in events:
         if event.startswith(b"data: ") and b"\n" not in event:  # what every backend sends: one data line
             out.append(event[6:])
             continue
