@@ -90,7 +90,7 @@ class Exchange:
     ``message_event``, ``run_asgi``)."""
 
     __slots__ = ("_protocol", "transport", "_write", "_flow", "handler", "headers", "keep_alive", "chunked",
-                 "limit", "expect_100", "queued", "more_body", "too_large", "response_started",
+                 "limit", "expect_100", "more_body", "too_large", "response_started",
                  "response_complete", "disconnected", "cancel_on_disconnect", "message_event", "_body", "_size",
                  "_waiter", "_task", "_head", "_default_headers")
 
@@ -107,7 +107,6 @@ class Exchange:
         self.chunked = chunked  # HTTP/1.1: a stream is chunked; HTTP/1.0: it ends with the connection
         self.limit = limit
         self.expect_100 = protocol.expect_100_continue
-        self.queued = False  # behind a pipelined request still being answered
         self.more_body = True
         self.too_large = False
         self.response_started = False
@@ -302,9 +301,8 @@ def protocol_with_routes(base: type, routes: FastRoutes) -> type:
             exchange = Exchange(self, handler, keep_alive=version != "1.0" and self.parser.should_keep_alive(),
                                 chunked=version == "1.1", limit=routes.body_limit)
             previous, self.cycle = self.cycle, exchange
-            if previous is not None and not previous.response_complete:
-                exchange.queued = True  # answered after the request before it, as uvicorn does
-                self.flow.pause_reading()
+            if previous is not None and not previous.response_complete:  # pipelined: answered after
+                self.flow.pause_reading()  # the request before it, as uvicorn does
                 self.pipeline.appendleft((exchange, None))
             else:
                 exchange.start()
