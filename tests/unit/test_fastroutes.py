@@ -250,3 +250,19 @@ def test_a_protocol_without_the_parser_hooks_serves_everything_through_asgi(capl
 
     assert protocol_with_routes(Bare, Routes(App.__new__(App))) is Bare
     assert "served through ASGI" in caplog.text
+
+
+async def test_the_server_yields_its_cpu_once_per_answer_after_the_last_write(server, monkeypatch):
+    import arena.fastroutes as fastroutes
+
+    _, port, _, _ = server
+    yields: list[int] = []
+    monkeypatch.setattr(fastroutes, "YIELD_AFTER_ANSWER", True)
+    monkeypatch.setattr(fastroutes.os, "sched_yield", lambda: yields.append(1))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        assert (await client.post("/fast/echo", content=b"x")).content == b"echo:x"
+        assert len(yields) == 1
+        assert (await client.post("/fast/stream", content=b"{}")).content == b"piece0;piece1;piece2;end"
+        assert len(yields) == 2  # once for the stream, after its end: not after each piece
+        assert (await client.get("/elsewhere")).content == b"asgi:/elsewhere"
+        assert len(yields) == 2  # the ASGI app's answers are uvicorn's
