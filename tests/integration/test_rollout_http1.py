@@ -21,9 +21,9 @@ class Canned:
     """A server that answers each request on a connection with the next scripted reply.
 
     A reply is a list of byte pieces written with a short pause between them; ``None``
-    as a piece closes the connection there."""
+    as a piece closes the connection there, an ``asyncio.Event`` waits for it to be set."""
 
-    def __init__(self, replies: list[list[bytes | None]], keep_open: bool = True):
+    def __init__(self, replies: list[list[bytes | None | asyncio.Event]], keep_open: bool = True):
         self.replies = replies
         self.requests: list[bytes] = []
         self.connections = 0
@@ -55,6 +55,9 @@ class Canned:
                     if piece is None:
                         writer.close()
                         return
+                    if isinstance(piece, asyncio.Event):
+                        await piece.wait()
+                        continue
                     writer.write(piece)
                     await writer.drain()
                     await asyncio.sleep(0.002)
@@ -120,6 +123,26 @@ async def test_a_chunked_answer_cut_at_every_byte_reads_whole_on_one_connection(
             assert await response.aread() == b"".join(events), cut
         await client.aclose()
     assert server.connections == 1  # every answer ended exactly where it should: the connection stayed clean
+
+
+async def test_a_whole_answer_is_handed_over_once_its_body_is_in_and_a_cut_one_fails_the_post():
+    go = asyncio.Event()
+    body = b'{"choices": []}'
+    async with Canned([[OK_HEAD + b"content-length: %d\r\n\r\n" % len(body), go, body],
+                       [OK_HEAD + b"transfer-encoding: chunked\r\n\r\n", chunked(b"a", b"b")],
+                       [OK_HEAD + b"content-length: 10\r\n\r\nhalf", None]]) as server:
+        client = Http1Client(read_timeout=5)
+        pending = asyncio.create_task(client.post(server.url, b"{}", whole=True))
+        await asyncio.sleep(0.2)
+        assert not pending.done()  # the head is in, the body is not: nothing handed over yet
+        go.set()
+        response = await pending
+        assert response.status_code == 200 and await response.aread() == body
+        assert await (await client.post(server.url, b"{}", whole=True)).aread() == b"ab"
+        with pytest.raises(RemoteProtocolError, match="closed mid-answer"):  # for the proxy: a failover
+            await client.post(server.url, b"{}", whole=True)
+        await client.aclose()
+    assert server.connections == 1
 
 
 async def test_body_until_close_and_connection_close_are_not_reused():
@@ -269,3 +292,24 @@ async def test_many_concurrent_streams_against_the_scripted_llm():
         await client.aclose()
         stop.set()
         await server
+
+
+async def test_a_replica_that_dies_mid_whole_answer_fails_over_before_anything_is_relayed():
+    from arena.schemas import BackendReplica
+    from arena_rollout.proxy.routing import Router
+    from arena_rollout.proxy.upstream import open_call
+
+    body = b'{"choices": [{"index": 0}]}'
+    async with Canned([[OK_HEAD + b"content-length: 100\r\n\r\n{\"cho", None]]) as dying, \
+            Canned([[OK_HEAD + b"content-length: %d\r\n\r\n" % len(body), body]]) as healthy:
+        router = Router([BackendReplica(replica_id="a", url=f"http://127.0.0.1:{dying.port}/v1"),
+                         BackendReplica(replica_id="b", url=f"http://127.0.0.1:{healthy.port}/v1")])
+        router.stick("r1", "a")
+        client = Http1Client(read_timeout=5)
+        up = await open_call(router=router, http=client, rollout_id="r1", model="", path="/chat/completions",
+                             body=b"{}", whole=True)
+        assert up.replica.id == "b" and await up.response.aread() == body
+        assert [f.replica for f in up.failovers] == ["a"] and "closed mid-answer" in up.failovers[0].error
+        assert not router.replicas["a"].healthy and router.sticky("r1") == "b"
+        await up.close()
+        await client.aclose()

@@ -182,7 +182,7 @@ class ProxyHandler:
                      prompt_count=admitted.prompt, reserve=admitted.reserve, counting_failovers=counting_failovers)
         try:
             up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
-                                 path=_PATHS[api], body=msgspec.json.encode(sent))
+                                 path=_PATHS[api], body=msgspec.json.encode(sent), whole=not stream)
         except BaseException:
             self._release(call)
             raise

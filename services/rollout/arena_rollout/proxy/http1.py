@@ -12,7 +12,9 @@ Errors are ``TransportError`` subclasses: ``ConnectError`` (nothing was sent),
 ``ReadTimeout`` and ``RemoteProtocolError`` (the connection broke or the peer spoke
 something other than HTTP/1.1). A request on a reused keep-alive connection that the
 server had already closed (no byte of an answer came back) is sent once more on a new
-connection, as other clients do: the server never read it.
+connection, as other clients do: the server never read it. ``post(..., whole=True)``
+returns once the answer's body is in as well (its caller wakes once, not at the head and
+again at the body; an answer cut mid-body fails the ``post`` itself).
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = True
         self._got_bytes = False
         self._head_waiter: asyncio.Future | None = None
+        self._whole = False  # the exchange's caller wants the answer once its body is in
         self._response: Response | None = None
         self._out: list[bytes] = []  # body pieces of the read being parsed, handed over at its end
 
@@ -179,8 +182,9 @@ class _Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- the exchange
 
-    async def send(self, head: bytes, body: bytes) -> Response:
+    async def send(self, head: bytes, body: bytes, whole: bool = False) -> Response:
         self.used += 1
+        self._whole = whole
         self._state = "head"
         self._got_bytes = False
         self._head.clear()
@@ -236,6 +240,9 @@ class _Connection(asyncio.Protocol):
         if response is not None:
             response._finish()
             response._conn = None
+            waiter, self._head_waiter = self._head_waiter, None
+            if waiter is not None and not waiter.done():  # a whole answer: handed over now, complete
+                waiter.set_result(response)
         if self._keep_alive and not self.closed:
             self.pool.release(self)
         elif not self.closed:
@@ -373,9 +380,10 @@ class _Connection(asyncio.Protocol):
         else:
             self._state, self._keep_alive = "close", False
         self._response = response
-        waiter, self._head_waiter = self._head_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(response)
+        if not self._whole:  # the caller reads the body as it comes: it gets the response now
+            waiter, self._head_waiter = self._head_waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(response)
         if self._state == "length" and self._remaining == 0:
             self._complete()
 
@@ -390,7 +398,8 @@ class _Connection(asyncio.Protocol):
         if response is None:
             return
         response._feed(out[0] if len(out) == 1 else b"".join(out))
-        if response._buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+        # (a whole answer is read to its end before anyone reads it: never paused)
+        if response._buffered > _HIGH_WATER and not self._whole and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
 
@@ -487,8 +496,11 @@ class Http1Client:
         hit = self._targets[url] = (pool, target.encode("latin-1"))
         return hit
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str] | None = None) -> Response:
-        """Send ``body``; return as soon as the answer's status and headers are in."""
+    async def post(self, url: str, body: bytes, headers: dict[str, str] | None = None, *,
+                   whole: bool = False) -> Response:
+        """Send ``body``; return as soon as the answer's status and headers are in, or with
+        ``whole`` once its body is in too (one wake-up of the caller for an answer a server
+        writes in pieces, as uvicorn writes a head and then its body)."""
         if self.closed:
             raise ConnectError("the upstream client is closed")
         pool, target = self._target(url)
@@ -500,11 +512,11 @@ class Http1Client:
         conn = pool.take()
         if conn is not None:
             try:
-                return await conn.send(bytes(head), body)
+                return await conn.send(bytes(head), body, whole)
             except _Dropped:
                 pass  # the server had closed it while idle; it never read the request
         conn = await pool.connect()
-        return await conn.send(bytes(head), body)
+        return await conn.send(bytes(head), body, whole)
 
     async def aclose(self) -> None:
         self.closed = True

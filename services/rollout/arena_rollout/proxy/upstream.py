@@ -66,8 +66,9 @@ async def _error_message(response: Response) -> str:
 
 
 async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model: str,
-                    path: str, body: bytes) -> Upstream:
-    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers."""
+                    path: str, body: bytes, whole: bool = False) -> Upstream:
+    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers (with
+    ``whole``, the answer comes back with its body read)."""
     failovers: list[Failover] = []
     candidates = router.candidates(rollout_id, model)
     pinned = router.sticky(rollout_id)
@@ -81,7 +82,7 @@ async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model
         url = state.replica.url.rstrip("/") + path
         sent_at = time.perf_counter()
         try:
-            response = await http.post(url, body)
+            response = await http.post(url, body, whole=whole)
         except TransportError as exc:
             state.release()
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
