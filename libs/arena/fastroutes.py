@@ -15,8 +15,11 @@ routes answered straight from the parser by ``runtime.serve``:
 - after an answer's last write the server yields its CPU (``os.sched_yield``), so the
   client it just woke runs before the server's own follow-up work;
 - an ``Exchange`` stands in for uvicorn's request cycle on the connection, so keep-alive,
-  pipelining, ``Expect: 100-continue``, graceful shutdown (the server waits for the
-  handler's task) and the keep-alive timeout stay uvicorn's.
+  pipelining, graceful shutdown (the server waits for the handler's task) and the
+  keep-alive timeout stay uvicorn's; ``Expect: 100-continue`` is answered as uvicorn
+  does, when the handler reads the body; the rest of a body over the limit is read and
+  dropped after the answer, as uvicorn does (closing at once would reset a client still
+  sending it before it reads the 413).
 
 Every other request, on the same connection too, goes to the ASGI app as before; the app
 should serve the same routes itself (it does under any other server, and in tests that
@@ -174,6 +177,13 @@ class Exchange:
     def body_done(self) -> None:
         self.more_body = False
         self._wake()
+        protocol = self._protocol
+        if self.response_complete and not self.transport.is_closing() and not protocol.pipeline:
+            # answered before its body was in (a 401, a 413): uvicorn armed the keep-alive timer
+            # then, and the body's bytes that came since disarmed it; arm it again
+            protocol._unset_keepalive_if_required()
+            protocol.timeout_keep_alive_task = protocol.loop.call_later(protocol.timeout_keep_alive,
+                                                                        protocol.timeout_keep_alive_handler)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -204,9 +214,9 @@ class Exchange:
             raise
         except Exception:  # noqa: BLE001 - a handler's bug: logged, a 500 or a cut connection
             log.exception("unhandled error answering a request on a fast route")
-            if not self.response_started:
-                self.keep_alive = False
-                self.respond(500, b'{"error":{"code":"internal","message":"internal error"}}')
+            if not self.response_started or self._head is not None:  # no byte of the answer went out
+                self.response_started, self._head, self.keep_alive = False, None, False
+                await self.respond(500, b'{"error":{"code":"internal","message":"internal error"}}')
             elif not self.transport.is_closing():
                 self.transport.close()
         else:
@@ -230,12 +240,15 @@ class Exchange:
         parts.append(extra)
         return b"".join(parts)
 
-    def respond(self, status: int, body: bytes,
-                headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]) -> None:  # noqa: B006
-        """The whole answer, in one write."""
+    async def respond(self, status: int, body: bytes,
+                      headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]) -> None:  # noqa: B006
+        """The whole answer, in one write (once the transport takes writes: a client that
+        pipelines requests without reading the answers is not answered without bound)."""
         if self.response_started:
             raise RuntimeError("the response has already started")
         self.response_started = True
+        if self._flow.write_paused and not self.disconnected:
+            await self._flow.drain()
         if self.disconnected:
             self.response_complete = True
             return
@@ -288,7 +301,8 @@ class Exchange:
             os.sched_yield()
 
 
-_NEEDS = ("on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "on_url", "on_header")
+_NEEDS = ("on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "on_url", "on_header",
+          "_unset_keepalive_if_required", "timeout_keep_alive_handler")
 
 
 def protocol_with_routes(base: type, routes: FastRoutes) -> type:
@@ -303,10 +317,15 @@ def protocol_with_routes(base: type, routes: FastRoutes) -> type:
         def on_headers_complete(self) -> None:
             parser = self.parser
             if not parser.should_upgrade():
-                handler = routes.match(parser.get_method(), self.url)
-                if handler is not None:
-                    self._fast(handler)
-                    return
+                previous = self.cycle
+                try:
+                    handler = routes.match(parser.get_method(), self.url)
+                    if handler is not None:
+                        self._fast(handler)
+                        return
+                except Exception:  # noqa: BLE001 - e.g. a uvicorn release without the state used here
+                    log.exception("a fast route could not take the request; the ASGI app answers it")
+                    self.cycle = previous
             super().on_headers_complete()
 
         def _fast(self, handler: Handler) -> None:

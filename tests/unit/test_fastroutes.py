@@ -54,9 +54,9 @@ class Routes:
             body = await ex.read()
         except (BodyTooLarge, ClientGone) as exc:
             self.app.read_errors.append(type(exc).__name__)
-            ex.respond(413 if isinstance(exc, BodyTooLarge) else 400, str(exc).encode(), [])
+            await ex.respond(413 if isinstance(exc, BodyTooLarge) else 400, str(exc).encode(), [])
             return
-        ex.respond(200, b"echo:" + body, [(b"content-type", b"text/plain")])
+        await ex.respond(200, b"echo:" + body, [(b"content-type", b"text/plain")])
 
     async def _stream(self, ex: Exchange) -> None:
         await ex.read()
@@ -79,10 +79,17 @@ class Routes:
     async def _slow(self, ex: Exchange) -> None:
         await ex.read()
         await asyncio.sleep(0.5)
-        ex.respond(200, b"late but whole", [])
+        await ex.respond(200, b"late but whole", [])
 
     async def _boom(self, ex: Exchange) -> None:
         raise RuntimeError("a bug in the handler")
+
+    async def _boom_stream(self, ex: Exchange) -> None:
+        ex.begin_stream(200, [(b"content-type", b"text/plain")])
+        raise RuntimeError("a bug before the stream's first piece")
+
+    async def _early(self, ex: Exchange) -> None:  # answers without reading the body (as a 401 does)
+        await ex.respond(401, b"no", [])
 
 
 def _free_port() -> int:
@@ -180,6 +187,20 @@ async def test_a_body_over_the_limit_gets_413_declared_or_not(server):
     writer.close()
 
 
+async def test_a_client_gone_before_the_whole_body_is_seen_by_the_handler(server):
+    app, port, _, _ = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/fast/echo", b"0123456789")[:-5])  # half the body, then gone
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.close()
+    for _ in range(100):
+        if app.read_errors:
+            break
+        await asyncio.sleep(0.05)
+    assert app.read_errors == ["ClientGone"]
+
+
 async def test_expect_100_continue_is_answered_when_the_body_is_read(server):
     _, port, _, _ = server
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -230,6 +251,39 @@ async def test_a_handler_error_is_a_500_and_the_connection_closes(server):
     status, headers, body = await read_response(reader)
     assert status == 500 and headers["connection"] == "close" and b'"internal"' in body
     assert await asyncio.wait_for(reader.read(), 10) == b""  # closed
+    writer.close()
+
+
+async def test_a_handler_error_before_a_streams_first_piece_is_still_a_500(server):
+    _, port, _, _ = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/fast/boom-stream", b"{}"))
+    status, headers, body = await read_response(reader)
+    assert status == 500 and headers["connection"] == "close" and b'"internal"' in body
+    writer.close()
+
+
+async def test_an_answer_before_the_body_leaves_the_connection_under_the_keep_alive_timeout():
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from arena.runtime import _corked_http_protocol
+
+    app = App()
+    config = uvicorn.Config(app, timeout_keep_alive=0.3, log_level="warning", lifespan="off")
+    config.load()
+    protocol_class = _corked_http_protocol(app.fast_routes)
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    await loop.connect_accepted_socket(lambda: protocol_class(config=config, server_state=ServerState(),
+                                                              app_state={}), ours)
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    request = post("/fast/early", b"body")
+    writer.write(request[:-4])
+    assert (await read_response(reader))[::2] == (401, b"no")  # answered before the body was sent
+    await asyncio.sleep(0.1)
+    writer.write(request[-4:])  # the body comes after the answer...
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # ...and the idle connection still times out
     writer.close()
 
 

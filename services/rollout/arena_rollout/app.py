@@ -291,7 +291,7 @@ class RolloutApp:
         if isinstance(answer, Relay):
             await _fast_stream(exchange, answer)
         else:
-            exchange.respond(answer[0], answer[1])
+            await exchange.respond(answer[0], answer[1])
 
     @staticmethod
     async def _exchange_body(exchange: Exchange) -> bytes:

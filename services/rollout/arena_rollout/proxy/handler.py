@@ -281,8 +281,8 @@ class ProxyHandler:
         sent, _ = apply_sampling(body, SamplingParams(), api="openai.chat")
         model = str(sent.get("model") or "")
         key = f"judge:{record.rollout_id}"  # a routing key of its own: never moves the rollout's sticky replica
-        up = await open_call(router=self.router, http=self.http, rollout_id=key,
-                             model=model, path=_PATHS["openai.chat"], body=msgspec.json.encode(sent))
+        up = await open_call(router=self.router, http=self.http, rollout_id=key, model=model,
+                             path=_PATHS["openai.chat"], body=msgspec.json.encode(sent), whole=True)
         self.router.forget(key)
         try:
             return await up.response.aread()

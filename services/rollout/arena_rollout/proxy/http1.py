@@ -14,7 +14,8 @@ something other than HTTP/1.1). A request on a reused keep-alive connection that
 server had already closed (no byte of an answer came back) is sent once more on a new
 connection, as other clients do: the server never read it. ``post(..., whole=True)``
 returns once the answer's body is in as well (its caller wakes once, not at the head and
-again at the body; an answer cut mid-body fails the ``post`` itself).
+again at the body; an answer cut mid-body fails the ``post`` itself, and the read timeout
+then bounds the whole answer rather than each read).
 """
 
 from __future__ import annotations
