@@ -244,22 +244,14 @@ async def test_a_client_gone_mid_stream_cancels_the_handler(server):
     await asyncio.wait_for(app.cancelled.wait(), 10)
 
 
-async def test_a_handler_error_is_a_500_and_the_connection_closes(server):
+@pytest.mark.parametrize("path", ["/fast/boom", "/fast/boom-stream"])  # before a stream's first piece too
+async def test_a_handler_error_is_a_500_and_the_connection_closes(server, path):
     _, port, _, _ = server
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(post("/fast/boom", b"{}"))
+    writer.write(post(path, b"{}"))
     status, headers, body = await read_response(reader)
     assert status == 500 and headers["connection"] == "close" and b'"internal"' in body
     assert await asyncio.wait_for(reader.read(), 10) == b""  # closed
-    writer.close()
-
-
-async def test_a_handler_error_before_a_streams_first_piece_is_still_a_500(server):
-    _, port, _, _ = server
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(post("/fast/boom-stream", b"{}"))
-    status, headers, body = await read_response(reader)
-    assert status == 500 and headers["connection"] == "close" and b'"internal"' in body
     writer.close()
 
 
