@@ -150,20 +150,20 @@ async def raw_rates(url: str, args) -> dict[str, float]:
     return rates
 
 
+def _stat_seconds(stat: str) -> float:
+    """User + system CPU seconds of a ``/proc/.../stat`` line (Linux)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User + system CPU seconds consumed so far by each process (Linux ``/proc``)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name, pid in pids.items():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out[name] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    return out
+    """User + system CPU seconds consumed so far by each process."""
+    return {name: _stat_seconds(Path(f"/proc/{pid}/stat").read_text()) for name, pid in pids.items()}
 
 
 def thread_seconds(pid: int) -> dict[str, float]:
     """CPU seconds so far of the threads of ``pid``, summed by thread name (a thread that
     ended is no longer counted)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -171,8 +171,7 @@ def thread_seconds(pid: int) -> dict[str, float]:
         except OSError:
             continue
         name = "event loop" if task.name == str(pid) else raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        out[name] = out.get(name, 0.0) + _stat_seconds(raw)
     return out
 
 
