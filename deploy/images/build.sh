@@ -39,6 +39,8 @@ if ! current arena/quickstart:latest "$quickstart_hash"; then
   mkdir -p "$ctx/site"
   for pkg in pytest _pytest pluggy iniconfig packaging pygments py.py; do
     [ -e "$site/$pkg" ] && cp -a "$site/$pkg" "$ctx/site/"
+    # the distribution metadata too: pytest and pluggy read their own versions from it
+    for meta in "$site/$pkg"-*.dist-info; do [ -e "$meta" ] && cp -a "$meta" "$ctx/site/"; done
   done
   # bytecode, as for the base image's standard library (the root is read-only)
   /usr/bin/python3.11 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$ctx/site" \

@@ -154,7 +154,7 @@ class Bus:
                 await self.js.add_stream(config)
             except BadRequestError:
                 await self.js.update_stream(config)
-        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS):
+        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS):
             await self.kv(bucket)
         await self.artifacts()
 

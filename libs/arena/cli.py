@@ -99,7 +99,7 @@ def print_rollout(client, view, t0: float) -> None:
         print(f"  verification: {v.counts.f2p_passed}/{v.counts.f2p_passed + v.counts.f2p_failed} FAIL_TO_PASS, "
               f"{v.counts.p2p_passed}/{v.counts.p2p_passed + v.counts.p2p_failed} PASS_TO_PASS passed"
               + (f", flags: {', '.join(v.flags)}" if v.flags else ""))
-    print(f"  reward: {traj.reward:g}")
+    print(f"  reward: {'- (infrastructure outcome)' if traj.reward is None else format(traj.reward, 'g')}")
 
 
 async def _demo(settings: Settings, n: int, seed: int) -> int:
@@ -275,6 +275,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0)
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("tasks", help="task bundles and datasets: push, import, validate")
+    tasks = p.add_subparsers(dest="tasks_command", required=True)
+    q = tasks.add_parser("push", help="upload a directory as a content-addressed bundle; prints its digest")
+    q.add_argument("dir")
+    q.set_defaults(func=cmd_tasks_push)
+    q = tasks.add_parser("import", help="turn a SWE-bench-format dataset into task files")
+    q.add_argument("format", choices=["swebench"])
+    q.add_argument("file", help="JSONL, JSON or Parquet rows (instance_id, repo, base_commit, patch, test_patch, "
+                                "FAIL_TO_PASS, PASS_TO_PASS, ...)")
+    q.add_argument("--out", required=True, help="directory for <instance_id>.json and gold/<instance_id>.patch")
+    q.add_argument("--mirrors", help="directory of local mirrors: owner__name.bundle, owner__name.git or owner__name/")
+    q.add_argument("--image", help="tasks run in this image holding the repository (a row's image_name wins)")
+    q.add_argument("--image-path", default="/testbed", help="the repository's directory in the image")
+    q.add_argument("--command", default="python -m pytest -rA -p no:cacheprovider {test_files}",
+                   help="test command; {test_files} = the files the test patch touches (default %(default)r)")
+    q.add_argument("--specs", help="JSON of per-repository test commands: {\"owner/name\": {\"test_cmd\": ..., "
+                                   "\"test_files\": [...]}} (or keyed by version under the repository)")
+    q.add_argument("--agent-command", help="the agent (sh -c) every task runs; default: none yet")
+    q.add_argument("--test-timeout", type=float, default=900.0)
+    q.set_defaults(func=cmd_tasks_import)
+    q = tasks.add_parser("validate", help="gold patch must score 1, empty patch 0 (through the running stack)")
+    q.add_argument("path", help="an import's output directory, or one task file")
+    q.add_argument("--timeout", type=float, default=900.0)
+    q.add_argument("-v", "--verbose", action="store_true")
+    q.set_defaults(func=cmd_tasks_validate)
+
     p = sub.add_parser("status", help="show one rollout, or list them")
     p.add_argument("id", nargs="?")
     p.add_argument("--state")
@@ -323,6 +349,99 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_backend)
     return parser
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def cmd_tasks_push(args) -> int:
+    with _client(args) as client:
+        print(client.push_bundle(args.dir))
+    return 0
+
+
+def cmd_tasks_import(args) -> int:
+    import tempfile
+
+    from arena import datasets
+    from arena.errors import InvalidRequest
+    from arena.schemas import AgentSpec, BundleSource, encode
+
+    rows = datasets.read_rows(args.file)
+    specs = datasets.read_specs(args.specs)
+    out = Path(args.out)
+    (out / "gold").mkdir(parents=True, exist_ok=True)
+    agent = AgentSpec(command=["sh", "-c", args.agent_command]) if args.agent_command else datasets.UNSET_AGENT
+    with _client(args) as client:
+        for i, row in enumerate(rows, 1):
+            if args.image or row.image_name:
+                source = datasets.image_source(row, args.image or "", args.image_path)
+            else:
+                if not args.mirrors:
+                    raise InvalidRequest(f"{row.instance_id}: give --mirrors (local repositories) or --image")
+                mirror = datasets.mirror_of(Path(args.mirrors), row.repo)
+                with tempfile.TemporaryDirectory(prefix="arena-import-") as tmp:
+                    datasets.checkout(mirror, row.base_commit, Path(tmp) / "repo")
+                    source = BundleSource(digest=client.push_bundle(Path(tmp) / "repo"))
+            spec = datasets.spec_for(specs, row, args.command)
+            task = datasets.to_task(row, source=source, command=spec.test_cmd, agent=agent,
+                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files)
+            (out / f"{row.instance_id}.json").write_bytes(msgspec.json.format(encode(task)) + b"\n")
+            (out / "gold" / f"{row.instance_id}.patch").write_text(row.patch)
+            print(f"[{i}/{len(rows)}] {row.instance_id}: {len(task.verifier.fail_to_pass)} FAIL_TO_PASS, "
+                  f"{len(task.verifier.pass_to_pass)} PASS_TO_PASS, source {source.__struct_config__.tag}",
+                  flush=True)
+    print(f"wrote {len(rows)} task(s) to {out}")
+    return 0
+
+
+def cmd_tasks_validate(args) -> int:
+    """Each task's gold patch must score 1 and an empty patch 0, through the running stack."""
+    import tempfile
+
+    from arena import datasets
+    from arena.schemas import AgentSpec
+    from arena.tasks import load_task
+
+    apply_gold = ("git apply --whitespace=nowarn /sandbox/agent/gold.patch && "
+                  "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done")
+    rows = []
+    with _client(args) as client, tempfile.TemporaryDirectory(prefix="arena-validate-") as tmp:
+        submitted = []
+        for path in datasets.iter_task_files(Path(args.path)):
+            task = load_task(path)
+            gold = path.parent / "gold" / f"{task.id}.patch"
+            runs = {"empty": AgentSpec(command=["sh", "-c", "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done"])}
+            if gold.is_file():
+                agent_dir = Path(tmp) / task.id
+                agent_dir.mkdir()
+                (agent_dir / "gold.patch").write_bytes(gold.read_bytes())
+                runs["gold"] = AgentSpec(command=["sh", "-c", apply_gold], path=str(agent_dir))
+            for kind, agent in runs.items():
+                view = client.submit(msgspec.structs.replace(task, agent=agent), metadata={"validate": kind})
+                submitted.append((task.id, kind, view.rollout_id))
+        results: dict[str, dict[str, str]] = {}
+        for task_id, kind, rid in submitted:
+            view = client.wait(rid, timeout=args.timeout)
+            if view.reward is not None:
+                shown = f"{view.reward:g}"
+            elif view.state.value == "completed":
+                shown = "?"
+            else:
+                shown = f"{view.state.value}" + (" (infra)" if view.infrastructure else "")
+            results.setdefault(task_id, {})[kind] = shown
+            rows.append((task_id, kind, view))
+    bad = 0
+    print(f"{'instance':<40} {'gold':>8} {'empty':>8}  verdict")
+    for task_id, got in results.items():
+        ok = got.get("gold") == "1" and got.get("empty") == "0"
+        bad += not ok
+        print(f"{task_id:<40} {got.get('gold', '-'):>8} {got.get('empty', '-'):>8}  {'ok' if ok else 'INVALID'}")
+    if args.verbose:
+        for task_id, kind, view in rows:
+            print(f"  {task_id} {kind}: {view.state.value}: {view.reason}")
+    print(f"{len(results) - bad}/{len(results)} valid")
+    return 1 if bad else 0
 
 
 def cmd_backend(args) -> int:

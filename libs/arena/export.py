@@ -68,11 +68,14 @@ def _usable(group: list[Trajectory], options: ExportOptions, stats: ExportStats,
             ) -> list[Trajectory]:
     stats.groups += 1
     stats.trajectories += len(group)
-    members = group
+    members = [t for t in group if t.reward is not None]
+    if len(members) < len(group):  # Arena could not run or verify them: no reward to learn from
+        stats.skip("infrastructure outcome (no reward)", len(group) - len(members))
     if not options.include_incomplete:
-        members = [t for t in group if not (t.incomplete or "incomplete" in t.metadata)]
-        if len(members) < len(group):
-            stats.skip("incomplete trajectory", len(group) - len(members))
+        complete = [t for t in members if not (t.incomplete or "incomplete" in t.metadata)]
+        if len(complete) < len(members):
+            stats.skip("incomplete trajectory", len(members) - len(complete))
+        members = complete
     if needs_group:
         if group[0].group_id is None:
             stats.skip("not in a group", len(members))

@@ -14,7 +14,7 @@ Evolution rules (see docs/schemas.md):
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -96,17 +96,53 @@ class Budget(Request, kw_only=True):
     wall_clock_s: float = 600.0
 
 
+#: A content-addressed bundle: ``sha256:`` and the hex digest of the bundle's bytes.
+BundleDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
 class AgentSpec(Request, kw_only=True):
     """The program run inside the sandbox under the sandbox contract.
 
-    ``path`` is a directory (on the machine running the sandbox service) mounted
-    read-only at ``/sandbox/agent``; ``command`` runs with ``/sandbox/workspace``
-    as working directory.
+    Its files, if any, are mounted read-only at ``/sandbox/agent``: ``bundle`` (uploaded
+    with ``arena tasks push`` / the SDK, docs/tasks.md) or, in embedded mode only
+    (``ARENA_ALLOW_HOST_PATHS``), ``path``, a directory on the sandbox host. ``command``
+    runs with ``/sandbox/workspace`` as working directory.
     """
 
     command: list[str]
     path: str | None = None
+    bundle: BundleDigest | None = None
     env: dict[str, str] = {}
+
+
+class BundleSource(Request, kw_only=True, tag="bundle"):
+    """The repository is a bundle in Arena's object store (``POST /v1/bundles``)."""
+
+    digest: BundleDigest
+
+
+class GitSource(Request, kw_only=True, tag="git"):
+    """The repository is ``commit`` of the git repository at ``url`` (fetched by each worker)."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    commit: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{7,64}$")]
+
+
+class ImageSource(Request, kw_only=True, tag="image"):
+    """The repository is the directory ``path`` inside ``image`` (SWE-bench style); the
+    agent and the verifier run in that image unless the task names another."""
+
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    path: str = "/testbed"
+
+
+class PathSource(Request, kw_only=True, tag="path"):
+    """A directory on the workers' own disk: embedded mode only (``ARENA_ALLOW_HOST_PATHS``)."""
+
+    path: str
+
+
+Source = BundleSource | GitSource | ImageSource | PathSource
 
 
 class TestsVerifier(Request, kw_only=True, tag="tests"):
@@ -124,12 +160,22 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
     parser: Literal[
         "pytest", "pytest_junit", "unittest", "go_test", "go_test_json", "cargo",
         "node_spec", "node_tap", "jest", "vitest", "mocha", "junit",
+        "cargo_json", "jest_json", "vitest_json", "mocha_json", "tap", "node_junit",
     ] = "pytest"
     fail_to_pass: list[str] = []
     pass_to_pass: list[str] = []
+    #: Test files reset to their base version before the run (the agent's edits undone).
     test_files: list[str] = []
     timeout_s: float = 300.0
     report_file: str | None = None  # parse this file (relative to workdir, e.g. JUnit XML) instead of the log
+    #: Hidden tests: a git diff applied after the reset (SWE-bench's ``test_patch``); the
+    #: files it touches are reset first as well.
+    test_patch: str = ""
+    #: Hidden test files: a bundle whose files are copied over the repository after the reset.
+    hidden_files: BundleDigest | None = None
+    #: Inject canary tests (one must fail, one must pass) beside the listed tests (pytest
+    #: parsers): a runner that misreports them flags ``runner_tampered`` (docs/verification.md).
+    canaries: bool = True
 
 
 class RubricItem(Request, kw_only=True):
@@ -207,23 +253,43 @@ Verifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | P
 
 
 class Task(Request, kw_only=True):
-    """What to do: the repository, the instructions, the agent, the budgets, the verifier.
+    """What to do: the source, the instructions, the agent, the budgets (the public part),
+    and the verifier (the private part: never in the agent's sandbox nor in API views).
 
-    ``repo`` is a directory readable by the sandbox and verification services
-    (embedded mode: a local path). Its files at submission are the base commit.
+    ``source`` says where the repository comes from (docs/tasks.md); ``repo`` is the older
+    spelling of a :class:`PathSource` (embedded mode only). The source's files are the
+    base commit; the agent's copy has no other history.
     """
 
     id: str
-    repo: str
     instructions: str
     agent: AgentSpec
-    verifier: Verifier
+    source: Source | None = None
+    repo: str = ""
+    verifier: Verifier | None = None
     workdir: str = "."
     budget: Budget = Budget()
     metadata: dict[str, str] = {}
-    #: Container image the agent runs in (``docker`` provider); ``None``: the provider's
-    #: default (``ARENA_SANDBOX_IMAGE``). Ignored by ``local`` (the host's ``/usr``) and ``mock``.
+    #: Container image the agent and the verifier run in (``docker`` provider); ``None``: an
+    #: image source's image, else the provider's default (``ARENA_SANDBOX_IMAGE``). Ignored by
+    #: ``local`` (the host's ``/usr``) and ``mock``.
     image: str | None = None
+
+    def source_of(self) -> Source | None:
+        """The task's source, with ``repo`` read as a :class:`PathSource`."""
+        if self.source is not None:
+            return self.source
+        return PathSource(path=self.repo) if self.repo else None
+
+    def image_of(self) -> str:
+        """The image the task runs in ("" = the provider's default)."""
+        if self.image:
+            return self.image
+        return self.source.image if isinstance(self.source, ImageSource) else ""
+
+    def public(self) -> Task:
+        """The task without its private part (what the agent and API views may see)."""
+        return msgspec.structs.replace(self, verifier=None)
 
 
 class SubmitRolloutRequest(Request, kw_only=True):
@@ -282,6 +348,12 @@ class RolloutRecord(Base, kw_only=True):
     reward: float | None = None
     history: list[StateTransition] = []
     metadata: dict[str, str] = {}
+    #: Key of the task's private part in the ``arena_verifiers`` bucket (``task`` here is public).
+    verifier_ref: str = ""
+    #: The verifier's own timeouts, seconds (the reaper's verification deadline uses it).
+    verify_budget_s: float = 0.0
+    #: The rollout ended because Arena could not run or verify it: no reward, not a policy failure.
+    infrastructure: bool = False
 
 
 class RolloutView(Base, kw_only=True):
@@ -301,6 +373,7 @@ class RolloutView(Base, kw_only=True):
     reward: float | None = None
     history: list[StateTransition] = []
     metadata: dict[str, str] = {}
+    infrastructure: bool = False  # ended by an infrastructure error: no reward
 
 
 class RolloutSubmitted(Base, kw_only=True):
@@ -336,6 +409,8 @@ class RolloutStateChanged(Base, kw_only=True):
     #: On a final state: every transition of the rollout, from its record (the
     #: authoritative order). Empty on other states and from older producers.
     history: list[StateTransition] = []
+    #: On a final state: Arena could not run or verify the rollout (no reward, not a 0).
+    infrastructure: bool = False
 
 
 class GroupSubmitted(Base, kw_only=True):
@@ -356,10 +431,12 @@ class SandboxJob(Base, kw_only=True):
     """
 
     rollout_id: str
-    task: Task
+    task: Task  # the public part: never the verifier
     proxy_url: str
     api_key: str
     attempt: int = 1
+    #: Key of the task's private part in ``arena_verifiers``, handed on to the verify job.
+    verifier_ref: str = ""
 
 
 class SandboxOutcome(str, enum.Enum):
@@ -395,6 +472,9 @@ class SandboxDone(Base, kw_only=True):
     log_tail: str = ""  # the last lines of the agent's stdout+stderr
     log_artifact: str | None = None  # full log: key in the arena_artifacts object store
     oom_killed: bool = False  # the kernel's OOM killer fired in the sandbox during the run
+    #: What the agent did to the sandbox that verification must know (``git_tampered``: it
+    #: changed the repository's git metadata: replace refs, grafts, alternates, hooks, config).
+    flags: list[str] = []
 
 
 # --------------------------------------------------------------------------- verification plane
@@ -404,10 +484,14 @@ class VerifyJob(Base, kw_only=True):
     """``arena.verify.run``: verify the agent's diff against the pristine task."""
 
     rollout_id: str
-    task: Task
+    task: Task  # public; a replay carries its verifier here
     diff: str
     result: dict[str, Any] | None = None  # the agent's result.json (its ``answer`` is graded)
     name: str = ""  # name the result is stored under (replays); "" = the verifier's type
+    #: Key of the task's private part in the ``arena_verifiers`` bucket (when ``task.verifier`` is None).
+    verifier_ref: str = ""
+    #: What the sandbox plane saw the agent do that the verdict must know (``git_tampered``).
+    flags: list[str] = []
 
 
 class TestStatus(str, enum.Enum):
@@ -449,7 +533,8 @@ class VerificationResult(Base, kw_only=True):
 
     rollout_id: str
     verifier: str
-    reward: float
+    #: ``None``: Arena could not verify (``error`` says why): no reward, never a 0.
+    reward: float | None
     passed: bool
     started_at: float
     finished_at: float
@@ -461,6 +546,7 @@ class VerificationResult(Base, kw_only=True):
     log_tail: str = ""
     judge_calls: list[JudgeCall] = []  # LLM-judge calls, kept apart from the policy's steps
     parser: str = ""  # the test-output parser used, if any
+    error: str = ""  # Arena could not verify (infrastructure): why; ``reward`` is then None
 
 
 class JudgeCall(Base, kw_only=True):
@@ -610,7 +696,9 @@ class Trajectory(Base, kw_only=True):
     group_size: int = 1
     final_state: RolloutState  # always a final state
     reason: str = ""  # why the rollout ended (the final transition's reason)
-    reward: float = 0.0  # verification.reward if completed, else 0.0
+    #: verification.reward if completed, 0.0 for a failed agent, ``None`` for an
+    #: infrastructure outcome (Arena could not run or verify it; ``infrastructure``).
+    reward: float | None = 0.0
     steps: list[Step] = []  # every captured LLM call, by step_index, one per index
     sandbox: SandboxDone | None = None  # the agent run's outcome, diff and log tail
     verification: VerificationResult | None = None  # reward components, tests, flags
@@ -622,6 +710,8 @@ class Trajectory(Base, kw_only=True):
     #: Parts the trajectory plane gave up waiting for (e.g. ``"steps 2/3"``,
     #: ``"verification"``); empty when the trajectory is whole. Filter these out to train.
     incomplete: list[str] = []
+    #: Arena could not run or verify this rollout: ``reward`` is None; leave it out of training.
+    infrastructure: bool = False
 
 
 class GroupCompleted(Base, kw_only=True):
@@ -632,13 +722,16 @@ class GroupCompleted(Base, kw_only=True):
     task_id: str
     size: int
     trajectories: list[Trajectory]
-    rewards: list[float]  # by member, in ``trajectories`` order
-    advantages: list[float]  # group-normalised over the members present
+    rewards: list[float | None]  # by member, in ``trajectories`` order; None: infrastructure outcome
+    #: Group-normalised over the members with a reward; 0.0 for those in ``excluded_indexes``.
+    advantages: list[float]
     completed_at: float
     #: True when the group was published after its timeout without every member;
     #: ``missing_indexes`` names the absent ``group_index`` values.
     partial: bool = False
     missing_indexes: list[int] = []
+    #: ``group_index`` of members without a reward (infrastructure outcomes): out of the advantages.
+    excluded_indexes: list[int] = []
 
 
 class TrainerMetrics(Base, kw_only=True):

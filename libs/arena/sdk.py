@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import msgspec
 
-from arena.errors import BY_CODE, ArenaError, Unavailable
+from arena import sources
+from arena.errors import BY_CODE, ArenaError, NotFound, Unavailable
 from arena.schemas import (
+    BundleSource,
+    PathSource,
     GroupSubmitted,
     RolloutStateChanged,
     RolloutView,
@@ -77,10 +81,37 @@ class ArenaClient:
         data = self._check(resp)
         return msgspec.json.decode(data, type=type_) if type_ is not None else msgspec.json.decode(data)
 
+    # ------------------------------------------------------------------ bundles
+
+    def push_bundle(self, path: str | Path) -> str:
+        """Upload the directory ``path`` as a content-addressed bundle (once); its digest."""
+        data = sources.pack_dir(Path(path))
+        digest = sources.digest_of(data)
+        try:
+            self._call(self._http, "GET", f"/v1/bundles/{digest}")
+            return digest
+        except NotFound:
+            pass
+        answer = self._call(self._http, "POST", "/v1/bundles", content=data,
+                            headers={"content-type": "application/gzip"}, timeout=max(self._http.timeout.read or 0, 600))
+        return answer["digest"]
+
+    def prepare(self, task: Task) -> Task:
+        """``task`` with every local directory it names (``repo`` / a path source, the agent's
+        ``path``) uploaded as a bundle, so it runs on any worker of any machine."""
+        source = task.source_of()
+        if isinstance(source, PathSource):
+            task = msgspec.structs.replace(task, repo="", source=BundleSource(digest=self.push_bundle(source.path)))
+        if task.agent.path is not None:
+            agent = msgspec.structs.replace(task.agent, path=None, bundle=self.push_bundle(task.agent.path))
+            task = msgspec.structs.replace(task, agent=agent)
+        return task
+
     # ------------------------------------------------------------------ rollouts
 
     def submit(self, task: Task, *, sampling: SamplingParams | None = None, model: str = "default",
                metadata: dict[str, str] | None = None) -> RolloutView:
+        task = self.prepare(task)
         req = SubmitRolloutRequest(task=task, sampling=sampling or SamplingParams(), model=model,
                                    metadata=metadata or {})
         return self._call(self._http, "POST", "/v1/rollouts", RolloutView, content=encode(req),
@@ -91,6 +122,7 @@ class ArenaClient:
         sampling = sampling or SamplingParams()
         if seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=seed)
+        task = self.prepare(task)
         req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {})
         return self._call(self._http, "POST", "/v1/rollout-groups", GroupSubmitted, content=encode(req),
                           headers={"content-type": "application/json"})

@@ -61,6 +61,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     judge_key: str = ""
     #: Largest request body the proxy and API accept, bytes.
     max_body_bytes: int = 8 * 1024 * 1024
+    #: Largest task bundle ``POST /v1/bundles`` accepts, bytes.
+    max_bundle_bytes: int = 256 * 1024 * 1024
+    #: Accept host paths as task sources (``repo``, ``source.path``, ``agent.path``,
+    #: ``file://`` git URLs): embedded demos on one machine only. Off: tasks travel as
+    #: bundles, git URLs or images (docs/tasks.md).
+    allow_host_paths: bool = False
     log_level: str = "INFO"
 
     @classmethod
@@ -71,7 +77,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             var = "ARENA_" + field.name.upper()
             if var in env:
                 raw = env[var]
-                if field.type is int:
+                if field.type is bool:
+                    if raw.strip().lower() not in {"1", "0", "true", "false", "yes", "no", "on", "off", ""}:
+                        raise SettingsError(f"{var}={raw!r} is not a boolean (1/0, true/false)")
+                    values[field.name] = raw.strip().lower() in {"1", "true", "yes", "on"}
+                elif field.type is int:
                     try:
                         values[field.name] = int(raw)
                     except ValueError:

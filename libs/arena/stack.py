@@ -89,7 +89,7 @@ class Stack:
     """Start with ``await stack.start()``, stop with ``stack.stop()`` (or ``async with``)."""
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
-                 nats_sync: str = DEFAULT_SYNC, log=print):
+                 nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False):
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         self.settings = settings
@@ -98,6 +98,9 @@ class Stack:
         self.nats = NatsServer(self.data_dir / "nats", urlparse(settings.nats_url).port or 4222, sync=nats_sync)
         self.children: list[Child] = []
         self.log = log
+        #: each service its own data directory (``<data_dir>/services/<name>``), as on
+        #: separate machines: nothing passes between them but NATS and HTTP
+        self.separate_data_dirs = separate_data_dirs
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -126,7 +129,10 @@ class Stack:
                                         timeout)
                 self.log(f"scripted LLM    {self.settings.backend_url} (pid {child.pid})")
             for name, module in SERVICES:
-                child = Child(name, [sys.executable, "-m", module], self.env(), logs / f"{name}.log")
+                env = self.env()
+                if self.separate_data_dirs:
+                    env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
+                child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
                 child.start()
                 self.children.append(child)
             await self._wait_healthy(timeout)

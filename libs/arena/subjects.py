@@ -66,6 +66,8 @@ STREAMS: tuple[StreamSpec, ...] = (
 
 KV_ROLLOUTS = "arena_rollouts"
 KV_BACKENDS = "arena_backends"
+#: Tasks' private parts (verifiers), keyed by the sha256 of their JSON: read by verification only.
+KV_VERIFIERS = "arena_verifiers"
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).
@@ -163,7 +165,7 @@ def catalog() -> dict:
             "arena.group.{group_id}": "GroupCompleted",
             "arena.dead.{stream}": "DeadLetter",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS],
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

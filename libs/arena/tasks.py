@@ -1,6 +1,7 @@
 """Load a task file (JSON of ``arena.schemas.Task``) and resolve its relative paths.
 
-In a task file, ``repo`` and ``agent.path`` are relative to the file's directory.
+In a task file, local paths (``repo``, a ``path`` source, ``agent.path``) are relative to the
+file's directory; the SDK and CLI upload them as bundles when they submit (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import msgspec
 
 from arena.errors import InvalidRequest
-from arena.schemas import Task
+from arena.schemas import PathSource, Task
 
 
 def load_task(path: str | Path) -> Task:
@@ -26,8 +27,12 @@ def load_task(path: str | Path) -> Task:
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"task file {path} is not valid JSON: {exc}") from None
     base = path.parent.resolve()
-    repo = (base / task.repo).resolve()
     agent = task.agent
     if agent.path is not None:
         agent = msgspec.structs.replace(agent, path=str((base / agent.path).resolve()))
-    return msgspec.structs.replace(task, repo=str(repo), agent=agent)
+    task = msgspec.structs.replace(task, agent=agent)
+    if task.repo:
+        task = msgspec.structs.replace(task, repo=str((base / task.repo).resolve()))
+    if isinstance(task.source, PathSource):
+        task = msgspec.structs.replace(task, source=PathSource(path=str((base / task.source.path).resolve())))
+    return task

@@ -59,7 +59,8 @@ async def arena(bus, tmp_path):
     pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)
     backend = await start(create_llm_app(ScriptedLLM(SCRIPT, policy_version="v1")), stops)
     replica = BackendReplica(replica_id="r0", url=backend + "/v1", policy_version="v1")
-    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url=replica.url, judge_key=JUDGE_KEY)
+    settings = Settings(
+        allow_host_paths=True, nats_url="nats://127.0.0.1:1", backend_url=replica.url, judge_key=JUDGE_KEY)
     kv = await bus.kv(subjects.KV_ROLLOUTS)
     store = RolloutStore(kv)
     service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=Router([replica]),

@@ -177,7 +177,8 @@ async def stack(bus, tmp_path):
             url = await start(rec, stops) if faults is not None else f"http://127.0.0.1:{free_port()}"
             replicas.append(BackendReplica(replica_id=name, url=url + "/v1", policy_version=f"v-{name}"))
             backends[name] = rec
-        settings = Settings(nats_url="nats://127.0.0.1:1", backend_url=replicas[0].url, max_body_bytes=64 * 1024)
+        settings = Settings(
+        allow_host_paths=True, nats_url="nats://127.0.0.1:1", backend_url=replicas[0].url, max_body_bytes=64 * 1024)
         kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(kv)
         pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)

@@ -32,7 +32,7 @@ async def service(bus, tmp_path):
     stop = asyncio.Event()
     watch = asyncio.create_task(store.cache.watch(kv, stop))  # as in production: the reaper reads the cache
     http = httpx.AsyncClient()
-    svc = RolloutService(bus=bus, store=store, settings=Settings(nats_url="nats://127.0.0.1:1"), http=http)
+    svc = RolloutService(bus=bus, store=store, settings=Settings(allow_host_paths=True, nats_url="nats://127.0.0.1:1"), http=http)
     for _ in range(200):
         if store.cache.watching:
             break

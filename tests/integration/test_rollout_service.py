@@ -57,7 +57,7 @@ async def rollout(bus, tmp_path):
                 break
         except httpx.TransportError:
             await asyncio.sleep(0.02)
-    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url=f"http://127.0.0.1:{port}/v1",
+    settings = Settings(allow_host_paths=True, nats_url="nats://127.0.0.1:1", backend_url=f"http://127.0.0.1:{port}/v1",
                         public_url="http://arena:9090", backend_policy_version="3", max_body_bytes=64 * 1024)
     store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS), publisher=bus.publisher)  # as the service runs it
     service = RolloutService(bus=bus, store=store, settings=settings, http=backend)
@@ -230,7 +230,9 @@ async def test_a_dead_lettered_verify_job_fails_the_rollout(rollout, bus, tmp_pa
     await bus.publish(subjects.dead("ARENA_VERIFY_JOBS"), letter, msg_id=f"dead:{rid}")
     view = (await api.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 10})).json()
     assert view["state"] == "failed"
-    assert view["reason"] == "verification gave up after 3 deliveries: RuntimeError: sandbox broke"
+    # Arena could not verify it: an infrastructure outcome with no reward, never a 0
+    assert view["reason"] == "infrastructure: verification gave up after 3 deliveries: RuntimeError: sandbox broke"
+    assert view["infrastructure"] is True and view.get("reward") is None
 
 
 async def test_a_task_with_a_non_test_verifier_is_accepted(rollout, tmp_path):

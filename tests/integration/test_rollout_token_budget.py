@@ -204,7 +204,7 @@ async def test_the_policy_server_counts_its_prompts_for_the_budget(bus, tmp_path
         kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(kv)
         replica = BackendReplica(replica_id="policy", url=url + "/v1", policy_version="3")
-        service = RolloutService(bus=bus, store=store, settings=Settings(nats_url="nats://127.0.0.1:1",
+        service = RolloutService(bus=bus, store=store, settings=Settings(allow_host_paths=True, nats_url="nats://127.0.0.1:1",
                                  backend_url=replica.url), http=http, router=Router([replica]), upstream=pool)
         stop = asyncio.Event()
         stops.append((stop, asyncio.create_task(store.cache.watch(kv, stop))))

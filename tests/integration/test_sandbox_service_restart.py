@@ -28,7 +28,8 @@ def _start(name: str, env: dict[str, str]) -> subprocess.Popen:
 
 def _service_env(nats_url: str, data: Path, provider: str, owner: str, docker_url: str) -> dict[str, str]:
     return {**os.environ, "ARENA_NATS_URL": nats_url, "ARENA_DATA_DIR": str(data), "ARENA_SANDBOX_PROVIDER": provider,
-            "ARENA_SANDBOX_OWNER": owner, "ARENA_DOCKER_URL": docker_url, "ARENA_LOG_LEVEL": "WARNING"}
+            "ARENA_SANDBOX_OWNER": owner, "ARENA_DOCKER_URL": docker_url, "ARENA_LOG_LEVEL": "WARNING",
+            "ARENA_ALLOW_HOST_PATHS": "1"}
 
 
 def _task(tmp_path: Path, agent_code: str, wall_clock_s: float) -> Task:

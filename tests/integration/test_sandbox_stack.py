@@ -50,6 +50,7 @@ def test_quickstart_completes_through_arenas_proxy(provider, tmp_path):
     owner = f"stack-{uuid.uuid4().hex[:8]}"
     rollout_port = free_port()
     settings = Settings(
+        allow_host_paths=True,  # the task's repository is a path on this machine (embedded style)
         nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
         rollout_port=rollout_port, trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rollout_port}",
         backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",

@@ -95,7 +95,7 @@ async def _absent(bus, stream: str, subject: str) -> bool:
 @contextlib.asynccontextmanager
 async def running_worker(bus, tmp_path, *, provider: LocalProvider | None = None, concurrency: int = 2,
                          pool: WarmPool | None = None):
-    settings = Settings(data_dir=str(tmp_path / "data"), sandbox_concurrency=concurrency)
+    settings = Settings(allow_host_paths=True, data_dir=str(tmp_path / "data"), sandbox_concurrency=concurrency)
     stop = asyncio.Event()
     provider = provider or LocalProvider(data_dir=tmp_path / "data", owner="w")
     worker = SandboxWorker(bus, settings, provider, pool=pool, stop=stop)

@@ -16,9 +16,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena import subjects
+from arena import sources, subjects
 from arena.natsserver import free_port
 from arena.schemas import (
+    BundleSource,
     DeadLetter,
     ExactVerifier,
     LlmJudgeVerifier,
@@ -69,7 +70,11 @@ def log_lines(path: Path) -> list[dict]:
 
 
 async def test_two_workers_dead_letters_and_replay(bus, nats_server, tmp_path):
-    task = load_task(QUICKSTART)
+    # the workers have their own data directories and accept no host paths: the task's
+    # repository travels as a bundle in the object store
+    quickstart = load_task(QUICKSTART)
+    digest = await sources.push_bundle(bus, sources.pack_dir(Path(quickstart.repo)))
+    task = msgspec.structs.replace(quickstart, repo="", source=BundleSource(digest=digest))
     logs = [tmp_path / "verify-a.log", tmp_path / "verify-b.log"]
     traj_port = free_port()
     traj_url = f"http://127.0.0.1:{traj_port}"
@@ -94,8 +99,11 @@ async def test_two_workers_dead_letters_and_replay(bus, nats_server, tmp_path):
                           msg_id=subjects.msg_id("judge", "verify-job"))
 
         got = {r.rollout_id: r for r in (msgspec.json.decode(m.data, type=VerificationResult)
-                                         for m in await fetch(results, 4, timeout=120))}
-        assert {rid: r.reward for rid, r in got.items()} == {"g1": 1.0, "w1": 0.0, "e1": 1.0, "e2": 0.0}
+                                         for m in await fetch(results, 5, timeout=120))}
+        # the judge was unreachable on every attempt: Arena could not verify, so no reward (not 0)
+        assert {rid: r.reward for rid, r in got.items()} == {"g1": 1.0, "w1": 0.0, "e1": 1.0, "e2": 0.0,
+                                                             "judge": None}
+        assert "unreachable" in got["judge"].error and got["judge"].flags == ["infrastructure_error"]
         [letter] = [msgspec.json.decode(m.data, type=DeadLetter) for m in await fetch(dead, 1, timeout=60)]
         assert letter.num_delivered == 3 and "unreachable" in letter.error
         assert msgspec.json.decode(letter.data, type=VerifyJob).rollout_id == "judge"

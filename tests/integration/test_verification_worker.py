@@ -56,13 +56,17 @@ async def test_worker_verifies_publishes_once_and_dead_letters_invalid_tasks(bus
         await bus.publish(subjects.VERIFY_RUN, VerifyJob(rollout_id="broken", task=broken, diff=""),
                           msg_id=subjects.msg_id("broken", "verify-job"))
 
-        msgs = await fetch(results, 2)
+        msgs = await fetch(results, 3)
         by_id = {m.subject: msgspec.json.decode(m.data, type=VerificationResult) for m in msgs}
-        assert set(by_id) == {subjects.verify_done("good"), subjects.verify_done("bad")}
+        assert set(by_id) == {subjects.verify_done(r) for r in ("good", "bad", "broken")}
         good, bad = by_id[subjects.verify_done("good")], by_id[subjects.verify_done("bad")]
         assert (good.rollout_id, good.reward, good.passed) == ("good", 1.0, True)
         assert (bad.rollout_id, bad.reward, bad.passed) == ("bad", 0.0, False)
-        assert {m.headers["Nats-Msg-Id"] for m in msgs} == {"good:verify-done:0", "bad:verify-done:0"}
+        # Arena could not verify the broken task: a result with no reward (never a 0), saying why
+        broken_result = by_id[subjects.verify_done("broken")]
+        assert (broken_result.reward, broken_result.passed) == (None, False)
+        assert broken_result.flags == ["infrastructure_error"] and "task repository" in broken_result.error
+        assert {m.headers["Nats-Msg-Id"] for m in msgs} == {f"{r}:verify-done:0" for r in ("good", "bad", "broken")}
 
         letters = [msgspec.json.decode(m.data, type=DeadLetter) for m in await fetch(dead, 1)]
         assert [(d.subject, d.num_delivered) for d in letters] == [(subjects.VERIFY_RUN, 1)]
@@ -78,7 +82,7 @@ async def test_worker_verifies_publishes_once_and_dead_letters_invalid_tasks(bus
                 break
             await asyncio.sleep(0.1)
         stream = await bus.js.stream_info("ARENA_RESULTS", subjects_filter="arena.verify.done.*")
-        assert stream.state.messages == 2
+        assert stream.state.messages == 3
     finally:
         stop.set()
         await running

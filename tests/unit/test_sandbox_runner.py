@@ -70,11 +70,13 @@ def test_anthropic_base_url():
     assert runner.anthropic_base_url("http://h:1/api") == "http://h:1/api"
 
 
-def test_task_json_round_trips():
+def test_task_json_holds_the_public_task_only():
     job = _job()
+    assert job.task.verifier is not None
     decoded = msgspec.json.decode(runner.task_json(job))
     assert decoded["rollout_id"] == "r1"
-    assert msgspec.convert(decoded["task"], Task) == job.task
+    assert "verifier" not in decoded["task"]
+    assert msgspec.convert(decoded["task"], Task) == job.task.public()
 
 
 def test_log_tail():

@@ -112,14 +112,16 @@ def samples_from_groups(groups: list[GroupCompleted], *, normalize_std: bool = T
     trained on and is skipped and counted, never re-tokenised."""
     info = BatchInfo(samples=[], groups=len(groups), trajectories=0, rewards=[])
     for group in groups:
-        rewards = [t.reward for t in group.trajectories]
+        # infrastructure outcomes (no reward) are no evidence about the policy: left out
+        members = [t for t in group.trajectories if t.reward is not None]
+        rewards = [t.reward for t in members]
         info.rewards.extend(rewards)
-        info.trajectories += len(group.trajectories)
-        advantages = group_advantages(rewards, normalize_std=normalize_std)
+        info.trajectories += len(members)
+        advantages = group_advantages(rewards, normalize_std=normalize_std) if rewards else []
         if not any(advantages):
             info.skipped_uniform_groups += 1
             continue
-        for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
+        for trajectory, advantage in zip(members, advantages, strict=True):
             for step in trajectory.steps:
                 if (step.token_ids_source != "backend" or step.prompt_token_ids is None
                         or not step.completion_token_ids or step.logprobs is None

@@ -18,7 +18,8 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from arena.errors import ArenaError, InvalidRequest, PayloadTooLarge
+from arena import sources
+from arena.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
 from arena.fastroutes import BodyTooLarge, ClientGone, Exchange
 from arena.schemas import ErrorBody, ErrorResponse, RolloutState, SubmitGroupRequest, SubmitRolloutRequest, encode
 
@@ -102,6 +103,28 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def submit_group(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitGroupRequest)
         return json_response(await service.submit_group(req), 201)
+
+    @app.post("/v1/bundles")
+    async def push_bundle(request: Request) -> Response:
+        """A task bundle (a tar, gzipped or not) into the object store under its sha256;
+        the answer's ``digest`` is what a task's ``source``/``agent.bundle`` names."""
+        data = await read_body(request, service.settings.max_bundle_bytes)
+        if not data:
+            raise InvalidRequest("request body is empty; send the bundle's bytes (a tar or tar.gz)")
+        try:
+            await asyncio.to_thread(sources.check_bundle, data)
+        except sources.SourceError as exc:
+            raise InvalidRequest(str(exc)) from None
+        digest = await sources.push_bundle(service.bus, data)
+        return json_response({"digest": digest, "size": len(data)}, 201)
+
+    @app.get("/v1/bundles/{digest}")
+    async def bundle_info(digest: str) -> Response:
+        if not sources.DIGEST.fullmatch(digest):
+            raise InvalidRequest("a bundle digest is sha256: followed by 64 lower-case hex digits")
+        if not await sources.bundle_exists(service.bus, digest):
+            raise NotFound(f"bundle {digest} is not stored")
+        return json_response({"digest": digest})
 
     @app.get("/v1/rollouts")
     async def list_rollouts(state: str | None = None, group_id: str | None = None, limit_: int = 1000) -> Response:

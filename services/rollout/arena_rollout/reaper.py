@@ -82,7 +82,7 @@ def verifying_since(record: RolloutRecord) -> float:
 def verify_deadline_s(record: RolloutRecord, deadline_s: float) -> float:
     """How long ``record`` may stay in ``verifying``: ``deadline_s``, or its verifier's own
     timeouts plus ``VERIFY_SETUP_S`` when that is longer."""
-    own = verifier_budget_s(record.task.verifier)
+    own = record.verify_budget_s or verifier_budget_s(record.task.verifier)
     return max(deadline_s, own + VERIFY_SETUP_S if own else 0.0)
 
 

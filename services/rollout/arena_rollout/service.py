@@ -18,11 +18,15 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 
-from arena import subjects, telemetry
+import hashlib
+
+from arena import sources, subjects, telemetry
 from arena.bus import Bus, Delivery
 from arena.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena.schemas import (
+    BundleSource,
     DeadLetter,
+    PathSource,
     GroupSubmitted,
     RolloutRecord,
     RolloutState,
@@ -43,6 +47,7 @@ from arena.settings import Settings
 
 from arena_rollout import state
 from arena_rollout.proxy.backends import default_replica
+from arena_rollout.reaper import verifier_budget_s
 from arena_rollout.proxy.handler import ProxyHandler
 from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.http1 import Http1Client
@@ -86,12 +91,28 @@ def view(record: RolloutRecord) -> RolloutView:
         reward=record.reward,
         history=record.history,
         metadata=record.metadata,
+        infrastructure=record.infrastructure,
     )
 
 
-def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool) -> None:
+def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool,
+                        allow_host_paths: bool = True) -> None:
     task = req.task
     problems = []
+    if task.verifier is None:
+        problems.append("task.verifier is required (the task's private part)")
+    if task.source is not None and task.repo:
+        problems.append("task.source and task.repo are two spellings of one thing: set only task.source")
+    source = task.source_of()
+    if source is None:
+        problems.append("task.source is required (a bundle, a git URL + commit, or an image)")
+    host_path = isinstance(source, PathSource) or task.agent.path is not None
+    if host_path and not allow_host_paths:
+        problems.append("host paths (task.repo, source.type=path, agent.path) are not accepted by this server "
+                        "(ARENA_ALLOW_HOST_PATHS is off): upload the directory as a bundle "
+                        "(`arena tasks push DIR`, POST /v1/bundles) and name it as source {type: bundle, digest}")
+    if not allow_host_paths and getattr(source, "url", "").lower().startswith("file:"):
+        problems.append("a file:// git URL is a host path (ARENA_ALLOW_HOST_PATHS is off)")
     if not task.id.strip():
         problems.append("task.id must not be empty")
     if not task.agent.command:
@@ -104,15 +125,37 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
             problems.append(f"task.budget.{name} must be >= 1")
     if isinstance(task.verifier, TestsVerifier) and not task.verifier.fail_to_pass and not task.verifier.pass_to_pass:
         problems.append("task.verifier needs at least one test in fail_to_pass or pass_to_pass")
-    if check_paths:
-        if not os.path.isdir(task.repo):
-            problems.append(f"task.repo {task.repo!r} is not a directory on the sandbox host")
+    if check_paths and allow_host_paths:
+        if isinstance(source, PathSource) and not os.path.isdir(source.path):
+            problems.append(f"task repository {source.path!r} is not a directory on the sandbox host")
         if task.agent.path is not None and not os.path.isdir(task.agent.path):
             problems.append(f"task.agent.path {task.agent.path!r} is not a directory on the sandbox host")
     if isinstance(req, SubmitGroupRequest) and not 1 <= req.n <= MAX_GROUP:
         problems.append(f"n must be between 1 and {MAX_GROUP}, got {req.n}")
     if problems:
         raise InvalidRequest("; ".join(problems))
+
+
+def _bundles_of(task) -> list[str]:
+    """Every bundle a task names (its source, its agent, its hidden test files)."""
+    found = []
+    if isinstance(task.source, BundleSource):
+        found.append(task.source.digest)
+    if task.agent.bundle:
+        found.append(task.agent.bundle)
+    for spec in _leaf_verifiers(task.verifier):
+        if isinstance(spec, TestsVerifier) and spec.hidden_files:
+            found.append(spec.hidden_files)
+    return found
+
+
+def _leaf_verifiers(verifier) -> list:
+    if verifier is None:
+        return []
+    parts = getattr(verifier, "verifiers", None)
+    if parts is not None:
+        return [part.verifier for part in parts]
+    return [verifier]
 
 
 class RolloutService:
@@ -130,17 +173,18 @@ class RolloutService:
     # ------------------------------------------------------------------ submission
 
     async def submit(self, req: SubmitRolloutRequest) -> RolloutRecord:
-        validate_submission(req, check_paths=self.settings.sandbox_provider == "local")
-        return await self._create(req, group_id=None, index=0, size=1, sampling=req.sampling)
+        req, private = await self._accept(req)
+        return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling)
 
     async def submit_group(self, req: SubmitGroupRequest) -> GroupSubmitted:
-        validate_submission(req, check_paths=self.settings.sandbox_provider == "local")
+        req, private = await self._accept(req)
         group_id = "g-" + uuid.uuid4().hex[:16]
         single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
                                       provider=req.provider, metadata=req.metadata)
         records = await asyncio.gather(*(
             self._create(
                 single,
+                private,
                 group_id=group_id,
                 index=i,
                 size=req.n,
@@ -154,18 +198,40 @@ class RolloutService:
         ))
         return GroupSubmitted(group_id=group_id, rollout_ids=[r.rollout_id for r in records])
 
-    async def _create(self, req: SubmitRolloutRequest, *, group_id: str | None, index: int, size: int,
-                      sampling) -> RolloutRecord:
+    async def _accept(self, req):
+        """Validate a submission, check its bundles exist, and store its private part apart:
+        the request with the public task, and the private part's (key, time budget)."""
+        validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
+                            allow_host_paths=self.settings.allow_host_paths)
+        task = req.task
+        for digest in _bundles_of(task):
+            if not await sources.bundle_exists(self.bus, digest):
+                raise InvalidRequest(f"bundle {digest} is not in Arena's object store: upload it first "
+                                     "(POST /v1/bundles, `arena tasks push`)")
+        ref = await self.store_verifier(task.verifier)
+        return msgspec.structs.replace(req, task=task.public()), (ref, verifier_budget_s(task.verifier))
+
+    async def store_verifier(self, verifier) -> str:
+        """Put a task's private part in ``arena_verifiers`` under its digest; returns the key."""
+        data = msgspec.json.encode(verifier)
+        key = hashlib.sha256(data).hexdigest()
+        kv = await self.bus.kv(subjects.KV_VERIFIERS)
+        await kv.put(key, data)
+        return key
+
+    async def _create(self, req: SubmitRolloutRequest, private: tuple[str, float], *, group_id: str | None,
+                      index: int, size: int, sampling) -> RolloutRecord:
         rid = "r-" + uuid.uuid4().hex[:20]
         # one rollout is one trace: every message published below carries its traceparent
         with telemetry.tracer().start_as_current_span("rollout", attributes={"arena.rollout_id": rid,
                                                                              "arena.task_id": req.task.id}):
-            return await self._create_traced(req, rid=rid, group_id=group_id, index=index, size=size,
+            return await self._create_traced(req, private, rid=rid, group_id=group_id, index=index, size=size,
                                              sampling=sampling)
 
-    async def _create_traced(self, req: SubmitRolloutRequest, *, rid: str, group_id: str | None, index: int,
+    async def _create_traced(self, req: SubmitRolloutRequest, private: tuple[str, float], *, rid: str, group_id: str | None, index: int,
                              size: int, sampling) -> RolloutRecord:
         now = time.time()
+        ref, verify_budget = private
         record = RolloutRecord(
             rollout_id=rid,
             task=req.task,
@@ -182,6 +248,8 @@ class RolloutService:
             reason="submitted",
             history=[StateTransition(from_state=None, to_state=S.PENDING, at=now, reason="submitted")],
             metadata=req.metadata,
+            verifier_ref=ref,
+            verify_budget_s=verify_budget,
         )
         await self.store.create(record)
         await self.bus.publish(
@@ -197,6 +265,7 @@ class RolloutService:
             task=req.task,
             proxy_url=f"{self.settings.public_url.rstrip('/')}/proxy/{rid}/v1",
             api_key=record.api_key,
+            verifier_ref=record.verifier_ref,
         )
         await self.bus.publish(subjects.sandbox_run(req.provider), job, msg_id=subjects.msg_id(rid, "sandbox-job"))
         log.info("rollout submitted", extra={"rollout_id": rid, "group_id": group_id})
@@ -205,7 +274,7 @@ class RolloutService:
     # ------------------------------------------------------------------ transitions
 
     async def transition(self, rollout_id: str, target: RolloutState, *, reason: str,
-                         reward: float | None = None,
+                         reward: float | None = None, infrastructure: bool = False,
                          only_from: frozenset[RolloutState] | None = None) -> RolloutRecord | None:
         """Move a rollout to ``target`` (compare-and-set) and publish the event.
 
@@ -222,7 +291,8 @@ class RolloutService:
                 return record
             if only_from is not None and record.state not in only_from:
                 return record
-            return state.transition(record, target, reason=reason, at=now, reward=reward)
+            return state.transition(record, target, reason=reason, at=now, reward=reward,
+                                    infrastructure=infrastructure)
 
         try:
             before, after = await self.store.update(rollout_id, change)
@@ -250,6 +320,7 @@ class RolloutService:
             reward=record.reward,
             metadata=record.metadata,
             history=record.history if record.state.is_final else [],
+            infrastructure=record.infrastructure,
         )
         await self.bus.publish(
             subjects.rollout_state(record.rollout_id),
@@ -284,7 +355,10 @@ class RolloutService:
                 await self.transition(event.rollout_id, S.RUNNING, reason=f"sandbox {event.sandbox_id} started")
             await self.transition(event.rollout_id, S.VERIFYING, reason=f"agent finished: {event.reason}")
         else:
-            await self.transition(event.rollout_id, _SANDBOX_TO_STATE[event.outcome], reason=event.reason)
+            infrastructure = event.outcome is SandboxOutcome.ERROR
+            reason = f"infrastructure: {event.reason}" if infrastructure else event.reason
+            await self.transition(event.rollout_id, _SANDBOX_TO_STATE[event.outcome], reason=reason,
+                                  infrastructure=infrastructure)
 
     async def on_verify_done(self, event: VerificationResult, delivery: Delivery) -> None:
         record, _ = await self.store.get(event.rollout_id)
@@ -292,6 +366,10 @@ class RolloutService:
             return
         if record.state != S.VERIFYING:
             raise Retryable(f"verification arrived while {record.state.value}; waiting for sandbox result", 0.5)
+        if event.reward is None:  # Arena could not verify: an infrastructure outcome, no reward
+            await self.transition(event.rollout_id, S.FAILED, infrastructure=True,
+                                  reason=f"infrastructure: could not verify: {event.error or event.reason}")
+            return
         reason = f"reward {event.reward:g}" + (f" ({', '.join(event.flags)})" if event.flags else "")
         await self.transition(event.rollout_id, S.COMPLETED, reason=reason, reward=event.reward)
 
@@ -304,8 +382,9 @@ class RolloutService:
             log.error("dead letter on %s has no decodable rollout id: %s", letter.subject, letter.error)
             return
         plane = "sandbox" if letter.stream == "ARENA_SANDBOX_JOBS" else "verification"
-        await self.transition(rid, S.FAILED, reason=f"{plane} gave up after {letter.num_delivered} "
-                                                    f"deliveries: {letter.error}")
+        await self.transition(rid, S.FAILED, infrastructure=True,
+                              reason=f"infrastructure: {plane} gave up after {letter.num_delivered} "
+                                     f"deliveries: {letter.error}")
 
     # ------------------------------------------------------------------ waiting and events
 

@@ -34,7 +34,8 @@ def can_transition(current: RolloutState, target: RolloutState) -> bool:
 
 
 def transition(
-    record: RolloutRecord, target: RolloutState, *, reason: str, at: float, reward: float | None = None
+    record: RolloutRecord, target: RolloutState, *, reason: str, at: float, reward: float | None = None,
+    infrastructure: bool = False,
 ) -> RolloutRecord:
     """Return ``record`` moved to ``target``; raise ``Conflict`` if not allowed."""
     if not can_transition(record.state, target):
@@ -43,4 +44,6 @@ def transition(
     changes: dict = {"state": target, "reason": reason, "updated_at": at, "history": [*record.history, entry]}
     if reward is not None:
         changes["reward"] = reward
+    if infrastructure:
+        changes["infrastructure"] = True
     return msgspec.structs.replace(record, **changes)

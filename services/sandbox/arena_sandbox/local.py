@@ -39,6 +39,8 @@ from pathlib import Path
 
 import msgspec
 
+from arena import sources
+
 log = logging.getLogger("arena.sandbox.local")
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -491,40 +493,10 @@ async def run(spec: SandboxSpec, *, cancel: asyncio.Event | None = None) -> RunR
 # --------------------------------------------------------------------------- git
 
 
-class GitError(RuntimeError):
-    """A git step on a workspace failed; the message carries git's output."""
-
-
-def _host_git(args: list[str], cwd: Path) -> str:
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(cwd),
-        "LANG": "C.UTF-8",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        **GIT_IDENTITY,
-    }
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise GitError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode()
-
-
-def prepare_workspace(repo: Path, dest: Path) -> str:
-    """Copy the task repository ``repo`` to ``dest`` and commit it as the base.
-
-    Runs git on the host, which is safe: ``dest`` is a fresh copy no agent has
-    touched (any ``.git`` in ``repo`` is left out). Returns the base commit sha
-    (deterministic: fixed author, committer and dates).
-    """
-    repo = Path(repo)
-    if not repo.is_dir():
-        raise FileNotFoundError(f"task repository {repo} is not a directory")
-    shutil.copytree(repo, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    _host_git(["-c", "init.defaultBranch=main", "init", "-q"], dest)
-    _host_git(["add", "-A"], dest)
-    _host_git(["-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "--allow-empty", "-m", "base"], dest)
-    return _host_git(["rev-parse", "HEAD"], dest).strip()
+# The base commit and its git steps are the core's (arena.sources): the verification plane
+# commits the same trees the same way.
+GitError = sources.GitError
+prepare_workspace = sources.prepare_workspace
 
 
 _DIFF_SCRIPT = (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -23,7 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from arena.schemas import SandboxDone, SandboxJob, SandboxOutcome, Task
+from arena.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
+from arena.sources import SourceCache, SourceError
 from arena_sandbox import local
 from arena_sandbox.local import ProxyForward, RunResult
 from arena_sandbox.pool import WarmPool
@@ -112,7 +114,8 @@ def agent_env(job: SandboxJob) -> dict[str, str]:
 
 
 def task_json(job: SandboxJob) -> bytes:
-    return msgspec.json.encode(TaskFile(rollout_id=job.rollout_id, task=job.task))
+    """The public part of the task only: the verifier never enters the agent's sandbox."""
+    return msgspec.json.encode(TaskFile(rollout_id=job.rollout_id, task=job.task.public()))
 
 
 def log_tail(data: bytes, *, lines: int = 40, max_chars: int = 4000) -> str:
@@ -228,6 +231,7 @@ async def run_job(
     config: RunnerConfig = RunnerConfig(),
     sandbox_id: str | None = None,
     cancel: asyncio.Event | None = None,
+    sources: SourceCache | None = None,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
@@ -247,16 +251,20 @@ async def run_job(
         )
 
     sandbox: Sandbox | None = None
+    cache = sources if sources is not None else SourceCache(Path(data_dir) / "sources", allow_paths=True)
     try:
         try:
-            plan, base = await asyncio.to_thread(_prepare, job, staging)  # copy + git: off the loop
-            spec = CreateSpec(image=job.task.image or "", limits=config.sandbox_limits)
+            tree = await cache.tree(job.task.source_of())
+            agent_tree = await agent_files(job.task.agent, cache)
+            plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree)  # copy + git: off the loop
+            spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits)
             sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
             await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
             if plan.agent_dir is not None:
                 await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
             await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job)})
-        except (OSError, ValueError, local.GitError, SandboxError) as exc:
+            git_config = await sandbox.read_file(f"{local.WORKSPACE}/.git/config", max_bytes=GIT_CONFIG_MAX)
+        except (OSError, ValueError, local.GitError, SandboxError, SourceError) as exc:
             log.warning("cannot prepare the sandbox: %s", exc, extra=extra)
             return JobRun(done=finish(SandboxOutcome.ERROR, f"cannot prepare the sandbox: {exc}"), log=b"")
         finally:
@@ -282,6 +290,11 @@ async def run_job(
             note = "result.json ignored: not a regular file (links are not followed)"
         if note:
             reason = f"{reason}; {note}"
+        flags: list[str] = []
+        changed = await git_tampering(sandbox, git_config)
+        if changed:
+            flags.append(FLAG_GIT_TAMPERED)
+            reason = f"{reason}; the agent changed the repository's git metadata ({', '.join(changed)})"
         diff = ""
         if outcome is not SandboxOutcome.CANCELLED:
             # Failed and timed-out rollouts keep their diff too (analytics); only a
@@ -295,11 +308,43 @@ async def run_job(
                     reason = f"{reason}; no diff: {exc}"
         log.info("sandbox finished: %s", outcome.value, extra=extra)
         done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
-                      oom_killed=run.oom_killed)
+                      oom_killed=run.oom_killed, flags=flags)
         return JobRun(done=done, log=full_log, run=run)
     finally:
         if sandbox is not None:
             await asyncio.shield(sandbox.destroy())
+
+
+FLAG_GIT_TAMPERED = "git_tampered"
+GIT_CONFIG_MAX = 64 * 1024
+#: Git metadata that changes what the repository's history says (the base commit, its
+#: objects) or that runs code: an agent has no reason to create any of it.
+GIT_SUSPECT_PATHS = (
+    "refs/replace", "info/grafts", "objects/info/alternates", "objects/info/http-alternates", "shallow",
+    *(f"hooks/{name}" for name in (
+        "applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
+        "prepare-commit-msg", "commit-msg", "post-commit", "pre-rebase", "post-checkout", "post-merge",
+        "pre-push", "pre-receive", "update", "proc-receive", "post-receive", "post-update",
+        "reference-transaction", "push-to-checkout", "pre-auto-gc", "post-rewrite", "sendemail-validate",
+        "fsmonitor-watchman", "p4-changelist", "p4-prepare-changelist", "p4-post-changelist", "p4-pre-submit",
+        "post-index-change")),
+)
+
+
+async def git_tampering(sandbox: Sandbox, config_before: bytes | None) -> list[str]:
+    """What the agent changed in ``/sandbox/workspace/.git`` that it had no reason to (empty: nothing)."""
+    git = f"{local.WORKSPACE}/.git"
+    found = [name for name in GIT_SUSPECT_PATHS if await sandbox.exists(f"{git}/{name}")]
+    config_after = await sandbox.read_file(f"{git}/config", max_bytes=GIT_CONFIG_MAX)
+    if config_before is not None and config_after != config_before and _CONFIG_SUSPECT.search(config_after or b""):
+        found.append("config")
+    return found
+
+
+#: Config that runs programs or changes what git reads (a user name or email is harmless).
+_CONFIG_SUSPECT = re.compile(
+    rb"(?im)^\s*(\[\s*(filter|diff|merge|include|includeif)\b|(fsmonitor|hookspath|attributesfile|worktree|"
+    rb"sshcommand|gitproxy|pager|editor|askpass|excludesfile|textconv|command|clean|smudge|process)\s*=)")
 
 
 class _Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -310,10 +355,21 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     agent_dir: Path | None
 
 
-def _prepare(job: SandboxJob, staging: Path) -> tuple[_Plan, str]:
+async def agent_files(agent: AgentSpec, cache: SourceCache) -> Path | None:
+    """The agent's own files (mounted at ``/sandbox/agent``): its bundle, or a host path
+    where those are allowed; ``None`` when it has none."""
+    if agent.bundle:
+        return await cache.bundle_tree(agent.bundle)
+    if agent.path:
+        if not cache.allow_paths:
+            raise SourceError("agent.path: host paths are not accepted here (ARENA_ALLOW_HOST_PATHS is off)")
+        return Path(agent.path)
+    return None
+
+
+def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None) -> tuple[_Plan, str]:
     task = job.task
     forward = proxy_forward(job.proxy_url)
-    agent_dir = Path(task.agent.path) if task.agent.path else None
     if agent_dir is not None and not agent_dir.is_dir():
         raise ValueError(f"agent path {agent_dir} is not a directory")
     if not task.agent.command:
@@ -324,7 +380,7 @@ def _prepare(job: SandboxJob, staging: Path) -> tuple[_Plan, str]:
     env = agent_env(job)
     local.validate_env(env)
     staging.mkdir(parents=True)
-    base = local.prepare_workspace(Path(task.repo), staging / "workspace")
+    base = local.prepare_workspace(tree, staging / "workspace")
     if not (staging / "workspace" / workdir).is_dir():
         raise ValueError(f"workdir {task.workdir!r} is not a directory of the repository")
     plan = _Plan(

@@ -36,6 +36,7 @@ from arena.schemas import (
     VerifyJob,
 )
 from arena.settings import Settings
+from arena.sources import SourceCache
 from arena_sandbox import runner
 from arena_sandbox.pool import WarmPool
 from arena_sandbox.provider import SandboxProvider
@@ -79,6 +80,9 @@ class SandboxWorker:
         self.stop = stop or asyncio.Event()
         self.reap_pending = reap_pending
         self._reaping = asyncio.Lock()
+        self.sources = SourceCache(self.data_dir / "sources", bus=bus, allow_paths=settings.allow_host_paths,
+                                   docker_url=settings.docker_url)
+        self.sources.reap()
 
     def consumer(self) -> Consumer[SandboxJob]:
         return Consumer(
@@ -145,7 +149,7 @@ class SandboxWorker:
             return
         result = await runner.run_job(
             job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
-            sandbox_id=sandbox_id, cancel=cancel,
+            sandbox_id=sandbox_id, cancel=cancel, sources=self.sources,
         )
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
@@ -180,7 +184,8 @@ class SandboxWorker:
         if done.outcome is SandboxOutcome.COMPLETED:
             await self.bus.publish(
                 subjects.VERIFY_RUN,
-                VerifyJob(rollout_id=rid, task=job.task, diff=done.diff, result=done.result),
+                VerifyJob(rollout_id=rid, task=job.task, diff=done.diff, result=done.result,
+                          verifier_ref=job.verifier_ref, flags=list(done.flags)),
                 msg_id=subjects.msg_id(rid, "verify-job", job.attempt),
             )
         return done.outcome

@@ -26,6 +26,8 @@ class RewardRow(msgspec.Struct, frozen=True, kw_only=True):
     max_reward: float
     pass_rate: float  # share of trajectories whose verification passed (completed only)
     completed_rate: float  # share that ended ``completed``
+    #: Trajectories Arena could not run or verify: no reward, left out of the reward figures.
+    infrastructure_errors: int = 0
 
 
 class PassRateRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,8 +103,12 @@ async def rewards(store: TrajectoryStore, f: TrajectoryFilter, *, by: Literal["t
     """Reward by task, or by policy version (a trajectory counts under every version it used)."""
     where, params = f.where()
     key = "task_id" if by == "task" else "arrayJoin(if(empty(policy_versions), [''], policy_versions))"
-    sql = (f"SELECT {key} AS key, count() AS trajectories, avg(reward) AS mean_reward, min(reward) AS min_reward, "
-           "max(reward) AS max_reward, avg(passed) AS pass_rate, avg(final_state = 'completed') AS completed_rate "
+    sql = (f"SELECT {key} AS key, count() AS trajectories, "
+           "ifNotFinite(avgIf(reward, NOT infrastructure), 0) AS mean_reward, "
+           "if(countIf(NOT infrastructure) = 0, 0, minIf(reward, NOT infrastructure)) AS min_reward, "
+           "if(countIf(NOT infrastructure) = 0, 0, maxIf(reward, NOT infrastructure)) AS max_reward, "
+           "avg(passed) AS pass_rate, avg(final_state = 'completed') AS completed_rate, "
+           "countIf(infrastructure) AS infrastructure_errors "
            f"FROM {T}{where} GROUP BY key ORDER BY key")
     dec = msgspec.json.Decoder(RewardRow, strict=False)
     return [dec.decode(line) for line in await store.select(sql, params)]

@@ -37,8 +37,12 @@ def policy_versions(steps: Sequence[Step]) -> list[str]:
     return list(seen)
 
 
-def trajectory_reward(final_state: RolloutState, verification: VerificationResult | None) -> float:
-    """The verifier's reward for a completed rollout; 0.0 for any other ending."""
+def trajectory_reward(final_state: RolloutState, verification: VerificationResult | None,
+                      infrastructure: bool = False) -> float | None:
+    """The verifier's reward for a completed rollout; ``None`` when Arena could not run or
+    verify it (an infrastructure outcome, never a 0); 0.0 for any other ending."""
+    if infrastructure:
+        return None
     if final_state is RolloutState.COMPLETED and verification is not None:
         return verification.reward
     return 0.0
@@ -80,7 +84,8 @@ def sandbox_expected(event: RolloutStateChanged) -> bool:
         return True
     if event.from_state in (RolloutState.RUNNING, RolloutState.VERIFYING):
         return True
-    return event.to_state is RolloutState.FAILED and not event.reason.startswith("sandbox gave up")
+    gave_up = event.reason.startswith(("sandbox gave up", "infrastructure: sandbox gave up"))
+    return event.to_state is RolloutState.FAILED and not gave_up
 
 
 def assemble(
@@ -113,7 +118,8 @@ def assemble(
         group_size=event.group_size,
         final_state=event.to_state,
         reason=event.reason,
-        reward=trajectory_reward(event.to_state, verification),
+        reward=trajectory_reward(event.to_state, verification, event.infrastructure),
+        infrastructure=event.infrastructure,
         steps=ordered,
         sandbox=sandbox,
         verification=verification,
@@ -164,13 +170,17 @@ def complete_group(trajectories: Iterable[Trajectory], *, allow_partial: bool = 
     if missing and not allow_partial:
         return None
     rewards = [t.reward for t in members]
+    scored = [r for r in rewards if r is not None]
+    scored_advantages = iter(group_advantages(scored))
+    advantages = [0.0 if r is None else next(scored_advantages) for r in rewards]
     return GroupCompleted(
         group_id=first.group_id,
         task_id=first.task_id,
         size=size,
         trajectories=members,
         rewards=rewards,
-        advantages=group_advantages(rewards),
+        advantages=advantages,
+        excluded_indexes=[t.group_index for t in members if t.reward is None],
         completed_at=max(t.completed_at for t in members),
         partial=bool(missing),
         missing_indexes=missing,

@@ -127,6 +127,7 @@ MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS stored_at DateTime64(3, 'UTC') "
     "DEFAULT completed_at AFTER completed_at",
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS step_indexes Array(UInt32) AFTER num_steps",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS infrastructure Bool DEFAULT false AFTER reward",
 )
 
 #: Storage tuning, applied after the migrations; a server too old to know a setting keeps
@@ -248,7 +249,7 @@ def verification_row(result: VerificationResult) -> dict:
     return {
         "rollout_id": result.rollout_id,
         "verifier": result.verifier,
-        "reward": result.reward,
+        "reward": 0.0 if result.reward is None else result.reward,  # None: flags name infrastructure_error
         "passed": result.passed,
         "flags": list(result.flags),
         "finished_at": result.finished_at,
@@ -276,7 +277,8 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "group_index": t.group_index,
         "group_size": t.group_size,
         "final_state": t.final_state.value,
-        "reward": t.reward,
+        "reward": 0.0 if t.reward is None else t.reward,  # None: an infrastructure outcome (column below)
+        "infrastructure": t.infrastructure or t.reward is None,
         "policy_versions": list(t.policy_versions),
         "passed": bool(t.verification and t.verification.passed and t.final_state.value == "completed"),
         "num_steps": len(t.steps),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -11,23 +12,32 @@ from arena import logs, telemetry
 from arena.bus import Bus
 from arena.runtime import serve, stop_on_signals
 from arena.settings import Settings, SettingsError
-from arena_sandbox import local
+from arena.sources import SourceCache
+from arena_verification.sandboxes import ProviderSandboxes
 from arena_verification.worker import VerificationWorker
 
 
 async def main(settings: Settings) -> int:
     log = logs.setup("verification", settings.log_level)
     telemetry.setup("verification")
-    problem = await asyncio.to_thread(local.available)
+    sandboxes = ProviderSandboxes.from_settings(settings)
+    problem = await sandboxes.local.health()
     if problem is not None:
         log.error("cannot run sandboxes: %s", problem)
         raise SystemExit(f"arena-verification: cannot run sandboxes: {problem}")
+    scratch = Path(settings.data_dir) / "verify"
+    reaped = await sandboxes.reap() + await asyncio.to_thread(_reap_scratch, scratch)
+    if reaped:
+        log.warning("reaped %d sandbox(es) and scratch directories an earlier process left", reaped)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "verification")
     try:
         await bus.ensure_topology()
-        worker = VerificationWorker(bus, scratch_dir=Path(settings.data_dir) / "verify",
-                                    job_timeout_s=_job_timeout_from_env())
+        sources = SourceCache(Path(settings.data_dir) / "verify-sources", bus=bus,
+                              allow_paths=settings.allow_host_paths, docker_url=settings.docker_url)
+        sources.reap()
+        worker = VerificationWorker(bus, scratch_dir=scratch, job_timeout_s=_job_timeout_from_env(),
+                                    sandboxes=sandboxes, sources=sources)
         log.info("verification workers running (concurrency %d)", settings.verify_concurrency)
         try:
             code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
@@ -37,6 +47,18 @@ async def main(settings: Settings) -> int:
         await bus.close()
     log.info("verification service stopped")
     return code
+
+
+def _reap_scratch(scratch: Path) -> int:
+    """Scratch directories of verifications a crash (``kill -9``) cut short: this worker
+    installation's own (its data directory), so all of them are leftovers at start."""
+    if not scratch.is_dir():
+        return 0
+    count = 0
+    for path in scratch.iterdir():
+        shutil.rmtree(path, ignore_errors=True)
+        count += 1
+    return count
 
 
 def _job_timeout_from_env() -> float | None:

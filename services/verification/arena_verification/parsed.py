@@ -29,7 +29,10 @@ SEVERITY = {
     TestStatus.ERROR: 5,
 }
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: Terminal escapes: CSI (colours, ``\x1b[31m``), charset selection (``\x1b(B``, which
+#: terminfo's ``sgr0`` emits after colour: libtest with ``--color always``) and OSC
+#: (hyperlinks, titles).
+ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[()*+][0-9A-Za-z]|\][^\x07\x1b]*(?:\x07|\x1b\\))")
 
 
 class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):

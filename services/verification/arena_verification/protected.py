@@ -52,8 +52,9 @@ _REWARD_NAMES = ("reward", "reward.*", "rewards.*", "result.json", "score.json",
 
 FAMILY = {
     "pytest": "python", "pytest_junit": "python", "unittest": "python",
-    "go_test": "go", "go_test_json": "go", "cargo": "cargo",
+    "go_test": "go", "go_test_json": "go", "cargo": "cargo", "cargo_json": "cargo",
     "node_spec": "node", "node_tap": "node", "jest": "node", "vitest": "node", "mocha": "node",
+    "jest_json": "node", "vitest_json": "node", "mocha_json": "node", "tap": "node", "node_junit": "node",
     "junit": "java",
 }
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 
 from arena.schemas import TestResult, TestStatus
-from arena_verification.parsed import ParsedOutput
+from arena_verification.parsed import ParsedOutput, strip_ansi
 
 STATUS_WORDS: dict[str, TestStatus] = {
     "PASSED": TestStatus.PASSED,
@@ -47,30 +47,51 @@ _SEVERITY = {
     TestStatus.ERROR: 5,
 }
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SEP_HEADER = re.compile(r"^=+ (?P<title>.+?) =+$")
+#: ``N word`` or, for subtests (pytest >= 9, pytest-subtests), ``N subtests passed``.
+_COUNT = r"\d+ [a-z]+(?: [a-z]+)?"
 _FINAL = re.compile(
-    r"^(?:=+ )?(?P<body>(?:no tests ran|\d+ [a-z]+(?:, \d+ [a-z]+)*) in \d+(?:\.\d+)?s(?: \([^)]*\))?)(?: =+)?$"
+    rf"^(?:=+ )?(?P<body>(?:no tests ran|{_COUNT}(?:, {_COUNT})*) in \d+(?:\.\d+)?s(?: \([^)]*\))?)(?: =+)?$"
 )
-_FINAL_COUNT = re.compile(r"(\d+) ([a-z]+)")
+_FINAL_COUNT = re.compile(r"(\d+) ([a-z]+(?: [a-z]+)?)")
 _SINGULAR = {"errors": "error", "warnings": "warning"}
 _OUTCOME_WORDS = frozenset({"passed", "failed", "error", "skipped", "xfailed", "xpassed"})
 _SUMMARY_LINE = re.compile(r"^(?P<word>PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<rest>\S.*)$")
+#: A failed subtest folds into its test: ``SUBFAILED[msg] (i=1) tests/x.py::test_a - ...``
+#: (pytest >= 9, pytest-subtests >= 0.14) or ``[msg] (i=1) SUBFAIL tests/x.py::test_a - ...``
+#: (pytest-subtests <= 0.13).
+_SUMMARY_SUB = re.compile(
+    r"^(?:[\[(].*? )?SUBFAIL(?:ED)?(?:[\[(].*?)? (?P<rest>[^\s:\[\]]+\.py::.*)$"
+)
 _SUMMARY_SKIP = re.compile(r"^SKIPPED \[(?P<n>\d+)\] \S")
 #: A node id starts with a path to a .py file, then ``::``-separated names.
 _ID_HEAD = re.compile(r"(?P<path>[^\s:\[\]]+\.py)(?P<names>(?:::[\w.]+)*)")
 _SUMMARY_TAIL = re.compile(r"^(?: .*)?$")
-_VERBOSE_TAIL = re.compile(
-    r"^ (?P<word>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*$"
-)
+_STATUS = r"(?P<word>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*"
+_VERBOSE_TAIL = re.compile(rf"^ {_STATUS}$")
+#: ``-v -s``: the test's own output follows its id, its status comes alone on a later line.
+_BARE_STATUS = re.compile(rf"^{_STATUS}$")
+#: A subtest's progress line (its failure folds into the test): `` SUBFAILED[msg] (i=1)  [ 50%]``
+#: or, before pytest 9, `` [msg] (i=1) SUBFAIL  [ 50%]``.
+_VERBOSE_SUB_TAIL = re.compile(r"^ (?:[\[(].*? )?SUB(?P<word>FAILED|FAIL|PASSED|PASS|SKIPPED|SKIP)\b.*$")
+#: pytest-xdist with ``-v``: ``[gw0] [ 50%] PASSED tests/x.py::test_a``.
+_XDIST_LINE = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (?P<word>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (?P<rest>\S.*)$")
+_XDIST_TAIL = re.compile(r"^\s*$")
+#: pytest's banner when a run was stopped early by Ctrl-C / SIGINT (``timeout -s INT``).
+_INTERRUPTED = re.compile(r"^!+ (?:KeyboardInterrupt|_pytest\.outcomes\.Exit\b.*) !+$")
 
 SUMMARY_TITLE = "short test summary info"
 SESSION_TITLE = "test session starts"
 
 
 def canonical_id(test_id: str) -> str:
-    """``path::name[param]`` with forward slashes and no leading ``./``."""
-    test_id = test_id.replace("\\", "/")
+    """``path::name[param]``: forward slashes in the path, no leading ``./``.
+
+    Only the path is touched: a parameter keeps its backslashes (pytest prints ``\\`` for
+    one backslash and ``\xe9`` for a non-ASCII character, as in FAIL_TO_PASS lists).
+    """
+    path, sep, rest = test_id.partition("::")
+    test_id = path.replace("\\", "/") + sep + rest
     while test_id.startswith("./"):
         test_id = test_id[2:]
     return test_id
@@ -117,6 +138,10 @@ def _merge(into: dict[str, TestStatus], test_id: str, status: TestStatus) -> Non
         into[test_id] = status
 
 
+def _summary_tail_ok(tail: str) -> bool:
+    return _SUMMARY_TAIL.match(tail) is not None
+
+
 def _parse_summary(lines: list[str]) -> tuple[dict[str, TestStatus], int]:
     found: dict[str, TestStatus] = {}
     skips = 0
@@ -125,30 +150,62 @@ def _parse_summary(lines: list[str]) -> tuple[dict[str, TestStatus], int]:
         if skip:
             skips += int(skip.group("n"))
             continue
-        m = _SUMMARY_LINE.match(line)
-        if m is None:
+        if (m := _SUMMARY_LINE.match(line)) is not None:
+            status = STATUS_WORDS[m.group("word")]
+        elif (m := _SUMMARY_SUB.match(line)) is not None:
+            status = TestStatus.FAILED  # a failed subtest fails its test
+        else:
             continue
-        split = split_node_id(m.group("rest"), lambda tail: _SUMMARY_TAIL.match(tail) is not None)
+        split = split_node_id(m.group("rest"), _summary_tail_ok)
         if split is None:
             continue
-        _merge(found, canonical_id(split[0]), STATUS_WORDS[m.group("word")])
+        _merge(found, canonical_id(split[0]), status)
     return found, skips
 
 
 def _parse_verbose(lines: list[str]) -> dict[str, TestStatus]:
+    """Progress lines with ``-v``: plain, ``-s`` (status on a later line) and xdist's."""
     found: dict[str, TestStatus] = {}
+    pending: str | None = None  # -s: a test whose id was printed, its status not yet
     for line in lines:
-        split = split_node_id(line, lambda tail: _VERBOSE_TAIL.match(tail) is not None)
+        if (m := _XDIST_LINE.match(line)) is not None:
+            split = split_node_id(m.group("rest"), lambda tail: _XDIST_TAIL.match(tail) is not None)
+            if split is not None:
+                _merge(found, canonical_id(split[0]), STATUS_WORDS[m.group("word")])
+            continue
+        if pending is not None and (m := _BARE_STATUS.match(line)) is not None:
+            _merge(found, pending, STATUS_WORDS[m.group("word")])
+            pending = None
+            continue
+        split = split_node_id(line, lambda tail: tail == "" or tail.startswith(" "))
         if split is None:
             continue
-        word = _VERBOSE_TAIL.match(split[1]).group("word")  # type: ignore[union-attr]
-        _merge(found, canonical_id(split[0]), STATUS_WORDS[word])
+        test_id, tail = canonical_id(split[0]), split[1]
+        if (m := _VERBOSE_TAIL.match(tail)) is not None:
+            _merge(found, test_id, STATUS_WORDS[m.group("word")])
+            if test_id == pending:
+                pending = None
+        elif (m := _VERBOSE_SUB_TAIL.match(tail)) is not None:
+            if m.group("word").startswith("FAIL"):
+                _merge(found, test_id, TestStatus.FAILED)
+        else:
+            pending = test_id  # "id " then the test's own output (-s) or a crash
     return found
+
+
+def _progress_end(lines: list[str], start: int, headers: list[int], finals: list[int]) -> int:
+    """Where the ``-v`` progress section ends: pytest's first section header or final line.
+
+    pytest puts an empty line before them; with ``-s`` a test may print header-like lines
+    into the progress section, without one before them as a rule.
+    """
+    marks = sorted(i for i in {*headers, *finals} if i > start)
+    return next((i for i in marks if lines[i - 1] == ""), marks[0] if marks else len(lines))
 
 
 def parse_pytest_output(text: str) -> ParsedOutput:
     """Parse one pytest run's combined stdout/stderr (``--color=yes`` codes are ignored)."""
-    lines = _ANSI.sub("", text).splitlines()
+    lines = strip_ansi(text).splitlines()
     headers = [(i, m.group("title")) for i, line in enumerate(lines) if (m := _SEP_HEADER.match(line))]
     finals = [i for i, line in enumerate(lines) if _FINAL.match(line)]
 
@@ -162,8 +219,7 @@ def parse_pytest_output(text: str) -> ParsedOutput:
     session_at = next((i for i, title in headers if title == SESSION_TITLE), None)
     verbose: dict[str, TestStatus] = {}
     if session_at is not None:
-        end = next((i for i, _ in headers if i > session_at), len(lines))
-        end = min(end, next((i for i in finals if i > session_at), len(lines)))
+        end = _progress_end(lines, session_at, [i for i, _ in headers], finals)
         verbose = _parse_verbose(lines[session_at + 1 : end])
 
     summary_lists_passes = any(s in (TestStatus.PASSED, TestStatus.XPASSED) for s in summary.values())
@@ -178,6 +234,10 @@ def parse_pytest_output(text: str) -> ParsedOutput:
     last_final = finals[-1] if finals else None
     anchor = summary_at if summary_at is not None else session_at
     complete = last_final is not None and (anchor is None or last_final > anchor)
+    notes: list[str] = []
+    if complete and any(_INTERRUPTED.match(line) for line in lines[anchor or 0 : last_final]):
+        complete = False  # Ctrl-C / SIGINT: pytest still prints its summary of the tests so far
+        notes.append("the run was interrupted (KeyboardInterrupt)")
     totals: dict[str, int] = {}
     if complete and last_final is not None:
         body = _FINAL.match(lines[last_final]).group("body")  # type: ignore[union-attr]
@@ -188,7 +248,8 @@ def parse_pytest_output(text: str) -> ParsedOutput:
     # A log naming more tests than pytest's own final counts had result lines printed into it.
     counted = sum(n for word, n in totals.items() if word in _OUTCOME_WORDS)
     suspect = complete and len(merged) > counted
-    notes = [f"the log names {len(merged)} tests but the runner counted {counted}"] if suspect else []
+    if suspect:
+        notes.append(f"the log names {len(merged)} tests but the runner counted {counted}")
     used_summary = bool(summary)
     used_verbose = any(test_id not in summary for test_id in merged)
     source = "+".join(name for name, used in (("summary", used_summary), ("verbose", used_verbose)) if used)

@@ -37,6 +37,8 @@ from arena.schemas import (
 from arena_verification import answers, judge, plugins
 from arena_verification.answers import InvalidRubric, Outcome
 from arena_verification.restore import InvalidTask
+from arena.sources import SourceCache
+from arena_verification.sandboxes import LocalSandboxes, Sandboxes
 from arena_verification.tests_verifier import job_budget_s, verify_tests
 
 log = logging.getLogger("arena.verification")
@@ -70,21 +72,42 @@ def time_budget_s(spec: object) -> float:
     return 120.0
 
 
-async def verify(job: VerifyJob, *, scratch_dir: Path | None = None,
-                 http: httpx.AsyncClient | None = None) -> VerificationResult:
-    """Verify ``job``; raises only when verification itself could not be done.
+async def verify(job: VerifyJob, *, scratch_dir: Path | None = None, http: httpx.AsyncClient | None = None,
+                 sandboxes: Sandboxes | None = None, sources: SourceCache | None = None) -> VerificationResult:
+    """Verify ``job`` (its task carrying its verifier); raises only when verification itself
+    could not be done.
 
     Temporary directories are made under ``scratch_dir`` (default: the system's) and always
-    removed. ``http`` is the client for judge calls (default: one per call).
+    removed. ``http`` is the client for judge calls (default: one per call). ``sandboxes``
+    gives the ``tests`` verifier its sandbox (default: local bubblewrap sandboxes under the
+    scratch directory); ``sources`` reads task sources (default: host paths allowed, no bundles).
     """
     spec = job.task.verifier
+    if spec is None:
+        raise InvalidTask("the verify job carries no verifier")
+    if sandboxes is not None and sources is not None:
+        return await _verify(job, spec, scratch_dir, http, sandboxes, sources)
+    if scratch_dir is not None:
+        scratch_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="arena-verify-own-", dir=scratch_dir) as tmp:
+        own = LocalSandboxes(Path(tmp) / "sandboxes") if sandboxes is None else None
+        try:
+            return await _verify(job, spec, scratch_dir, http, sandboxes or own,
+                                 sources or SourceCache(Path(tmp) / "sources", allow_paths=True))
+        finally:
+            if own is not None:
+                await own.close()
+
+
+async def _verify(job: VerifyJob, spec, scratch_dir: Path | None, http, sandboxes: Sandboxes,
+                  sources: SourceCache) -> VerificationResult:
     started = time.time()
     if scratch_dir is not None:
         scratch_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(spec, CompositeVerifier):
-        result = await _composite(job, spec, started, scratch_dir, http)
+        result = await _composite(job, spec, started, scratch_dir, http, sandboxes, sources)
     else:
-        result = await _leaf(job, spec, started, scratch_dir, http)
+        result = await _leaf(job, spec, started, scratch_dir, http, sandboxes, sources)
     if job.name:
         result = msgspec.structs.replace(result, verifier=job.name)
     log.info("verified: reward=%.2f verifier=%s flags=%s (%s)", result.reward, result.verifier,
@@ -93,10 +116,10 @@ async def verify(job: VerifyJob, *, scratch_dir: Path | None = None,
 
 
 async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Path | None,
-                http: httpx.AsyncClient | None) -> VerificationResult:
+                http: httpx.AsyncClient | None, sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
     if isinstance(spec, TestsVerifier):
         with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
-            return await verify_tests(job, spec, Path(tmp), started)
+            return await verify_tests(job, spec, Path(tmp), started, sandboxes=sandboxes, sources=sources)
     text = job.diff if getattr(spec, "source", "answer") == "diff" else answers.answer_text(job.result)
     judge_calls = []
     try:
@@ -128,7 +151,7 @@ def _from_outcome(job: VerifyJob, name: str, outcome: Outcome, started: float, *
 
 
 async def _composite(job: VerifyJob, spec: CompositeVerifier, started: float, scratch_dir: Path | None,
-                     http: httpx.AsyncClient | None) -> VerificationResult:
+                     http: httpx.AsyncClient | None, sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
     if not spec.verifiers:
         raise InvalidTask("a composite verifier needs at least one part")
     names = [part.name for part in spec.verifiers]
@@ -139,7 +162,7 @@ async def _composite(job: VerifyJob, spec: CompositeVerifier, started: float, sc
         raise InvalidTask("composite verifier weights must be >= 0 with a positive sum")
     parts: list[tuple[str, float, VerificationResult]] = []
     for part in spec.verifiers:
-        result = await _leaf(job, part.verifier, time.time(), scratch_dir, http)
+        result = await _leaf(job, part.verifier, time.time(), scratch_dir, http, sandboxes, sources)
         parts.append((part.name, part.weight, result))
     return compose(job.rollout_id, parts, started)
 

@@ -1,43 +1,44 @@
-"""The ``tests`` verifier: the agent's diff on the pristine task, tests run in a fresh sandbox.
+"""The ``tests`` verifier: the agent's diff on the pristine task, tests in the task's own environment.
 
-``verify_tests(job, spec, root)`` does, in ``root`` (a temporary directory the caller removes):
+``verify_tests(job, spec, root, started, sandboxes=...)``, SWE-bench's order, in ONE fresh
+sandbox from the sandbox plane's provider interface (the task's image; network off):
 
-1. copy the pristine task repository and commit it as the base
-   (:func:`arena_sandbox.local.prepare_workspace`), and keep the pristine test files and
-   every protected path the diff touches (:mod:`arena_verification.protected`);
-2. ``git apply`` the agent's diff *inside a sandbox* (nothing the agent wrote runs on the
-   host); if it does not apply: reward 0, flag ``patch_failed``;
-3. flag ``tests_tampered`` if the diff touches a test file, and the protected-path flags;
-   then restore all of them from the pristine copy;
-4. run the verifier's command (``sh -c``) in another fresh sandbox without network;
-5. parse the log -- or the ``report_file`` the run wrote -- with the verifier's parser
-   (:mod:`arena_verification.parsers`) and score it (:mod:`arena_verification.reward`).
+1. on the host, the pristine source committed as the base (:func:`arena.sources.prepare_workspace`)
+   and the pristine copies of every file to reset (the named test files, the files the
+   hidden test patch touches, the protected paths the diff touches);
+2. in the sandbox, ``git apply`` the agent's diff (flag ``patch_failed`` if it does not apply);
+3. reset every named test file to its base version, apply the hidden ``test_patch``, copy the
+   ``hidden_files``, add the canary tests, remove compiled bytecode: all before any code of
+   the agent's has run;
+4. run the verifier's command; parse the report or the log; cross-check with the exit code and
+   the canaries (flag ``runner_tampered``); score.
 
-A verdict is only positive for a complete, consistent run: a timeout (flag ``timeout``),
-a log without the runner's final summary (flag ``parse_failed``) or one naming more tests
-than the runner counted (flag ``parse_suspect``) scores 0.
-
-A failing test is a result, never an exception. An exception means Arena could not
-verify (the sandbox would not start, the disk is full, the task is invalid).
+A failing test is a result, never an exception. An exception means Arena could not verify
+(no sandbox, a task whose hidden tests do not apply): the caller reports it with no reward.
+docs/verification.md has every flag.
 """
 
 from __future__ import annotations
 
 import asyncio
-import glob
 import logging
 import os
-import stat
+import posixpath
+import secrets
 import time
 from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import msgspec
 
 from arena.errors import VerificationError
-from arena.schemas import TestResult, TestsVerifier, VerificationResult, VerifyJob
-from arena_sandbox import local
+from arena.schemas import PathSource, TestResult, TestStatus, TestsVerifier, VerificationResult, VerifyJob
+from arena.sources import GitError, SourceCache, SourceError, prepare_workspace
+from arena_sandbox.provider import ExecResult, Sandbox
 from arena_verification import patch, protected, reward
 from arena_verification.parsed import ParsedOutput
 from arena_verification.parsers import get_parser
-from arena_verification.restore import InvalidTask, check_workdir, repo_path, restore, scrub_bytecode, snapshot
+from arena_verification.restore import InvalidTask, check_workdir, repo_path, snapshot
 
 log = logging.getLogger("arena.verification")
 
@@ -47,6 +48,9 @@ FLAG_TEST_CONFIG_TOUCHED = protected.FLAG_TEST_CONFIG_TOUCHED
 FLAG_TIMEOUT = "timeout"
 FLAG_PARSE_FAILED = "parse_failed"
 FLAG_PARSE_SUSPECT = "parse_suspect"
+FLAG_GIT_TAMPERED = "git_tampered"
+#: Flags from the sandbox plane that make the verdict untrustworthy whatever the tests say: reward 0.
+ZEROING_FLAGS = frozenset({FLAG_GIT_TAMPERED})
 
 APPLY_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 40
@@ -64,6 +68,10 @@ DIFF_FILE = "agent.diff"
 #: sandbox's empty ``/tmp/pycache`` -- importing pytest from a cold cache costs seconds;
 #: the workspace's own bytecode was scrubbed before (:func:`restore.scrub_bytecode`).
 TEST_ENV = {"PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "CI": "1", "PYTHONPYCACHEPREFIX": ""}
+#: A task without an image runs on the host's Python environment, which is Arena's own: its
+#: pytest plug-ins (asyncio, timeout, ...) are not the task's, so none is loaded by itself there
+#: (a task that needs one names it with ``-p``, or runs in its own image).
+LOCAL_TEST_ENV = {**TEST_ENV, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def job_budget_s(spec: TestsVerifier) -> float:
@@ -71,69 +79,309 @@ def job_budget_s(spec: TestsVerifier) -> float:
     return APPLY_TIMEOUT_S + spec.timeout_s + 120.0
 
 
-async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started: float) -> VerificationResult:
+class Sandboxes(Protocol):
+    """Where the verifier gets its sandbox: the provider for the task's image."""
+
+    async def sandbox_for(self, image: str) -> Sandbox: ...
+
+
+async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started: float, *,
+                       sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
     task = job.task
     try:
         parser = get_parser(spec.parser)
     except KeyError as exc:
         raise InvalidTask(str(exc)) from exc
-    workspace = root / "workspace"
-    arena_dir = root / "arena"
-    arena_dir.mkdir()
     check_workdir(task.workdir)
     test_paths = [repo_path(task.workdir, rel) for rel in spec.test_files]
+    hidden_paths = [PurePosixPath(patch.normalize(p)) for p in sorted(patch.touched_paths(spec.test_patch))]
 
     touched = patch.touched_paths(job.diff)
     guarded, flag_only = protected.classify(spec.parser, touched, task.workdir)
     flags: list[str] = []
-    if any(patch.touches(touched, str(p)) for p in test_paths):
+    if any(patch.touches(touched, str(p)) for p in [*test_paths, *hidden_paths]):
         flags.append(FLAG_TESTS_TAMPERED)
     flags += [flag for flag in guarded if flag not in flags]
     flags += [flag for flag in flag_only if flag not in flags]
+    flags += [flag for flag in job.flags if flag not in flags]
     guarded_paths = [PurePosixPath(p) for paths in guarded.values() for p in paths]
 
+    workspace = root / "workspace"
     try:
-        await asyncio.to_thread(local.prepare_workspace, Path(task.repo), workspace)
+        tree = await sources.tree(task.source_of())
+        hidden_tree = await sources.bundle_tree(spec.hidden_files) if spec.hidden_files else None
+        await asyncio.to_thread(prepare_workspace, tree, workspace)
     except FileNotFoundError as exc:
         raise InvalidTask(str(exc)) from exc
-    pristine = await asyncio.to_thread(snapshot, workspace, test_paths)
-    pristine.update(await asyncio.to_thread(_snapshot_guarded, workspace, guarded_paths))
+    except (SourceError, GitError) as exc:
+        if isinstance(task.source_of(), PathSource):  # a host path that is not there: the task is wrong
+            raise InvalidTask(str(exc)) from exc
+        raise VerificationError(f"cannot get the task's source: {exc}") from exc
+    reset = dict(await asyncio.to_thread(snapshot, workspace, [*test_paths, *hidden_paths]))
+    reset.update(await asyncio.to_thread(_snapshot_guarded, workspace, guarded_paths))
+    hidden = await asyncio.to_thread(_hidden_files, hidden_tree) if hidden_tree is not None else {}
+    canaries = plan_canaries(spec, workspace, hidden_paths, hidden) if spec.canaries else None
 
-    if job.diff.strip():
-        error = await _apply(job.diff, workspace, arena_dir, root / "apply.log")
-        if error is not None:
-            return VerificationResult(
-                rollout_id=job.rollout_id, verifier="tests", reward=0.0, passed=False, started_at=started,
-                finished_at=time.time(), components={"tests": 0.0, "partial": 0.0},
-                flags=[FLAG_PATCH_FAILED, *flags], reason=f"the diff does not apply: {error}",
-                log_tail=_tail(error), parser=spec.parser,
-            )
-    await asyncio.to_thread(restore, workspace, pristine)
-    await asyncio.to_thread(scrub_bytecode, workspace)
-
-    log_path = root / "tests.log"
-    run = await local.run(
-        local.SandboxSpec(
-            command=["sh", "-c", spec.command],
-            workspace=workspace,
-            workdir=task.workdir,
-            env=TEST_ENV,
-            timeout_s=spec.timeout_s,
-            log_path=log_path,
-        )
-    )
-    text = _read_log(log_path)
-    _raise_if_sandbox_failed(run, text)
-
-    if spec.report_file:
-        report = await asyncio.to_thread(read_reports, workspace, task.workdir, spec.report_file)
-        parsed = parser(report)
-    else:
-        parsed = parser(text)
+    sandbox = await sandboxes.sandbox_for(task.image_of())
+    try:
+        await sandbox.put_dir(workspace, WORKSPACE)
+        await sandbox.put_files(_setup_files(job.diff, spec, reset, hidden, canaries))
+        workdir = posixpath.normpath(posixpath.join(WORKSPACE, task.workdir or "."))
+        if job.diff.strip():
+            error = await _apply(sandbox)
+            if error is not None:
+                return VerificationResult(
+                    rollout_id=job.rollout_id, verifier="tests", reward=0.0, passed=False, started_at=started,
+                    finished_at=time.time(), components={"tests": 0.0, "partial": 0.0},
+                    flags=[FLAG_PATCH_FAILED, *flags], reason=f"the diff does not apply: {error}",
+                    log_tail=_tail(error), parser=spec.parser,
+                )
+        setup = _Output(64 * 1024)
+        run = await sandbox.exec(["sh", f"{ARENA_DIR}/{RESET_SCRIPT}"], env=GIT_ENV, timeout_s=APPLY_TIMEOUT_S,
+                                 on_output=setup)
+        if run.exit_code != 0:
+            text = setup.text().strip()
+            if "arena: hidden test patch does not apply" in text:
+                raise VerificationError(f"the task's hidden test patch does not apply to its source: {text[-1500:]}")
+            raise VerificationError(f"cannot reset the test files in the sandbox (exit {run.exit_code}): "
+                                    f"{text[-1500:]}")
+        output = _Output(MAX_LOG_BYTES)
+        env = TEST_ENV if task.image_of() else LOCAL_TEST_ENV
+        run = await sandbox.exec(["sh", "-c", spec.command], env=env, workdir=workdir,
+                                 timeout_s=spec.timeout_s, on_output=output)
+        text = output.text()
+        if spec.report_file:
+            parsed = parser(await _read_reports(sandbox, workdir, spec.report_file))
+        else:
+            parsed = parser(text)
+    finally:
+        await asyncio.shield(sandbox.destroy())
+    if canaries is not None:
+        parsed, tampered = check_canaries(parsed, canaries, run.exit_code)
+        if tampered:
+            flags.append(protected.FLAG_RUNNER_TAMPERED)
+            parsed = msgspec.structs.replace(parsed, notes=[*parsed.notes, tampered])
     return _result(job, spec, parsed, run, text, flags, started)
 
 
-def _result(job: VerifyJob, spec: TestsVerifier, parsed: ParsedOutput, run: local.RunResult, text: str,
+# --------------------------------------------------------------------------- the sandbox's set-up
+
+WORKSPACE = "/sandbox/workspace"
+ARENA_DIR = "/sandbox/.arena"
+RESET_SCRIPT = "reset.sh"
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp"}
+
+#: Runs as the sandbox user before any of the agent's code: puts every listed path back to its
+#: base version (a parent the diff turned into a link or a file becomes a real directory again),
+#: applies the hidden test patch, copies the hidden files, appends the canaries, removes
+#: compiled bytecode and everything it was given.
+_RESET = r"""set -u
+cd /sandbox/workspace || exit 1
+A=/sandbox/.arena
+realdir() {  # make every parent of $1 a real directory
+  d=""; rest="$1"
+  while [ "${rest#*/}" != "$rest" ]; do
+    d="${d:+$d/}${rest%%/*}"; rest="${rest#*/}"
+    if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f -- "$d"; fi
+    [ -d "$d" ] || mkdir -- "$d" || exit 1
+  done
+}
+while IFS= read -r p; do
+  [ -n "$p" ] || continue
+  realdir "$p"; rm -rf -- "$p"
+  if [ -e "$A/pristine/$p" ] || [ -L "$A/pristine/$p" ]; then cp -a -- "$A/pristine/$p" "$p" || exit 1; fi
+done < "$A/reset.list"
+tab="$(printf '\t')"
+while IFS="$tab" read -r p t; do
+  [ -n "$p" ] || continue
+  realdir "$p"; rm -rf -- "$p"; ln -s -- "$t" "$p" || exit 1
+done < "$A/links.list"
+if [ -s "$A/test.patch" ]; then
+  git apply --whitespace=nowarn "$A/test.patch" 2>&1 || { echo "arena: hidden test patch does not apply"; exit 3; }
+fi
+if [ -d "$A/hidden" ]; then
+  (cd "$A/hidden" && find . -type f) | while IFS= read -r f; do
+    f="${f#./}"; realdir "$f"; rm -rf -- "$f"; cp -- "$A/hidden/$f" "$f" || exit 1
+  done
+fi
+if [ -s "$A/canary.list" ]; then
+  while IFS= read -r p; do
+    [ -f "$p" ] && [ ! -L "$p" ] || continue
+    printf '
+' >> "$p"; cat "$A/canary.py" >> "$p"
+  done < "$A/canary.list"
+fi
+find . -name .git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null
+find . -name .git -prune -o \( -name '*.pyc' -o -name '*.pyo' \) -type f -exec rm -f {} + 2>/dev/null
+rm -rf -- "$A"/* 2>/dev/null
+exit 0
+"""
+
+
+def _setup_files(diff: str, spec: TestsVerifier, reset: dict, hidden: dict[str, bytes],
+                 canaries: Canaries | None) -> dict[str, bytes]:
+    files: dict[str, bytes] = {
+        f"{ARENA_DIR}/{DIFF_FILE}": diff.encode("utf-8"),
+        f"{ARENA_DIR}/test.patch": spec.test_patch.encode("utf-8"),
+        f"{ARENA_DIR}/{RESET_SCRIPT}": _RESET.encode(),
+        f"{ARENA_DIR}/reset.list": "".join(f"{p}\n" for p in reset).encode(),
+    }
+    links = []
+    for rel, saved in reset.items():
+        if saved is None:
+            continue
+        if saved.link is not None:
+            links.append(f"{rel}\t{saved.link}\n")
+            continue
+        files[f"{ARENA_DIR}/pristine/{rel}"] = saved.data
+    files[f"{ARENA_DIR}/links.list"] = "".join(links).encode()
+    for rel, data in hidden.items():
+        files[f"{ARENA_DIR}/hidden/{rel}"] = data
+    if canaries is not None:
+        files[f"{ARENA_DIR}/canary.list"] = "".join(f"{p}\n" for p in canaries.files).encode()
+        files[f"{ARENA_DIR}/canary.py"] = canaries.source.encode()
+    return files
+
+
+def _hidden_files(tree: Path) -> dict[str, bytes]:
+    """The hidden test files of a bundle, by path inside the repository (regular files only)."""
+    out: dict[str, bytes] = {}
+    for top, dirs, files in os.walk(tree, followlinks=False):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            path = Path(top) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            rel = str(PurePosixPath(*path.relative_to(tree).parts))
+            repo_path(".", rel)  # rejects escapes
+            out[rel] = path.read_bytes()
+    return out
+
+
+async def _apply(sandbox: Sandbox) -> str | None:
+    """``git apply`` the agent's diff in the sandbox; ``None`` on success, else git's complaint."""
+    output = _Output(64 * 1024)
+    run = await sandbox.exec(["git", "apply", "--whitespace=nowarn", f"{ARENA_DIR}/{DIFF_FILE}"], env=GIT_ENV,
+                             timeout_s=APPLY_TIMEOUT_S, on_output=output)
+    text = output.text().strip()
+    if run.timed_out:
+        return f"git apply timed out after {APPLY_TIMEOUT_S:g}s"
+    if run.exit_code != 0:
+        return text or f"git apply exited {run.exit_code}"
+    return None
+
+
+async def _read_reports(sandbox: Sandbox, workdir: str, pattern: str) -> str:
+    """The report files the run wrote (``pattern`` may be a glob), concatenated; regular files
+    inside the workspace only, each up to ``MAX_LOG_BYTES``."""
+    if os.path.isabs(pattern) or ".." in PurePosixPath(pattern).parts:
+        raise InvalidTask(f"report_file {pattern!r} is not a path inside the working directory")
+    if not any(ch in pattern for ch in "*?["):
+        data = await sandbox.read_file(posixpath.join(workdir, pattern), max_bytes=MAX_LOG_BYTES)
+        return (data or b"")[:MAX_LOG_BYTES].decode("utf-8", errors="replace")
+    output = _Output(MAX_LOG_BYTES)
+    script = ('n=0; for f in $1; do [ -f "$f" ] && [ ! -L "$f" ] || continue; n=$((n+1)); '
+              f'[ $n -le {MAX_REPORT_FILES} ] || break; head -c {MAX_LOG_BYTES} -- "$f"; done')
+    await sandbox.exec(["sh", "-c", script, "sh", pattern], env={}, workdir=workdir, timeout_s=60.0,
+                       on_output=output)
+    return output.text()
+
+
+class _Output:
+    """A command's output as it streams: the last ``max_bytes`` kept."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.size > self.max_bytes and len(self.chunks) > 1:
+            self.size -= len(self.chunks.pop(0))
+
+    def text(self) -> str:
+        return b"".join(self.chunks)[-self.max_bytes:].decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------------------- canaries
+
+#: Parsers whose runner is pytest: the canaries are pytest tests.
+CANARY_PARSERS = frozenset({"pytest", "pytest_junit"})
+
+
+class Canaries(msgspec.Struct, frozen=True, kw_only=True):
+    """Two tests appended to the listed test files: one must fail, one must pass."""
+
+    files: list[str]
+    must_fail: str  # function names
+    must_pass: str
+    source: str
+
+
+def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PurePosixPath],
+                  hidden: dict[str, bytes]) -> Canaries | None:
+    """Canaries for a pytest task: appended to (at most three of) the Python files the listed
+    tests live in; ``None`` for other runners or when no listed test names its file."""
+    if spec.parser not in CANARY_PARSERS:
+        return None
+    files: list[str] = []
+    for test_id in [*spec.fail_to_pass, *spec.pass_to_pass]:
+        path = test_id.split("::", 1)[0]
+        if "::" not in test_id or not path.endswith(".py") or path in files:
+            continue
+        try:
+            rel = repo_path(".", path)
+        except InvalidTask:
+            continue
+        exists = (workspace / rel).is_file() or rel in hidden_paths or str(rel) in hidden
+        if exists:
+            files.append(str(rel))
+        if len(files) == 3:
+            break
+    if not files:
+        return None
+    must_fail, must_pass = f"test_{secrets.token_hex(6)}", f"test_{secrets.token_hex(6)}"
+    source = (f"def {must_fail}():\n    assert 1 == 2\n\n\n"
+              f"def {must_pass}():\n    assert 1 == 1\n")
+    return Canaries(files=files, must_fail=must_fail, must_pass=must_pass, source=source)
+
+
+def check_canaries(parsed: ParsedOutput, canaries: Canaries, exit_code: int | None) -> tuple[ParsedOutput, str]:
+    """The results without the canaries, and why the runner is not telling the truth ("" if it is).
+
+    The runner lies when a must-fail canary is reported as anything but a failure, when it is
+    missing while its must-pass sibling passed, or when the run exited 0 although a canary failed.
+    """
+    statuses = {}
+    rest = []
+    names = (canaries.must_fail, canaries.must_pass)
+    for result in parsed.results:
+        name = result.test_id.split("::")[-1]
+        if name in names and result.test_id.split("::", 1)[0] in canaries.files:
+            statuses[(result.test_id.split("::", 1)[0], name)] = result.status
+        else:
+            rest.append(result)
+    cleaned = msgspec.structs.replace(parsed, results=rest)
+    failing = {TestStatus.FAILED, TestStatus.ERROR}
+    problems = []
+    ran_failing_canary = False
+    for path in canaries.files:
+        bad = statuses.get((path, canaries.must_fail))
+        good = statuses.get((path, canaries.must_pass))
+        if bad is not None and bad not in failing:
+            problems.append(f"a test that must fail was reported {bad.value} ({path})")
+        elif bad is None and good is TestStatus.PASSED:
+            problems.append(f"a test that must fail was missing from the report while its sibling passed ({path})")
+        if bad in failing:
+            ran_failing_canary = True
+    if ran_failing_canary and exit_code == 0:
+        problems.append("the runner exited 0 although a test failed")
+    return cleaned, "; ".join(f"runner tampered: {p}" for p in problems)
+
+
+def _result(job: VerifyJob, spec: TestsVerifier, parsed: ParsedOutput, run: ExecResult, text: str,
             flags: list[str], started: float) -> VerificationResult:
     score = reward.score(spec, parsed.results)
     flags = flags + score.flags
@@ -149,7 +397,13 @@ def _result(job: VerifyJob, spec: TestsVerifier, parsed: ParsedOutput, run: loca
     if parsed.suspect:
         flags.append(FLAG_PARSE_SUSPECT)
         reasons.insert(0, "; ".join(n for n in parsed.notes if "counted" in n or "declares" in n))
-    trusted = not run.timed_out and parsed.complete and not parsed.suspect
+    # A runner caught lying (the canaries) or a doctored repository: the tests' word is worthless.
+    # (A shadow runner or a conftest in the diff is neutralised by the reset, and only flagged.)
+    lied = [n for n in parsed.notes if n.startswith("runner tampered")]
+    cheated = lied or [f for f in flags if f in ZEROING_FLAGS]
+    if cheated:
+        reasons.insert(0, "; ".join(lied) or f"flagged {', '.join(cheated)}")
+    trusted = not run.timed_out and parsed.complete and not parsed.suspect and not cheated
     final_reward = score.reward if trusted else 0.0
     return VerificationResult(
         rollout_id=job.rollout_id,
@@ -172,71 +426,6 @@ def _snapshot_guarded(workspace: Path, paths: list[PurePosixPath]):
     """Pristine copies of protected paths; a directory in the pristine repo is left alone."""
     keep = [p for p in paths if not (workspace / p).is_dir() or (workspace / p).is_symlink()]
     return snapshot(workspace, keep)
-
-
-def read_reports(workspace: Path, workdir: str, pattern: str) -> str:
-    """The report files the run wrote (``pattern`` may be a glob), concatenated.
-
-    The run controlled the workspace, so only regular files inside it are read, never
-    through a symlink, each up to ``MAX_LOG_BYTES``.
-    """
-    base = (workspace / (workdir or ".")).resolve()
-    root = workspace.resolve()
-    if os.path.isabs(pattern) or ".." in PurePosixPath(pattern).parts:
-        raise InvalidTask(f"report_file {pattern!r} is not a path inside the working directory")
-    chunks: list[str] = []
-    for name in sorted(glob.glob(str(base / pattern), recursive=True))[:MAX_REPORT_FILES]:
-        path = Path(name)
-        try:
-            if not path.resolve().is_relative_to(root):
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            chunks.append(fh.read(MAX_LOG_BYTES).decode("utf-8", errors="replace"))
-    return "".join(chunks)
-
-
-async def _apply(diff: str, workspace: Path, arena_dir: Path, log_path: Path) -> str | None:
-    """``git apply`` in a sandbox; ``None`` on success, else git's complaint."""
-    (arena_dir / DIFF_FILE).write_text(diff, encoding="utf-8")
-    run = await local.run(
-        local.SandboxSpec(
-            command=["git", "apply", "--whitespace=nowarn", f"{local.ARENA_DIR}/{DIFF_FILE}"],
-            workspace=workspace,
-            arena_dir=arena_dir,
-            env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"},
-            timeout_s=APPLY_TIMEOUT_S,
-            log_path=log_path,
-        )
-    )
-    output = _read_log(log_path).strip()
-    _raise_if_sandbox_failed(run, output)
-    if run.timed_out:
-        return f"git apply timed out after {APPLY_TIMEOUT_S:g}s"
-    if run.exit_code != 0:
-        return output or f"git apply exited {run.exit_code}"
-    return None
-
-
-def _raise_if_sandbox_failed(run: local.RunResult, output: str) -> None:
-    """bubblewrap reports its own set-up failures as ``bwrap: ...`` with exit code 1."""
-    if run.exit_code not in (0, None) and output.startswith("bwrap:"):
-        raise VerificationError(f"the sandbox did not start: {output.splitlines()[0]}")
-
-
-def _read_log(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - MAX_LOG_BYTES))
-            return fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 def _tail(text: str) -> str:

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from arena import subjects
 from arena.bus import Bus, Consumer, Delivery
 from arena.errors import Permanent, VerificationError
-from arena.schemas import SandboxDone, VerifyJob
+from arena.schemas import SandboxDone, VerificationResult, Verifier, VerifyJob
+from arena.sources import SourceCache
 from arena_verification import runner
 from arena_verification.plugins import InvalidPlugin
 from arena_verification.restore import InvalidTask
+from arena_verification.sandboxes import Sandboxes
 
 log = logging.getLogger("arena.verification")
 
@@ -27,6 +30,15 @@ MSG_KIND = "verify-done"
 RESULTS_STREAM = "ARENA_RESULTS"
 
 _sandbox_done_decoder = msgspec.json.Decoder(SandboxDone)
+
+
+class InvalidVerifierRef(InvalidTask):
+    """The job's verifier is neither in the job nor stored under its key."""
+
+
+def _verifier_name(job: VerifyJob) -> str:
+    spec = job.task.verifier
+    return runner.verifier_type(spec) if spec is not None else "unknown"
 
 
 def result_msg_id(job: VerifyJob) -> str:
@@ -48,26 +60,63 @@ class VerificationWorker:
     drops the duplicate.
     """
 
-    def __init__(self, bus: Bus, *, scratch_dir: Path | None = None, job_timeout_s: float | None = None):
+    def __init__(self, bus: Bus, *, scratch_dir: Path | None = None, job_timeout_s: float | None = None,
+                 sandboxes: Sandboxes | None = None, sources: SourceCache | None = None):
         self.bus = bus
         self.scratch_dir = scratch_dir
         self.job_timeout_s = job_timeout_s
+        self.sandboxes = sandboxes
+        self.sources = sources
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
 
     async def handle(self, job: VerifyJob, delivery: Delivery) -> None:
         log.info("verifying (delivery %d)", delivery.num_delivered,
                  extra={"rollout_id": job.rollout_id, "subject": delivery.subject})
-        if job.result is None and runner.grades_answer(job.task.verifier):
-            job = msgspec.structs.replace(job, result=await self._agent_result(job.rollout_id))
-        budget = self.job_timeout_s or runner.time_budget_s(job.task.verifier)
+        started = time.time()
         try:
-            result = await asyncio.wait_for(
-                runner.verify(job, scratch_dir=self.scratch_dir, http=self.http), timeout=budget
-            )
-        except (InvalidTask, InvalidPlugin) as exc:
+            job = await self._with_verifier(job)
+            if job.result is None and runner.grades_answer(job.task.verifier):
+                job = msgspec.structs.replace(job, result=await self._agent_result(job.rollout_id))
+            budget = self.job_timeout_s or runner.time_budget_s(job.task.verifier)
+            try:
+                result = await asyncio.wait_for(
+                    runner.verify(job, scratch_dir=self.scratch_dir, http=self.http, sandboxes=self.sandboxes,
+                                  sources=self.sources),
+                    timeout=budget,
+                )
+            except asyncio.TimeoutError as exc:
+                raise VerificationError(f"verification took longer than its {budget:g}s budget") from exc
+        except (InvalidTask, InvalidPlugin, InvalidVerifierRef) as exc:
+            await self._publish_error(job, f"invalid task {job.task.id}: {exc}", started)
             raise Permanent(f"invalid task {job.task.id}: {exc}") from exc
-        except asyncio.TimeoutError as exc:
-            raise VerificationError(f"verification took longer than its {budget:g}s budget") from exc
+        except Exception as exc:
+            if delivery.num_delivered >= MAX_DELIVER:  # the last attempt: say so, with no reward
+                await self._publish_error(job, str(exc) or type(exc).__name__, started)
+            raise
+        await self.bus.publish(subjects.verify_done(job.rollout_id), result, msg_id=result_msg_id(job))
+
+    async def _with_verifier(self, job: VerifyJob) -> VerifyJob:
+        """The job with its task's private part, read from ``arena_verifiers`` by its key."""
+        if job.task.verifier is not None:
+            return job
+        if not job.verifier_ref:
+            raise InvalidVerifierRef("the verify job names no verifier")
+        kv = await self.bus.kv(subjects.KV_VERIFIERS)
+        try:
+            entry = await kv.get(job.verifier_ref)
+        except KeyNotFoundError:
+            raise InvalidVerifierRef(f"verifier {job.verifier_ref} is not stored") from None
+        verifier = msgspec.json.decode(entry.value, type=Verifier)
+        return msgspec.structs.replace(job, task=msgspec.structs.replace(job.task, verifier=verifier))
+
+    async def _publish_error(self, job: VerifyJob, error: str, started: float) -> None:
+        """Arena could not verify: a result with no reward (never a 0), the error in it."""
+        log.error("cannot verify: %s", error, extra={"rollout_id": job.rollout_id})
+        result = VerificationResult(
+            rollout_id=job.rollout_id, verifier=job.name or _verifier_name(job), reward=None, passed=False,
+            started_at=started, finished_at=time.time(), error=error, reason=f"not verified: {error}",
+            flags=["infrastructure_error"],
+        )
         await self.bus.publish(subjects.verify_done(job.rollout_id), result, msg_id=result_msg_id(job))
 
     async def _agent_result(self, rollout_id: str) -> dict[str, Any] | None:
@@ -84,6 +133,8 @@ class VerificationWorker:
 
     async def close(self) -> None:
         await self.http.aclose()
+        if self.sandboxes is not None:
+            await self.sandboxes.close()
 
     def consumer(self, *, concurrency: int) -> Consumer[VerifyJob]:
         return Consumer(

@@ -1,15 +1,19 @@
 """``go test -v`` text and ``go test -json`` output -> per-test results. Pure.
 
 Canonical id: ``<import path>::<TestName>`` with subtests as go names them
-(``example.com/calc::TestSub/two_words``); ``TestName`` alone when the package is unknown
-(a truncated text log).
+(``example.com/calc::TestSub/two_words``: spaces become ``_``, a repeated name gets
+``#01``); ``TestName`` alone when the package is unknown (a truncated text log).
 
 A test's own output is interleaved with the result lines and Go's ``test2json`` (behind
-``-json``) trusts the text too, so both parsers keep only results of tests that were
-announced by ``=== RUN`` (a ``run`` event) and let the worse of two reports win: a test
-printing ``--- PASS: TestX`` cannot hide TestX's real failure or invent a test that never
-ran. A package is complete when its final ``ok``/``FAIL`` line (a package-level ``pass``
-or ``fail`` event) is seen.
+``-json``, Go < 1.20) trusts the text too, so both parsers keep a pass or skip only for a
+test that was announced by ``=== RUN`` (a ``run`` event), take a failure from anywhere
+(printing one can only hurt) and let the worse of two reports win: a test printing
+``--- PASS: TestX`` cannot hide TestX's real failure or invent a test that never ran
+(but a printed ``=== RUN TestY`` + ``--- PASS: TestY`` can: prefer ``-json`` on Go >= 1.20,
+whose test2json is not fooled by printed lines). A package is complete when its final
+``ok``/``FAIL`` line (a package-level ``pass`` or ``fail`` event) is seen; a test announced
+but never resolved in a package that FAILed (``os.Exit``, a panic in a goroutine,
+``-timeout``) is failed. Without ``-v`` go prints only the failures.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def _id(pkg: str | None, name: str) -> str:
 
 
 def parse_go_test_output(text: str) -> ParsedOutput:
-    """``go test -v ./...`` (text)."""
+    """``go test -v ./...`` (text); without ``-v`` only failures are named."""
     found: dict[str, TestStatus] = {}
     announced: set[str] = set()
     current: dict[str, TestStatus] = {}  # results of the package still running
@@ -41,15 +45,24 @@ def parse_go_test_output(text: str) -> ParsedOutput:
     for line in strip_ansi(text).splitlines():
         if m := _RUN.match(line):
             announced.add(m.group("name"))
-        elif (m := _RESULT.match(line)) and m.group("name") in announced:
-            merge(current, m.group("name"), _WORDS[m.group("word")])
+        elif m := _RESULT.match(line):
+            # A failure is taken even unannounced (go test without -v prints no "=== RUN");
+            # a pass or skip only for a test that was announced.
+            if m.group("name") in announced or m.group("word") == "FAIL":
+                merge(current, m.group("name"), _WORDS[m.group("word")])
         elif m := _PKG_DONE.match(line):
             if m.group("word") == "?" and not current:
                 packages_done += 1  # "?   pkg [no test files]"
                 continue
+            unresolved = announced - current.keys()
+            if m.group("word") == "FAIL":
+                for name in unresolved:
+                    current[name] = TestStatus.FAILED  # the binary died in it (os.Exit, -timeout)
+                unresolved = set()
             for name, status in current.items():
                 merge(found, _id(m.group("pkg"), name), status)
-            current, announced = {}, set()
+            # Tests still running after an "ok" line: a test printed it; they go on.
+            current, announced = {}, unresolved
             packages_done += 1
     for name, status in current.items():
         merge(found, _id(None, name), status)  # a package that never finished
@@ -72,6 +85,8 @@ def parse_go_test_json(text: str) -> ParsedOutput:
     announced: set[tuple[str, str]] = set()
     running: set[str] = set()  # packages with events but no final pass/fail yet
     finished: set[str] = set()
+    failed: set[str] = set()  # packages that ended with a package-level fail
+    resolved: set[tuple[str, str]] = set()
     for line in text.splitlines():
         if not line.startswith("{"):
             continue
@@ -84,11 +99,17 @@ def parse_go_test_json(text: str) -> ParsedOutput:
         if not ev.Test:
             if ev.Action in ("pass", "fail", "skip") and ev.Package:
                 finished.add(ev.Package)
+                if ev.Action == "fail":
+                    failed.add(ev.Package)
             continue
         key = (ev.Package, ev.Test)
         if ev.Action == "run":
             announced.add(key)
-        elif ev.Action in _WORDS and key in announced:
+        elif ev.Action in _WORDS and (key in announced or ev.Action == "fail"):
             merge(found, _id(ev.Package, ev.Test), _WORDS[ev.Action])
+            resolved.add(key)
+    for pkg, test in announced - resolved:
+        if pkg in failed:  # the test binary died in this test (os.Exit, -timeout)
+            merge(found, _id(pkg, test), TestStatus.FAILED)
     complete = bool(finished) and running <= finished
     return build(found, complete=complete, reported_total=None, source="go_test_json")

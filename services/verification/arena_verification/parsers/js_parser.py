@@ -7,11 +7,19 @@ name, joined by `` > ``: ``t/calc.test.js > calc > adds`` (jest, vitest) or
 None of these reporters escapes what tests print, so each parser reads the runner's
 failure section as authoritative (worse wins) and bounds the count by the runner's own
 total (``Tests: ... N total``, vitest's ``Tests ... (N)``, mocha's passing + failing +
-pending): a log naming more tests is ``suspect``.
+pending): a log naming more tests is ``suspect``. jest is complete only when its
+``Test Suites:`` + ``Tests:`` lines follow the last file block and mocha's counts are the
+last block of counts in the log (a test may print such lines before them).
+
+JSON reports (``jest_json``, ``vitest_json``, ``mocha_json``): the last JSON object of the
+report's shape in the text -- a report file, or a log that holds it among other lines. jest
+and vitest name files by absolute path, made relative to ``SANDBOX_ROOT`` (the repository
+inside the verification sandbox); mocha names a test by its ``fullTitle``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from arena.schemas import TestStatus
@@ -21,7 +29,9 @@ SEP = " > "
 
 # ------------------------------------------------------------------------------ jest
 
-_JEST_FILE = re.compile(r"^(?P<word>PASS|FAIL) (?P<file>\S+)(?: \(.*\))?$")
+#: ``PASS test/x.test.js (5 s)``; with colours the word is a badge: `` FAIL  test/x.test.js``.
+_JEST_FILE = re.compile(r"^ ?(?P<word>PASS|FAIL) +(?P<file>\S+)(?: \(.*\))?$")
+_JEST_SUITES = re.compile(r"^Test Suites: ")
 _JEST_TEST = re.compile(r"^(?P<indent>(?:  )+)(?P<mark>[✓✕○✎√×]) (?P<rest>.*?)(?: \(\d+(?:\.\d+)? m?s\))?$")
 _JEST_DESCRIBE = re.compile(r"^(?P<indent>(?:  )+)(?P<name>\S.*)$")
 _JEST_FAILURE = re.compile(r"^  ● (?P<path>.+)$")
@@ -35,19 +45,21 @@ def parse_jest_output(text: str) -> ParsedOutput:
     describes: list[str] = []
     in_tree = False
     total = None
-    for line in lines:
+    last_file_at = total_at = -1
+    for i, line in enumerate(lines):
         if m := _JEST_FILE.match(line):
             file, describes, in_tree = m.group("file"), [], True
+            last_file_at = i
             continue
-        if m := _JEST_TOTAL.match(line):
-            total = int(m.group("n"))
+        if (m := _JEST_TOTAL.match(line)) and i > 0 and _JEST_SUITES.match(lines[i - 1]):
+            total, total_at = int(m.group("n")), i
             in_tree = False
             continue
         if file is None:
             continue
         if m := _JEST_FAILURE.match(line):
             in_tree = False
-            if m.group("path") != "Test suite failed to run":
+            if m.group("path") not in ("Test suite failed to run", "Console"):
                 merge(found, SEP.join([file, *m.group("path").split(" › ")]), TestStatus.FAILED)
             continue
         if not in_tree:
@@ -72,7 +84,10 @@ def parse_jest_output(text: str) -> ParsedOutput:
             if level <= len(describes):
                 del describes[level:]
                 describes.append(m.group("name"))
-    return build(found, complete=total is not None, reported_total=total, source="jest",
+    # The real summary follows every file's block; a test's console output (a printed
+    # "Tests: ..." line) is shown before its file's block.
+    complete = total is not None and total_at > last_file_at
+    return build(found, complete=complete, reported_total=total, source="jest",
                  totals={"tests": total} if total is not None else None)
 
 
@@ -107,14 +122,18 @@ _MOCHA_FAILURE = re.compile(r"^  (?P<num>\d+)\) (?P<first>.*)$")
 
 def parse_mocha_output(text: str) -> ParsedOutput:
     lines = strip_ansi(text).splitlines()
-    counts_at = next((i for i, line in enumerate(lines) if _MOCHA_COUNT.match(line)), None)
+    # The last block of counts is mocha's own: a test may print "  99 passing" before it.
+    counts_at = None
+    for i, line in enumerate(lines):
+        if _MOCHA_COUNT.match(line) and (i == 0 or not _MOCHA_COUNT.match(lines[i - 1])):
+            counts_at = i
     end = counts_at if counts_at is not None else len(lines)
     found: dict[str, TestStatus] = {}
     suites: list[str] = []
     for line in lines[:end]:
         m = _MOCHA_LINE.match(line)
-        if m is None:
-            continue
+        if m is None or _MOCHA_COUNT.match(line):
+            continue  # a count line before mocha's own counts was printed by a test
         level = len(m.group("indent")) // 2 - 1
         if level > len(suites):
             continue
@@ -155,3 +174,94 @@ def _apply_mocha_failures(lines: list[str], found: dict[str, TestStatus]) -> Non
         if parts[-1].endswith(":"):
             parts[-1] = parts[-1][:-1]
             merge(found, SEP.join(parts), TestStatus.FAILED)
+
+
+# ------------------------------------------------------------------------------ JSON reports
+
+#: The repository root inside the verification sandbox: JSON reports name test files by
+#: absolute path, made relative to it (as the text reporters print them when the tests run
+#: at the repository root).
+SANDBOX_ROOT = "/sandbox/workspace/"
+
+
+def _last_json_object(text: str, key: str) -> dict | None:
+    """The last JSON object in ``text`` (a report file, or a log around it) holding ``key``.
+
+    The runner writes its report after the tests ran, so a report-like object a test
+    printed comes before the real one.
+    """
+    decoder = json.JSONDecoder()
+    found = None
+    for m in _JSON_START.finditer(text):
+        try:
+            value, _end = decoder.raw_decode(text, m.start())
+        except ValueError:
+            continue
+        if isinstance(value, dict) and key in value:
+            found = value
+    return found
+
+
+_JSON_START = re.compile(r"^\{", re.MULTILINE)
+
+
+def _relative(path: str) -> str:
+    return path[len(SANDBOX_ROOT):] if path.startswith(SANDBOX_ROOT) else path
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_jest_like_json(text: str, source: str) -> ParsedOutput:
+    """jest's ``--json`` and vitest's ``--reporter=json`` (the same shape)."""
+    report = _last_json_object(text, "testResults")
+    found: dict[str, TestStatus] = {}
+    if report is None:
+        return build(found, complete=False, reported_total=None, source=source)
+    for file_result in report.get("testResults") or []:
+        if not isinstance(file_result, dict):
+            continue
+        file = _relative(str(file_result.get("name", "")))
+        for case in file_result.get("assertionResults") or []:
+            if not isinstance(case, dict):
+                continue
+            titles = [str(t) for t in case.get("ancestorTitles") or []]
+            status = {"passed": TestStatus.PASSED, "failed": TestStatus.FAILED}.get(
+                str(case.get("status")), TestStatus.SKIPPED)  # pending, skipped, todo, disabled
+            merge(found, SEP.join([file, *titles, str(case.get("title", ""))]), status)
+    total = _int(report.get("numTotalTests"))
+    notes = ["the run was interrupted"] if report.get("wasInterrupted") else []
+    return build(found, complete=not notes, reported_total=total, source=source,
+                 totals={"tests": total} if total is not None else None, notes=notes)
+
+
+def parse_jest_json(text: str) -> ParsedOutput:
+    """``jest --json [--outputFile=report.json]``: the report file, or the log holding it."""
+    return _parse_jest_like_json(text, "jest_json")
+
+
+def parse_vitest_json(text: str) -> ParsedOutput:
+    """``vitest run --reporter=json [--outputFile=report.json]``."""
+    return _parse_jest_like_json(text, "vitest_json")
+
+
+def parse_mocha_json(text: str) -> ParsedOutput:
+    """``mocha --reporter json``: ids are mocha's ``fullTitle`` (suite and test titles
+    joined by spaces, as ``--grep`` and the TAP reporter name them); a failed hook is a
+    failure of its own (``suite "before each" hook for "test"``)."""
+    report = _last_json_object(text, "stats")
+    found: dict[str, TestStatus] = {}
+    if report is None or not isinstance(report.get("stats"), dict):
+        return build(found, complete=False, reported_total=None, source="mocha_json")
+    for key, status in (("passes", TestStatus.PASSED), ("pending", TestStatus.SKIPPED),
+                        ("failures", TestStatus.FAILED)):
+        for case in report.get(key) or []:
+            if isinstance(case, dict) and "fullTitle" in case:
+                merge(found, str(case["fullTitle"]), status)
+    tests = _int(report["stats"].get("tests"))
+    listed = {str(c.get("fullTitle")) for c in report.get("tests") or [] if isinstance(c, dict)}
+    hooks = sum(1 for c in report.get("failures") or [] if isinstance(c, dict) and str(c.get("fullTitle")) not in listed)
+    total = None if tests is None else tests + hooks
+    return build(found, complete="end" in report["stats"], reported_total=total, source="mocha_json",
+                 totals={k: v for k in ("tests", "passes", "pending", "failures") if (v := _int(report["stats"].get(k))) is not None})

@@ -4,12 +4,15 @@ Canonical ids:
 
 - ``junit``: ``<classname>#<name>`` (Maven's ``-Dtest=Class#method`` syntax),
   e.g. ``calc.CalcTest#adds``;
+- ``node_junit`` (``node --test --test-reporter=junit``): the enclosing ``<testsuite>``
+  names (``describe`` blocks and tests with subtests) and the case name joined by
+  `` > `` -- the ``node_tap`` / ``node_spec`` id (``suite > deeper > deep passes``);
 - ``pytest_junit``: the pytest node id rebuilt from ``classname`` + ``name``: the
   trailing capitalised parts of ``classname`` are classes, the rest the module path
   (``tests.test_x.TestGroup`` + ``test_a[1]`` -> ``tests/test_x.py::TestGroup::test_a[1]``).
 
 A ``<testcase>`` with ``<failure>`` is failed, with ``<error>`` errored, with ``<skipped>``
-skipped, else passed. What tests print is inside ``<system-out>`` as text, so it cannot
+skipped (``xfailed`` for pytest's ``<skipped type="pytest.xfail">``), else passed. What tests print is inside ``<system-out>`` as text, so it cannot
 add a test case. The XML is read incrementally: a truncated file yields the test cases
 before the cut and ``complete=False``; a ``<testsuite tests="N">`` holding more than N
 cases makes the result ``suspect``. Several XML documents (one per test class, as
@@ -26,9 +29,10 @@ from collections.abc import Callable
 import msgspec
 
 from arena.schemas import TestStatus
-from arena_verification.parsed import ParsedOutput, build, merge
+from arena_verification.parsed import SEVERITY, ParsedOutput, build, merge
 
 _XML_DECL = re.compile(r"<\?xml[^>]*\?>")
+_NODE_TESTS = re.compile(r"<!-- tests (\d+) -->")
 
 
 def junit_id(classname: str, name: str) -> str:
@@ -63,9 +67,21 @@ def _events(parser: ET.XMLPullParser):
             return
 
 
-def _parse_document(doc: str, make_id: Callable[[str, str], str], found: dict[str, TestStatus]) -> tuple[bool, int | None, int]:
-    """Parse one document into ``found``; (complete, declared total, cases seen)."""
+def node_id(suites: list[str], name: str) -> str:
+    return " > ".join([*suites, name])
+
+
+def _parse_document(doc: str, make_id: Callable[[str, str], str], found: dict[str, TestStatus],
+                    nested: Callable[[list[str], str], str] | None = None) -> tuple[bool, int | None, int]:
+    """Parse one document into ``found``; (complete, declared total, passing cases seen).
+
+    ``nested``: ids from the names of the enclosing ``<testsuite>`` elements (node's
+    reporter nests a test's subtests and ``describe`` blocks so) instead of ``classname``;
+    a ``<skipped type="todo">`` case is then skipped even when it failed, as node counts it.
+    """
     parser = ET.XMLPullParser(events=("start", "end"))
+    suites: list[str] = []
+    todo = False
     declared: int | None = None
     seen = 0
     case_status: TestStatus | None = None
@@ -76,40 +92,64 @@ def _parse_document(doc: str, make_id: Callable[[str, str], str], found: dict[st
         complete = True
     except ET.ParseError:
         complete = False
+    depth = 0
     for event, elem in _events(parser):
         tag = elem.tag.rsplit("}", 1)[-1]
+        depth += 1 if event == "start" else -1
+        if event == "end" and depth == 0:
+            complete = True  # the root element closed: text after it (a runner's own lines) is not a cut
+        if tag == "testsuite":
+            if event == "start":
+                suites.append(elem.get("name", ""))
+            elif suites:
+                suites.pop()
         if event == "start":
-            if tag == "testsuite" and elem.get("tests", "").isdigit():
+            if tag == "testsuite" and elem.get("tests", "").isdigit() and nested is None:
                 declared = (declared or 0) + int(elem.get("tests", "0"))
             elif tag == "testcase":
-                case_status = TestStatus.PASSED
+                case_status, todo = TestStatus.PASSED, False
             elif case_status is not None and tag in ("failure", "error", "skipped"):
                 status = {"failure": TestStatus.FAILED, "error": TestStatus.ERROR, "skipped": TestStatus.SKIPPED}[tag]
-                case_status = status if case_status is TestStatus.PASSED else case_status
+                if tag == "skipped" and elem.get("type") == "pytest.xfail":
+                    status = TestStatus.XFAILED  # pytest writes an expected failure as a skip
+                todo = todo or (tag == "skipped" and elem.get("type") == "todo")
+                if case_status is TestStatus.PASSED or SEVERITY[status] > SEVERITY[case_status]:
+                    case_status = status  # a case's worst child wins (a failure, then an error)
             continue
         if tag == "testcase" and case_status is not None:
-            merge(found, make_id(elem.get("classname", ""), elem.get("name", "")), case_status)
-            seen += 1
+            if nested is not None:
+                test_id = nested(suites[1:] if suites and suites[0] == "" else suites, elem.get("name", ""))
+                if todo:
+                    case_status = TestStatus.SKIPPED
+            else:
+                test_id = make_id(elem.get("classname", ""), elem.get("name", ""))
+            merge(found, test_id, case_status)
+            if case_status in (TestStatus.PASSED, TestStatus.XFAILED):
+                seen += 1  # reporters leave todo cases and failed hooks out of tests="N"
             case_status = None
     return complete, declared, seen
 
 
-def _parse(text: str, make_id: Callable[[str, str], str], source: str) -> ParsedOutput:
+def _parse(text: str, make_id: Callable[[str, str], str], source: str,
+           nested: Callable[[list[str], str], str] | None = None) -> ParsedOutput:
     found: dict[str, TestStatus] = {}
     docs = _documents(text)
     complete = bool(docs)
     suspect_notes: list[str] = []
     declared_total: int | None = 0
     for doc in docs:
-        ok, declared, seen = _parse_document(doc, make_id, found)
+        ok, declared, seen = _parse_document(doc, make_id, found, nested)
+        if nested is not None and (m := _NODE_TESTS.search(doc)):
+            declared = int(m.group(1))  # node's "<!-- tests N -->" (tests with subtests count too)
         complete = complete and ok
         if declared is None or declared_total is None:
             declared_total = None
         else:
             declared_total += declared
         if declared is not None and seen > declared:
-            suspect_notes.append(f"a report declares {declared} tests and holds {seen}")
-    parsed = build(found, complete=complete, reported_total=declared_total, source=source, notes=suspect_notes)
+            suspect_notes.append(f"a report declares {declared} tests and holds {seen} passing")
+    parsed = build(found, complete=complete, reported_total=None, source=source, notes=suspect_notes,
+                   totals={"tests": declared_total} if declared_total else None)
     if suspect_notes and not parsed.suspect:
         parsed = msgspec.structs.replace(parsed, suspect=True)
     return parsed
@@ -121,3 +161,8 @@ def parse_junit_xml(text: str) -> ParsedOutput:
 
 def parse_pytest_junit_xml(text: str) -> ParsedOutput:
     return _parse(text, pytest_id, "pytest_junit")
+
+
+def parse_node_junit_xml(text: str) -> ParsedOutput:
+    """``node --test --test-reporter=junit --test-reporter-destination=report.xml``."""
+    return _parse(text, junit_id, "node_junit", nested=node_id)

@@ -29,8 +29,13 @@ _TAP_PLAN = re.compile(r"^1\.\.\d+$")
 _TAP_TESTS = re.compile(r"^# tests (?P<n>\d+)$")
 
 
+_TAP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v"}
+_TAP_ESCAPE = re.compile(r"\\(.)")
+
+
 def _unescape_tap(name: str) -> str:
-    return name.replace("\\#", "#").replace("\\\\", "\\")
+    """Node escapes ``\\``, ``#`` and control characters in TAP names with a backslash."""
+    return _TAP_ESCAPE.sub(lambda m: _TAP_ESCAPES.get(m.group(1), m.group(1)), name)
 
 
 def parse_node_tap(text: str) -> ParsedOutput:
@@ -75,7 +80,24 @@ def parse_node_tap(text: str) -> ParsedOutput:
 _SPEC_LINE = re.compile(r"^(?P<indent>(?:  )*)(?P<mark>[✔✖﹣▶])\s(?P<rest>.*)$")
 _SPEC_DURATION = re.compile(r"^(?P<name>.*?) \([\d.]+m?s\)(?P<tail>.*)$")
 _SPEC_TESTS = re.compile(r"^ℹ tests (?P<n>\d+)$")
+_SPEC_SUITES = re.compile(r"^ℹ suites (?P<n>\d+)$")
 _SPEC_FAILING = "✖ failing tests:"
+
+
+def _spec_entry(mark: str, rest: str) -> tuple[str, TestStatus] | None:
+    """A result line's name and status; ``None`` for a suite's opening line."""
+    if mark == "▶":
+        return None
+    d = _SPEC_DURATION.match(rest)
+    if d is None:
+        if mark == "✖":
+            return rest, TestStatus.FAILED  # cancelled (a failed hook): no duration
+        return None
+    name, tail = d.group("name"), d.group("tail")
+    # "# SKIP"/"# TODO", or a skip's or todo's reason alone ("✖ x (1ms) # not done" is a todo)
+    if mark == "﹣" or tail.startswith(" # "):
+        return name, TestStatus.SKIPPED
+    return name, TestStatus.PASSED if mark == "✔" else TestStatus.FAILED
 
 
 def parse_node_spec(text: str) -> ParsedOutput:
@@ -92,19 +114,12 @@ def parse_node_spec(text: str) -> ParsedOutput:
         if level > len(suites):
             continue  # deeper than any open suite: printed by a test, not the reporter
         del suites[level:]
-        mark, rest = m.group("mark"), m.group("rest")
-        if mark == "▶":
-            suites.append(rest)
+        if m.group("mark") == "▶":
+            suites.append(m.group("rest"))
             continue
-        d = _SPEC_DURATION.match(rest)
-        if d is None:
-            continue
-        name, tail = d.group("name"), d.group("tail")
-        if mark == "﹣" or "# SKIP" in tail or "# TODO" in tail:
-            status = TestStatus.SKIPPED
-        else:
-            status = TestStatus.PASSED if mark == "✔" else TestStatus.FAILED
-        merge(found, SEP.join([*suites, name]), status)
+        entry = _spec_entry(m.group("mark"), m.group("rest"))
+        if entry is not None:
+            merge(found, SEP.join([*suites, entry[0]]), entry[1])
     # A suite closes with its own line at its indentation: "✖ suite (1ms)". It was read as a
     # test named like the suite at the parent level; drop those.
     suite_ids = _suite_ids(lines[:end])
@@ -112,12 +127,19 @@ def parse_node_spec(text: str) -> ParsedOutput:
         found.pop(sid, None)
     _apply_failing_section(lines, end, found)
     total = int(_SPEC_TESTS.match(lines[total_at]).group("n")) if total_at is not None else None  # type: ignore[union-attr]
-    return build(found, complete=total_at is not None, reported_total=total, source="node_spec",
+    bound = total
+    if total is not None and total_at is not None:
+        # "ℹ tests N" counts a test with subtests too, which opens with "▶" like a suite
+        # but is not a result here: N minus the "▶" lines that are not suites bounds the leaves.
+        suites_n = next((int(m.group("n")) for line in lines[total_at:] if (m := _SPEC_SUITES.match(line))), None)
+        if suites_n is not None:
+            bound = total - max(0, len(suite_ids) - suites_n)
+    return build(found, complete=total_at is not None, reported_total=bound, source="node_spec",
                  totals={"tests": total} if total is not None else None)
 
 
-def _suite_ids(lines: list[str]) -> set[str]:
-    ids: set[str] = set()
+def _suite_ids(lines: list[str]) -> list[str]:
+    ids: list[str] = []
     suites: list[str] = []
     for line in lines:
         m = _SPEC_LINE.match(line)
@@ -129,7 +151,7 @@ def _suite_ids(lines: list[str]) -> set[str]:
         del suites[level:]
         if m.group("mark") == "▶":
             suites.append(m.group("rest"))
-            ids.add(SEP.join(suites))
+            ids.append(SEP.join(suites))
     return ids
 
 
@@ -141,8 +163,8 @@ def _apply_failing_section(lines: list[str], end: int, found: dict[str, TestStat
         return
     failed_names = set()
     for line in lines[start + 1 :]:
-        if line.startswith("✖ ") and (d := _SPEC_DURATION.match(line[2:])):
-            failed_names.add(d.group("name"))
+        if line.startswith("✖ ") and (entry := _spec_entry("✖", line[2:])) and entry[1] is TestStatus.FAILED:
+            failed_names.add(entry[0])
     for test_id in found:
         if test_id.rsplit(SEP, 1)[-1] in failed_names:
             merge(found, test_id, TestStatus.FAILED)

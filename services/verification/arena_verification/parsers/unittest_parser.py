@@ -19,11 +19,16 @@ import re
 from arena.schemas import TestStatus
 from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
 
-_PROGRESS = re.compile(r"^(?P<indent>\s*)(?P<name>\w+) \((?P<id>[\w.]+)\)(?P<params> \(.*?\))? \.\.\. ?(?P<rest>.*)$")
-_FAIL_HEADER = re.compile(r"^(?P<word>FAIL|ERROR|UNEXPECTED SUCCESS): (?P<name>\w+) \((?P<id>[\w.]+)\)")
+_TEST = r"(?P<name>[\w.]+) \((?P<id>[\w.]+)\)(?P<params> \(.*?\))?"
+_PROGRESS = re.compile(rf"^(?P<indent>\s*){_TEST} \.\.\. ?(?P<rest>.*)$")
+#: ``-v`` with a docstring: ``name (id)`` alone, then ``<first docstring line> ... ok``.
+_DESCRIBED = re.compile(rf"^{_TEST}$")
+_FAIL_HEADER = re.compile(r"^(?P<word>FAIL|ERROR|UNEXPECTED SUCCESS): (?P<name>[\w.]+) \((?P<id>[\w.]+)\)")
 _RAN = re.compile(r"^Ran (?P<n>\d+) tests? in [\d.]+s$")
 _VERDICT = re.compile(r"^(OK|FAILED)(?: \((?P<counts>.*)\))?$")
 _RULE = "=" * 70
+#: Class and module fixtures: an error in one is reported like a test but not counted as one.
+_FIXTURES = frozenset({"setUpClass", "tearDownClass", "setUpModule", "tearDownModule"})
 
 
 def _status(word: str) -> TestStatus | None:
@@ -48,45 +53,73 @@ def _test_id(name: str, paren: str) -> str:
     return paren if paren.endswith("." + name) else f"{paren}.{name}"
 
 
-def parse_unittest_output(text: str) -> ParsedOutput:
-    lines = strip_ansi(text).splitlines()
-    ran_at = max((i for i, line in enumerate(lines) if _RAN.match(line)), default=None)
-    end = ran_at if ran_at is not None else len(lines)
-    found: dict[str, TestStatus] = {}
-    pending: str | None = None  # a test whose status has not been printed yet
-    pending_has_subtests = False
-    for i in range(end):
-        line = lines[i]
+class _Progress:
+    """The ``-v`` progress lines, one at a time."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, TestStatus] = {}
+        self.pending: str | None = None  # a test whose status has not been printed yet
+        self.pending_has_subtests = False
+        self.described: str | None = None  # "name (id)" printed, its docstring line next
+
+    def line(self, line: str) -> None:
         m = _PROGRESS.match(line)
         if m and m.group("indent"):  # a subtest result: "  test_x (id) (i=1) ... FAIL"
             status = _status(m.group("rest"))
             tid = _test_id(m.group("name"), m.group("id"))
-            if status is not None and tid == pending:
-                merge(found, tid, status)
-                pending_has_subtests = True
-            continue
-        if m and (pending is None or pending_has_subtests):
-            tid = _test_id(m.group("name"), m.group("id"))
-            status = _status(m.group("rest"))
-            pending, pending_has_subtests = None, False
-            if status is None:
-                pending = tid
-            else:
-                merge(found, tid, status)
-            continue
-        if pending is not None and not line.startswith(" "):
+            if status is not None and tid == self.pending:
+                merge(self.found, tid, status)
+                self.pending_has_subtests = True
+            return
+        if m and (self.pending is None or self.pending_has_subtests):
+            self.described = None
+            self._started(_test_id(m.group("name"), m.group("id")), m.group("rest"))
+            return
+        if self.pending is None:
+            if d := _DESCRIBED.match(line):
+                self.described = _test_id(d.group("name"), d.group("id"))
+                return
+            if self.described is not None:
+                _doc, sep, rest = line.partition(" ... ")
+                tid, self.described = self.described, None
+                if sep:
+                    self._started(tid, rest)
+                return
+        if self.pending is not None and not line.startswith(" "):
             status = _status(line)
             if status is not None:
-                merge(found, pending, status)
-                pending, pending_has_subtests = None, False
+                merge(self.found, self.pending, status)
+                self.pending, self.pending_has_subtests = None, False
+
+    def _started(self, tid: str, rest: str) -> None:
+        self.pending, self.pending_has_subtests = None, False
+        status = _status(rest)
+        if status is not None:
+            merge(self.found, tid, status)
+        elif (n := _PROGRESS.match(rest)) and not n.group("indent"):
+            # Python < 3.11 prints nothing for a test whose subtests failed: the next
+            # test's line follows on the same line (its FAIL: header names it).
+            self.line(rest)
+        else:
+            self.pending = tid  # the test's own output sits between "... " and its status
+
+
+def parse_unittest_output(text: str) -> ParsedOutput:
+    lines = strip_ansi(text).splitlines()
+    ran_at = max((i for i, line in enumerate(lines) if _RAN.match(line)), default=None)
+    end = ran_at if ran_at is not None else len(lines)
+    progress = _Progress()
+    found = progress.found
+    for i in range(end):
+        line = lines[i]
+        progress.line(line)
         if line == _RULE and i + 1 < end:
             header = _FAIL_HEADER.match(lines[i + 1])
             if header and header.group("word") != "UNEXPECTED SUCCESS":
                 word = TestStatus.FAILED if header.group("word") == "FAIL" else TestStatus.ERROR
                 merge(found, _test_id(header.group("name"), header.group("id")), word)
-    if pending is not None and pending_has_subtests:
-        pending = None
     complete = ran_at is not None and any(_VERDICT.match(line) for line in lines[ran_at + 1 :])
     total = int(_RAN.match(lines[ran_at]).group("n")) if ran_at is not None else None  # type: ignore[union-attr]
-    return build(found, complete=complete, reported_total=total, source="unittest",
-                 totals={"tests": total} if total is not None else None)
+    fixtures = sum(1 for tid in found if tid.rsplit(".", 1)[-1] in _FIXTURES)
+    return build(found, complete=complete, reported_total=None if total is None else total + fixtures,
+                 source="unittest", totals={"tests": total} if total is not None else None)
