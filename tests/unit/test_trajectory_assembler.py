@@ -137,3 +137,20 @@ def test_the_final_events_history_wins_over_stored_rows():
     older = final("r")
     assert [t.to_state for t in assembler.full_history(older, chain[:4])] == [
         S.PENDING, S.PROVISIONING, S.RUNNING, S.VERIFYING, S.COMPLETED]
+
+
+def test_an_infrastructure_outcome_has_no_reward_and_stays_out_of_the_advantages():
+    infra = msgspec.structs.replace(final("c", RolloutState.FAILED, group="g", index=2, size=3),
+                                    reason="infrastructure: could not verify: image missing", infrastructure=True)
+    c = assembler.assemble(infra, [], sandbox("c"), None)
+    assert (c.reward, c.infrastructure) == (None, True)
+    a = assembler.assemble(final("a", group="g", index=0, size=3), [], sandbox("a"), verified("a", 1.0))
+    b = assembler.assemble(final("b", group="g", index=1, size=3), [], sandbox("b"), verified("b", 0.0))
+    group = assembler.complete_group([a, b, c])
+    assert group.rewards == [1.0, 0.0, None]
+    # the advantages are those of the two members with a reward; the third gets none (0.0)
+    assert group.advantages == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
+    assert group.excluded_indexes == [2]
+    # an agent that failed is a policy failure, a 0: only infrastructure outcomes have no reward
+    failed = assembler.assemble(final("d", RolloutState.FAILED), [], sandbox("d"), None)
+    assert (failed.reward, failed.infrastructure) == (0.0, False)
