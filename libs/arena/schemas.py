@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/schemas.md
 
 
 class Base(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -15,13 +15,15 @@ import hashlib
 import io
 import logging
 import os
+import posixpath
 import re
+import stat
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from arena.errors import ArenaError
 from arena.schemas import BundleSource, GitSource, ImageSource, PathSource, Source
@@ -72,7 +74,8 @@ def bundle_object(digest: str) -> str:
 
 def pack_dir(path: Path) -> bytes:
     """``path`` as a gzipped tar, byte-for-byte reproducible (sorted, no times or owners,
-    no ``.git``): the same directory always has the same digest."""
+    no ``.git``): the same directory always has the same digest. Every name of a
+    hard-linked file is stored as a file of its own."""
     path = Path(path)
     if not path.is_dir():
         raise SourceError(f"{path} is not a directory")
@@ -81,17 +84,20 @@ def pack_dir(path: Path) -> bytes:
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames[:] = sorted(d for d in dirnames if d != ".git")
             rel_dir = Path(dirpath).relative_to(path)
-            entries = [(d, True) for d in dirnames] + [(f, False) for f in sorted(filenames)]
-            for name, _ in sorted(entries):
+            for name in sorted([*dirnames, *filenames]):
                 full = Path(dirpath) / name
-                info = tar.gettarinfo(str(full), arcname=str(rel_dir / name))
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                info.mode = (0o755 if info.mode & 0o111 or info.isdir() else 0o644) if not info.issym() else 0o777
-                if info.isreg():
+                st = full.lstat()
+                info = tarfile.TarInfo(str(rel_dir / name))
+                if stat.S_ISLNK(st.st_mode):
+                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(full), 0o777
+                    tar.addfile(info)
+                elif stat.S_ISDIR(st.st_mode):
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                elif stat.S_ISREG(st.st_mode):
+                    info.size, info.mode = st.st_size, 0o755 if st.st_mode & 0o111 else 0o644
                     with open(full, "rb") as fh:
                         tar.addfile(info, fh)
-                elif info.isdir() or info.issym():
-                    tar.addfile(info)
                 # sockets, fifos, devices: not part of a source tree
     return gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
 
@@ -100,6 +106,7 @@ def check_bundle(data: bytes) -> int:
     """Refuse what is not a tar (gzipped or not) of safe members within the bounds; the
     number of members."""
     total = count = 0
+    links: dict[str, str] = {}
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
             for member in tar:
@@ -108,13 +115,62 @@ def check_bundle(data: bytes) -> int:
                 if count > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
                     raise SourceError(f"the bundle unpacks to more than {MAX_MEMBERS} files or "
                                       f"{MAX_UNPACKED_BYTES} bytes")
-                try:
-                    tarfile.data_filter(member, "/nonexistent-arena-dest")
-                except tarfile.FilterError as exc:
-                    raise SourceError(f"the bundle holds an unsafe member: {exc}") from None
+                problem = unsafe_member(member, links)
+                if problem:
+                    raise SourceError(f"the bundle holds an unsafe member: {problem}")
+                if member.issym():
+                    links[posixpath.normpath(member.name)] = member.linkname
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, zlib_error()) as exc:
         raise SourceError(f"the bundle is not a valid tar archive: {exc}") from exc
     return count
+
+
+def unsafe_member(member: tarfile.TarInfo, links: dict[str, str]) -> str:
+    """Why ``member`` may not be unpacked ("" if it may): an absolute name, a name or a link
+    that leads out of the tree (following the links seen before it), a device."""
+    name = member.name
+    if name.startswith("/") or ".." in PurePosixPath(name).parts:
+        return f"{name!r} is not a path inside the bundle"
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        return f"{name!r} is not a file, directory or link"
+    if resolve_inside(posixpath.dirname(posixpath.normpath(name)), links) is None:
+        return f"{name!r} lies behind a link out of the bundle"
+    if member.issym() or member.islnk():
+        target = member.linkname
+        if target.startswith("/"):
+            return f"{name!r} links to an absolute path"
+        base = posixpath.dirname(posixpath.normpath(name)) if member.issym() else ""
+        if resolve_inside(posixpath.join(base, target), links) is None:
+            return f"{name!r} links out of the bundle"
+    return ""
+
+
+def resolve_inside(path: str, links: dict[str, str], depth: int = 0) -> str | None:
+    """``path`` (relative to the tree) with the tree's links followed, or ``None`` if it
+    leaves the tree (or the links loop)."""
+    if depth > 40:
+        return None
+    done: list[str] = []
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            if not done:
+                return None
+            done.pop()
+            continue
+        here = "/".join([*done, part])
+        if here in links:
+            target = links[here]
+            if target.startswith("/"):
+                return None
+            resolved = resolve_inside("/".join([*done, target]), links, depth + 1)
+            if resolved is None:
+                return None
+            done = [p for p in resolved.split("/") if p]
+            continue
+        done.append(part)
+    return "/".join(done)
 
 
 def zlib_error() -> type[Exception]:
@@ -317,11 +373,20 @@ def fetch_git(source: GitSource, dest: Path, *, allow_file: bool = False) -> Non
             if not sha.startswith(source.commit):
                 raise SourceError(f"git source: fetched {sha}, not commit {source.commit}")
             archive = work / "tree.tar"
-            host_git(["archive", "--format=tar", "-o", str(archive), sha], work)
+            # --worktree-attributes in a bare repository: the tree's own .gitattributes
+            # (export-ignore, export-subst) do not change what is archived
+            host_git(["archive", "--worktree-attributes", "--format=tar", "-o", str(archive), sha], work)
         except GitError as exc:
             raise SourceError(f"git source {source.url} @ {source.commit}: {exc}") from exc
+        _extract(archive, dest, what=f"git source {source.url} @ {source.commit}")
+
+
+def _extract(archive: Path, dest: Path, *, what: str) -> None:
+    try:
         with tarfile.open(archive) as tar:
             tar.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(f"{what}: cannot unpack it here: {exc}") from exc
 
 
 def extract_image(source: ImageSource, dest: Path, docker_url: str) -> None:
@@ -357,7 +422,10 @@ def extract_image(source: ImageSource, dest: Path, docker_url: str) -> None:
                         continue
                     member.name = str(Path(*parts[1:]))
                     members.append(member)
-                tar.extractall(dest, members=members, filter="data")
+                try:
+                    tar.extractall(dest, members=members, filter="data")
+                except (tarfile.TarError, OSError) as exc:
+                    raise SourceError(f"image source {source.image}:{source.path}: {exc}") from exc
     finally:
         if container is not None:
             try:

@@ -66,7 +66,9 @@ async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url
 
         def on_output(chunk: bytes) -> None:
             chunks.append(chunk)
-            first.set()
+            seen = b"".join(chunks)
+            if b"first" in seen and b"err" in seen:  # stdout and stderr travel apart: wait for both
+                first.set()
 
         cancel = asyncio.Event()
         running = asyncio.ensure_future(sandbox.exec(["sh", "-c", "echo first; echo err >&2; sleep 100"], env={},

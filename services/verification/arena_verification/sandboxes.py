@@ -77,6 +77,5 @@ class LocalSandboxes(ProviderSandboxes):
     """Local bubblewrap sandboxes under ``directory`` (tests and one-off verifications)."""
 
     def __init__(self, directory: Path):
-        from arena_sandbox.local_provider import LocalProvider
-
-        super().__init__(local=LocalProvider(data_dir=Path(directory), owner=f"verify-{os.getpid()}"), docker=None)
+        settings = Settings(data_dir=str(directory), sandbox_owner=f"verify-{os.getpid()}")
+        super().__init__(local=build_provider("local", settings), docker=None)
