@@ -24,6 +24,8 @@ import asyncio
 import logging
 import os
 import posixpath
+import random
+import re
 import secrets
 import time
 from pathlib import Path, PurePosixPath
@@ -98,8 +100,11 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
 
     touched = patch.touched_paths(job.diff)
     guarded, flag_only = protected.classify(spec.parser, touched, task.workdir)
+    # test code the agent touched besides the named files (helpers, fixtures, data next to
+    # the tests) is put back too: the agent's work is the source, never the tests
+    test_like = [PurePosixPath(patch.normalize(p)) for p in sorted(touched) if looks_like_test(p)]
     flags: list[str] = []
-    if any(patch.touches(touched, str(p)) for p in [*test_paths, *hidden_paths]):
+    if test_like or any(patch.touches(touched, str(p)) for p in [*test_paths, *hidden_paths]):
         flags.append(FLAG_TESTS_TAMPERED)
     flags += [flag for flag in guarded if flag not in flags]
     flags += [flag for flag in flag_only if flag not in flags]
@@ -117,7 +122,8 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
         if isinstance(task.source_of(), PathSource):  # a host path that is not there: the task is wrong
             raise InvalidTask(str(exc)) from exc
         raise VerificationError(f"cannot get the task's source: {exc}") from exc
-    reset = dict(await asyncio.to_thread(snapshot, workspace, [*test_paths, *hidden_paths]))
+    reset = dict(await asyncio.to_thread(snapshot, workspace, list(dict.fromkeys([*test_paths, *hidden_paths]))))
+    reset.update(await asyncio.to_thread(_snapshot_guarded, workspace, [p for p in test_like if p not in reset]))
     reset.update(await asyncio.to_thread(_snapshot_guarded, workspace, guarded_paths))
     hidden = await asyncio.to_thread(_hidden_files, hidden_tree) if hidden_tree is not None else {}
     canaries = plan_canaries(spec, workspace, hidden_paths, hidden) if spec.canaries else None
@@ -164,6 +170,18 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
     return _result(job, spec, parsed, run, text, flags, started)
 
 
+#: Directories whose files are test code in every ecosystem Arena parses.
+TEST_DIRS = frozenset({"test", "tests", "__tests__"})
+_TEST_FILE = re.compile(r"(^test_.*\.py$|_test\.py$|_test\.go$|\.(test|spec)\.[cm]?[jt]sx?$)")
+
+
+def looks_like_test(path: str) -> bool:
+    """Whether ``path`` is test code: under a ``test``/``tests``/``__tests__`` directory, or
+    named like a test file of pytest, go or the JavaScript runners."""
+    parts = PurePosixPath(path).parts
+    return bool(parts) and (any(p in TEST_DIRS for p in parts[:-1]) or bool(_TEST_FILE.search(parts[-1])))
+
+
 # --------------------------------------------------------------------------- the sandbox's set-up
 
 WORKSPACE = "/sandbox/workspace"
@@ -207,9 +225,15 @@ fi
 if [ -s "$A/canary.list" ]; then
   while IFS= read -r p; do
     [ -f "$p" ] && [ ! -L "$p" ] || continue
-    printf '
-' >> "$p"; cat "$A/canary.py" >> "$p"
+    cat "$A/canary/$p" >> "$p"
   done < "$A/canary.list"
+fi
+# a fresh repository holding the tree as it is now: what the test process finds in .git is
+# this tree, so comparing against the base reveals neither the hidden tests nor the canaries
+if command -v git >/dev/null 2>&1 && [ -d .git ]; then
+  rm -rf .git && git init -q && git add -A >/dev/null 2>&1 &&
+    git -c user.name=arena -c user.email=arena@localhost -c commit.gpgsign=false commit -q --no-verify -m base \
+      >/dev/null 2>&1
 fi
 find . -name .git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null
 find . -name .git -prune -o \( -name '*.pyc' -o -name '*.pyo' \) -type f -exec rm -f {} + 2>/dev/null
@@ -239,7 +263,8 @@ def _setup_files(diff: str, spec: TestsVerifier, reset: dict, hidden: dict[str, 
         files[f"{ARENA_DIR}/hidden/{rel}"] = data
     if canaries is not None:
         files[f"{ARENA_DIR}/canary.list"] = "".join(f"{p}\n" for p in canaries.files).encode()
-        files[f"{ARENA_DIR}/canary.py"] = canaries.source.encode()
+        for path, (_, _, source) in canaries.files.items():
+            files[f"{ARENA_DIR}/canary/{path}"] = source.encode()
     return files
 
 
@@ -312,18 +337,50 @@ CANARY_PARSERS = frozenset({"pytest", "pytest_junit"})
 
 
 class Canaries(msgspec.Struct, frozen=True, kw_only=True):
-    """Two tests appended to the listed test files: one must fail, one must pass."""
+    """Two tests appended to each of the listed test files: one must fail, one must pass.
+    Named from the file's own tests and written like them, so code running inside the test
+    process cannot tell them from the hidden tests."""
 
-    files: list[str]
-    must_fail: str  # function names
-    must_pass: str
-    source: str
+    #: test file -> (must-fail name, must-pass name, source appended to it)
+    files: dict[str, tuple[str, str, str]]
+
+
+_TEST_DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(test_\w+)[ \t]*\(", re.M)
+_SUFFIXES = ("basic", "edge_case", "regression", "roundtrip", "empty", "unicode", "large_input", "repr",
+             "types", "default", "nested", "order", "idempotent", "none", "twice", "mixed")
+_WORDS = ("alpha", "value", "token", "field", "item", "word", "key", "name", "node", "chunk", "entry", "label")
+
+
+def _canary_name(existing: set[str], rng: random.Random) -> str:
+    stems = sorted(existing) or ["test_" + rng.choice(_WORDS)]
+    for _ in range(100):
+        name = f"{rng.choice(stems)}_{rng.choice(_SUFFIXES)}"
+        if name not in existing:
+            existing.add(name)
+            return name
+    name = f"test_{rng.choice(_WORDS)}_{secrets.token_hex(3)}"
+    existing.add(name)
+    return name
+
+
+def _canary_body(rng: random.Random, *, fail: bool) -> str:
+    word = rng.choice(_WORDS)
+    n, m = rng.randint(2, 97), rng.randint(2, 97)
+    bodies = [
+        (f"assert sorted([{m}, {n}, {n + m}]) == [{n + m}, {m}, {n}]", f"assert sorted([{n + m}, {n}]) == [{n}, {n + m}]"),
+        (f'assert "{word}".upper() == "{word}"', f'assert "{word}".upper() == "{word.upper()}"'),
+        (f'assert len("{word}") == {len(word) + 1}', f'assert len("{word}") == {len(word)}'),
+        (f"assert {n} + {m} == {n + m + 1}", f"assert {n} + {m} == {n + m}"),
+        (f'assert "{word}"[::-1] == "{word}"', f'assert "{word}"[::-1][::-1] == "{word}"'),
+    ]
+    bad, good = rng.choice(bodies)
+    return bad if fail else good
 
 
 def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PurePosixPath],
                   hidden: dict[str, bytes]) -> Canaries | None:
-    """Canaries for a pytest task: appended to (at most three of) the Python files the listed
-    tests live in; ``None`` for other runners or when no listed test names its file."""
+    """Canaries for a pytest task, for (at most three of) the Python files the listed tests
+    live in; ``None`` for other runners or when no listed test names its file."""
     if spec.parser not in CANARY_PARSERS:
         return None
     files: list[str] = []
@@ -342,10 +399,22 @@ def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PureP
             break
     if not files:
         return None
-    must_fail, must_pass = f"test_{secrets.token_hex(6)}", f"test_{secrets.token_hex(6)}"
-    source = (f"def {must_fail}():\n    assert 1 == 2\n\n\n"
-              f"def {must_pass}():\n    assert 1 == 1\n")
-    return Canaries(files=files, must_fail=must_fail, must_pass=must_pass, source=source)
+    rng = random.Random(secrets.randbits(64))
+    listed = {t.split("::")[-1].split("[")[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]}
+    planned: dict[str, tuple[str, str, str]] = {}
+    for rel in files:
+        text = ""
+        for candidate in (workspace / rel,):
+            if candidate.is_file() and not candidate.is_symlink():
+                text = candidate.read_text(errors="replace")
+        text += hidden.get(rel, b"").decode(errors="replace") + spec.test_patch
+        existing = set(_TEST_DEF.findall(text)) | listed
+        must_fail, must_pass = _canary_name(existing, rng), _canary_name(existing, rng)
+        tests = [(must_fail, _canary_body(rng, fail=True)), (must_pass, _canary_body(rng, fail=False))]
+        rng.shuffle(tests)
+        source = "\n\n".join(f"def {name}():\n    {body}\n" for name, body in tests)
+        planned[rel] = (must_fail, must_pass, "\n" + source)
+    return Canaries(files=planned)
 
 
 def check_canaries(parsed: ParsedOutput, canaries: Canaries, exit_code: int | None) -> tuple[ParsedOutput, str]:
@@ -356,20 +425,19 @@ def check_canaries(parsed: ParsedOutput, canaries: Canaries, exit_code: int | No
     """
     statuses = {}
     rest = []
-    names = (canaries.must_fail, canaries.must_pass)
     for result in parsed.results:
-        name = result.test_id.split("::")[-1]
-        if name in names and result.test_id.split("::", 1)[0] in canaries.files:
-            statuses[(result.test_id.split("::", 1)[0], name)] = result.status
+        path, name = result.test_id.split("::", 1)[0], result.test_id.split("::")[-1]
+        if path in canaries.files and name in canaries.files[path][:2] and "::" in result.test_id:
+            statuses[(path, name)] = result.status
         else:
             rest.append(result)
     cleaned = msgspec.structs.replace(parsed, results=rest)
     failing = {TestStatus.FAILED, TestStatus.ERROR}
     problems = []
     ran_failing_canary = False
-    for path in canaries.files:
-        bad = statuses.get((path, canaries.must_fail))
-        good = statuses.get((path, canaries.must_pass))
+    for path, (must_fail, must_pass, _) in canaries.files.items():
+        bad = statuses.get((path, must_fail))
+        good = statuses.get((path, must_pass))
         if bad is not None and bad not in failing:
             problems.append(f"a test that must fail was reported {bad.value} ({path})")
         elif bad is None and good is TestStatus.PASSED:
