@@ -145,6 +145,13 @@ class PathSource(Request, kw_only=True, tag="path"):
 Source = BundleSource | GitSource | ImageSource | PathSource
 
 
+ParserName = Literal[
+    "pytest", "pytest_junit", "unittest", "go_test", "go_test_json", "cargo",
+    "node_spec", "node_tap", "jest", "vitest", "mocha", "junit",
+    "cargo_json", "jest_json", "vitest_json", "mocha_json", "tap", "node_junit",
+]
+
+
 class TestsVerifier(Request, kw_only=True, tag="tests"):
     """SWE-bench style test-suite verifier.
 
@@ -156,12 +163,12 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
 
     __test__ = False  # not a pytest class
 
+    #: ``{report}`` in the command is replaced by a fresh path outside the workspace; the
+    #: run's structured report is read from there (with ``parser``) instead of the log.
     command: str = "python -m pytest -rA"
-    parser: Literal[
-        "pytest", "pytest_junit", "unittest", "go_test", "go_test_json", "cargo",
-        "node_spec", "node_tap", "jest", "vitest", "mocha", "junit",
-        "cargo_json", "jest_json", "vitest_json", "mocha_json", "tap", "node_junit",
-    ] = "pytest"
+    parser: ParserName = "pytest"
+    #: With ``{report}``: the parser for the log when the report is missing or incomplete.
+    fallback_parser: ParserName | None = None
     fail_to_pass: list[str] = []
     pass_to_pass: list[str] = []
     #: Test files reset to their base version before the run (the agent's edits undone).

@@ -4,6 +4,7 @@ The gold, wrong and empty patches and every tampering case run in test_verificat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -93,3 +94,37 @@ async def test_output_that_is_not_pytest_is_a_parse_failure(tmp_path):
     assert r.reward == 0.0
     assert r.flags == ["tests_missing", "parse_failed"]
     assert r.log_tail == "tests are fine"
+
+
+def with_report(command: str, *, fallback: str | None = "pytest"):
+    verifier = msgspec.structs.replace(TASK.verifier, command=command, parser="pytest_junit",
+                                       fallback_parser=fallback)
+    return msgspec.structs.replace(TASK, verifier=verifier)
+
+
+async def test_a_structured_report_written_outside_the_workspace_decides(tmp_path):
+    task = with_report("python -m pytest -rA -p no:cacheprovider --junitxml={report} tests")
+    gold, empty = await asyncio.gather(run(tmp_path / "g", scripted_diff("correct"), task),
+                                       run(tmp_path / "e", "", task))
+    assert (gold.reward, gold.flags, gold.parser) == (1.0, [], "pytest_junit")
+    assert gold.counts == Counts(f2p_passed=2, p2p_passed=5)
+    assert (empty.reward, empty.counts) == (0.0, Counts(f2p_failed=2, p2p_passed=5))
+
+
+async def test_a_missing_report_falls_back_to_the_log_or_fails(tmp_path):
+    # the command never writes the report (a runner crash would not either)
+    fallback = with_report("python -m pytest -rA -p no:cacheprovider tests # {report}")
+    r = await run(tmp_path / "a", scripted_diff("correct"), fallback)
+    assert (r.reward, r.flags) == (1.0, [])  # read from the log by the fallback parser
+    none = with_report("python -m pytest -rA -p no:cacheprovider tests # {report}", fallback=None)
+    r = await run(tmp_path / "b", scripted_diff("correct"), none)
+    assert r.reward == 0.0 and "parse_failed" in r.flags
+
+
+async def test_a_report_at_odds_with_the_exit_code_is_not_trusted(tmp_path):
+    # every test passes, the report says so, yet the runner exits non-zero: something is off
+    task = with_report("python -m pytest -rA -p no:cacheprovider --junitxml={report} tests; exit 3")
+    r = await run(tmp_path, scripted_diff("correct"), msgspec.structs.replace(
+        task, verifier=msgspec.structs.replace(task.verifier, canaries=False)))
+    assert r.reward == 0.0 and "parse_suspect" in r.flags
+    assert "the runner exited 3" in r.reason

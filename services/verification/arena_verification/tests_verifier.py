@@ -153,10 +153,14 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
                                     f"{text[-1500:]}")
         output = _Output(MAX_LOG_BYTES)
         env = TEST_ENV if task.image_of() else LOCAL_TEST_ENV
-        run = await sandbox.exec(["sh", "-c", spec.command], env=env, workdir=workdir,
+        report_path = f"{ARENA_DIR}/report-{secrets.token_hex(8)}"
+        command = spec.command.replace(REPORT, report_path)
+        run = await sandbox.exec(["sh", "-c", command], env=env, workdir=workdir,
                                  timeout_s=spec.timeout_s, on_output=output)
         text = output.text()
-        if spec.report_file:
+        if REPORT in spec.command:
+            parsed = await _parse_report(sandbox, report_path, parser, spec, text, run)
+        elif spec.report_file:
             parsed = parser(await _read_reports(sandbox, workdir, spec.report_file))
         else:
             parsed = parser(text)
@@ -294,6 +298,30 @@ async def _apply(sandbox: Sandbox) -> str | None:
     if run.exit_code != 0:
         return text or f"git apply exited {run.exit_code}"
     return None
+
+
+REPORT = "{report}"
+
+
+async def _parse_report(sandbox: Sandbox, path: str, parser, spec: TestsVerifier, log_text: str,
+                        run: ExecResult) -> ParsedOutput:
+    """The structured report the run wrote at ``path`` (outside the workspace), cross-checked
+    with the exit code; the log with ``fallback_parser`` when the report is missing or cut."""
+    data = await sandbox.read_file(path, max_bytes=MAX_LOG_BYTES)
+    parsed = parser(data.decode("utf-8", errors="replace")) if data else None
+    if parsed is None or not parsed.complete:
+        note = "the structured report is missing" if parsed is None else "the structured report is incomplete"
+        if spec.fallback_parser is None:
+            empty = ParsedOutput(results=[], complete=False, notes=[note])
+            return parsed if parsed is not None else empty
+        fallback = get_parser(spec.fallback_parser)(log_text)
+        return msgspec.structs.replace(fallback, notes=[*fallback.notes, f"{note}: the log was parsed instead"])
+    failing = any(r.status in (TestStatus.FAILED, TestStatus.ERROR) for r in parsed.results)
+    if run.exit_code is not None and not run.timed_out and (run.exit_code == 0) == failing:
+        said = "failures" if failing else "no failure"
+        return msgspec.structs.replace(parsed, suspect=True, notes=[
+            *parsed.notes, f"the report counted {said} but the runner exited {run.exit_code}"])
+    return parsed
 
 
 async def _read_reports(sandbox: Sandbox, workdir: str, pattern: str) -> str:
