@@ -176,6 +176,19 @@ async def test_sandbox_failure_ends_the_rollout_with_the_reason(rollout, bus, tm
         msg_id=subjects.msg_id(rid, "sandbox-done"))
     view = (await api.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 10})).json()
     assert view["state"] == "timed_out" and view["reason"] == "wall clock of 60s exceeded"
+    assert not view.get("infrastructure", False)  # the agent ran out of time: a policy outcome
+
+
+async def test_a_sandbox_that_could_not_run_is_an_infrastructure_outcome_with_no_reward(rollout, bus, tmp_path):
+    api, _ = rollout
+    rid = (await api.post("/v1/rollouts", json={"task": task_json(tmp_path)})).json()["rollout_id"]
+    await bus.publish(subjects.sandbox_done(rid), SandboxDone(
+        rollout_id=rid, sandbox_id="s", provider="docker", outcome=SandboxOutcome.ERROR,
+        reason="cannot prepare the sandbox: image arena/x is not present", started_at=1.0, finished_at=1.0),
+        msg_id=subjects.msg_id(rid, "sandbox-done"))
+    view = (await api.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 10})).json()
+    assert view["state"] == "failed" and view["infrastructure"] is True and view.get("reward") is None
+    assert view["reason"] == "infrastructure: cannot prepare the sandbox: image arena/x is not present"
 
 
 async def test_budget_exhaustion_refuses_the_call_and_ends_the_rollout(rollout, bus, tmp_path):

@@ -115,3 +115,25 @@ async def test_listing_filters_and_export_paging(client):
     assert seen == ["a0", "a1", "b0", "b1"]
     counts = (await client.get("/v1/counts")).json()
     assert counts["trajectories"] == 4 and counts["steps"] == 8 and counts["rollout_states"] == 12  # pending, running, completed
+
+
+async def test_infrastructure_outcomes_are_counted_apart_from_rewards(tmp_path):
+    store = TrajectoryStore(ChdbBackend(tmp_path / "clickhouse"))
+    await store.init()
+    scored, *_ = make("s0", "add", group="g", index=0, reward=1.0)
+    event = RolloutStateChanged(rollout_id="i0", task_id="add", from_state=RolloutState.VERIFYING,
+                                to_state=RolloutState.FAILED, at=T0 + 60, group_id="g", group_index=1, group_size=2,
+                                reason="infrastructure: could not verify: image missing", infrastructure=True)
+    infra = assembler.assemble(event, [], None, None)
+    assert infra.reward is None
+    for t in (scored, infra):
+        await store.insert_trajectory(t)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(store)), base_url="http://t") as c:
+            [row] = (await c.get("/v1/stats/rewards", params={"by": "task"})).json()["rows"]
+            stored = (await c.get("/v1/trajectories/i0")).json()
+    finally:
+        await store.close()
+    # the reward figures are the scored rollouts'; the one Arena could not verify is counted apart
+    assert (row["trajectories"], row["mean_reward"], row["min_reward"], row["infrastructure_errors"]) == (2, 1.0, 1.0, 1)
+    assert stored["reward"] is None and stored["infrastructure"] is True
