@@ -170,3 +170,51 @@ async def test_result_json_link_is_not_followed(tmp_path, provider):
     assert out.done.outcome is SandboxOutcome.COMPLETED
     assert out.done.result is None
     assert "result.json ignored: not a regular file" in out.done.reason
+
+
+GIT_TAMPERING_AGENT = """
+import os, subprocess
+open('src/calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')
+git = ['git', '-c', 'user.name=a', '-c', 'user.email=a@b']
+if os.environ['MODE'] == 'replace':  # swap the base commit for another through a replace ref
+    base = subprocess.check_output(['git', 'rev-parse', 'HEAD']).decode().strip()
+    os.makedirs('.git/refs/replace', exist_ok=True)
+    open('.git/refs/replace/' + base, 'w').write(base + '\\n')
+elif os.environ['MODE'] == 'hook':
+    open('.git/hooks/post-checkout', 'w').write('#!/bin/sh\\necho hi\\n')
+elif os.environ['MODE'] == 'filter':
+    subprocess.check_call(git + ['config', 'filter.x.clean', 'cat'])
+else:  # harmless: an identity in the repository's config, a commit of the agent's own
+    subprocess.check_call(git + ['config', 'user.email', 'agent@example.com'])
+    subprocess.check_call(git + ['commit', '-qam', 'wip'])
+open('/sandbox/.arena/done', 'w').close()
+"""
+
+
+@pytest.mark.parametrize("mode, flagged", [("replace", True), ("hook", True), ("filter", True), ("benign", False)])
+async def test_changes_to_git_metadata_are_flagged(tmp_path, mode, flagged):
+    if local.available() is not None:
+        pytest.skip(f"no bubblewrap: {local.available()}")
+    job = make_job(tmp_path, GIT_TAMPERING_AGENT)
+    task = job.task
+    job = SandboxJob(rollout_id="r1", task=Task(**{**{f: getattr(task, f) for f in task.__struct_fields__},
+                                                   "agent": AgentSpec(command=task.agent.command, path=task.agent.path,
+                                                                      env={"MODE": mode})}),
+                     proxy_url=job.proxy_url, api_key=job.api_key)
+    done = (await runner.run_job(provider=make_provider("local", tmp_path / "data"), job=job,
+                                 data_dir=tmp_path / "data")).done
+    assert done.outcome is SandboxOutcome.COMPLETED, done.reason
+    assert done.flags == (["git_tampered"] if flagged else []), done.reason
+    if flagged:
+        assert "changed the repository's git metadata" in done.reason
+
+
+async def test_an_agent_that_deletes_its_git_directory_failed_it_is_no_infrastructure_error(tmp_path):
+    if local.available() is not None:
+        pytest.skip(f"no bubblewrap: {local.available()}")
+    agent = "import shutil\nshutil.rmtree('.git')\nopen('/sandbox/.arena/done', 'w').close()\n"
+    done = (await runner.run_job(provider=make_provider("local", tmp_path / "data"), job=make_job(tmp_path, agent),
+                                 data_dir=tmp_path / "data")).done
+    # an infrastructure outcome would take the rollout out of training: the agent's doing is a 0
+    assert done.outcome is SandboxOutcome.FAILED
+    assert done.reason.startswith("cannot extract the diff (the agent broke the repository)")

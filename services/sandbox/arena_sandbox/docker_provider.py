@@ -219,7 +219,8 @@ class DockerSandbox(HostDirSandbox):
     async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
         out: list[bytes] = []
         err: list[bytes] = []
-        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp", **GIT_IDENTITY}
+        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",
+               "GIT_NO_REPLACE_OBJECTS": "1", **GIT_IDENTITY}
         command = ["sh", "-c", local._DIFF_SCRIPT, "sh", base, *local._exclude_pathspecs()]
         async with self._lock:
             try:

@@ -530,7 +530,8 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
         spec = SandboxSpec(
             command=["sh", "-c", _DIFF_SCRIPT, "sh", base, *_exclude_pathspecs()],
             workspace=Path(workspace),
-            env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **GIT_IDENTITY},
+            env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_NO_REPLACE_OBJECTS": "1",
+                 **GIT_IDENTITY},
             timeout_s=timeout_s,
             run_prefix=run_prefix,
         )

@@ -303,7 +303,9 @@ async def run_job(
                 diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s)
             except local.GitError as exc:
                 if outcome is SandboxOutcome.COMPLETED:
-                    outcome, reason = SandboxOutcome.ERROR, f"cannot extract the diff: {exc}"
+                    # the agent owned the repository: a diff that cannot be had is its doing
+                    # (a deleted or broken .git), a failure of the policy, never "no reward"
+                    outcome, reason = SandboxOutcome.FAILED, f"cannot extract the diff (the agent broke the repository): {exc}"
                 else:
                     reason = f"{reason}; no diff: {exc}"
         log.info("sandbox finished: %s", outcome.value, extra=extra)
