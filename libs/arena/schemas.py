@@ -294,6 +294,10 @@ class Task(Request, kw_only=True):
             return self.image
         return self.source.image if isinstance(self.source, ImageSource) else ""
 
+    def workspace_mount(self) -> str:
+        """Where the image expects the repository (an image source's path), else ""."""
+        return self.source.path if isinstance(self.source, ImageSource) else ""
+
     def public(self) -> Task:
         """The task without its private part (what the agent and API views may see)."""
         return msgspec.structs.replace(self, verifier=None)

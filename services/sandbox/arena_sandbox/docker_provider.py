@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -370,12 +371,13 @@ class DockerProvider:
                 docker.types.Ulimit(name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes),
                 docker.types.Ulimit(name="core", soft=0, hard=0),
             ],
-            binds={
-                str(root / "workspace"): {"bind": local.WORKSPACE, "mode": "rw"},
-                str(root / "arena"): {"bind": local.ARENA_DIR, "mode": "rw"},
-                str(root / "agent"): {"bind": local.AGENT_DIR, "mode": "ro"},
-                str(run_dir): {"bind": local.RUN_DIR, "mode": "ro"},
-            },
+            binds=[
+                f"{root / 'workspace'}:{local.WORKSPACE}:rw",
+                f"{root / 'arena'}:{local.ARENA_DIR}:rw",
+                f"{root / 'agent'}:{local.AGENT_DIR}:ro",
+                f"{run_dir}:{local.RUN_DIR}:ro",
+                *([f"{root / 'workspace'}:{spec.workspace_mount}:rw"] if spec.workspace_mount else []),
+            ],
         )
 
     async def _start(self, container_id: str, run_dir: Path) -> Channel:
@@ -405,13 +407,15 @@ class DockerProvider:
             raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
 
     def pool_key(self, spec: CreateSpec) -> CreateSpec:
-        return CreateSpec(image=spec.image or self.default_image, limits=spec.limits)
+        return CreateSpec(image=spec.image or self.default_image, limits=spec.limits,
+                          workspace_mount=spec.workspace_mount)
 
     async def create(self, spec: CreateSpec) -> DockerSandbox:
         sandbox_id = uuid.uuid4().hex[:12]
         root = self.base / sandbox_id
         run_dir = run_dir_of(root)
         image = spec.image or self.default_image
+        check_workspace_mount(spec.workspace_mount)
 
         def make() -> str:
             make_layout(root, owner_uid=SANDBOX_UID)
@@ -470,6 +474,20 @@ class DockerProvider:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
+
+
+#: Where a workspace may not be mounted: Arena's own paths and the system's.
+_RESERVED = ("/sandbox", "/run/arena", "/proc", "/sys", "/dev", "/tmp", "/etc", "/usr", "/bin", "/lib", "/sbin")
+
+
+def check_workspace_mount(path: str) -> None:
+    if not path:
+        return
+    norm = os.path.normpath(path)
+    if not norm.startswith("/") or norm == "/" or any(norm == r or norm.startswith(r + "/") for r in _RESERVED) \
+            or ":" in norm or "," in norm:
+        raise SandboxError(f"cannot mount the workspace at {path!r}: an absolute path outside Arena's and the "
+                           "system's directories is needed (e.g. /testbed)")
 
 
 def _remove_dirs(root: Path) -> None:

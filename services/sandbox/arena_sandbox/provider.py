@@ -52,6 +52,9 @@ class CreateSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     image: str = ""  # docker: the image; local/mock: ignored ("" = provider default)
     limits: SandboxLimits = SandboxLimits()
+    #: docker: the workspace is also mounted here (an image source's path, e.g. ``/testbed``),
+    #: so what the image installed from that path (an editable install) is the workspace.
+    workspace_mount: str = ""
 
 
 class ExecResult(msgspec.Struct, frozen=True, kw_only=True):

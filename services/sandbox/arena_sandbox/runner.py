@@ -257,7 +257,8 @@ async def run_job(
             tree = await cache.tree(job.task.source_of())
             agent_tree = await agent_files(job.task.agent, cache)
             plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree)  # copy + git: off the loop
-            spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits)
+            spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
+                              workspace_mount=job.task.workspace_mount() if name == "docker" else "")
             sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
             await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
             if plan.agent_dir is not None:

@@ -84,7 +84,7 @@ def job_budget_s(spec: TestsVerifier) -> float:
 class Sandboxes(Protocol):
     """Where the verifier gets its sandbox: the provider for the task's image."""
 
-    async def sandbox_for(self, image: str) -> Sandbox: ...
+    async def sandbox_for(self, image: str, workspace_mount: str = "") -> Sandbox: ...
 
 
 async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started: float, *,
@@ -128,11 +128,13 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
     hidden = await asyncio.to_thread(_hidden_files, hidden_tree) if hidden_tree is not None else {}
     canaries = plan_canaries(spec, workspace, hidden_paths, hidden) if spec.canaries else None
 
-    sandbox = await sandboxes.sandbox_for(task.image_of())
+    mount = task.workspace_mount() if task.image_of() else ""
+    sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
     try:
         await sandbox.put_dir(workspace, WORKSPACE)
         await sandbox.put_files(_setup_files(job.diff, spec, reset, hidden, canaries))
-        workdir = posixpath.normpath(posixpath.join(WORKSPACE, task.workdir or "."))
+        # an image source's tests run where the image expects the repository (e.g. /testbed)
+        workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
         if job.diff.strip():
             error = await _apply(sandbox)
             if error is not None:
@@ -161,7 +163,8 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
         if REPORT in spec.command:
             parsed = await _parse_report(sandbox, report_path, parser, spec, text, run)
         elif spec.report_file:
-            parsed = parser(await _read_reports(sandbox, workdir, spec.report_file))
+            own_path = posixpath.normpath(posixpath.join(WORKSPACE, task.workdir or "."))
+            parsed = parser(await _read_reports(sandbox, workdir, spec.report_file, own_path))
         else:
             parsed = parser(text)
     finally:
@@ -324,13 +327,13 @@ async def _parse_report(sandbox: Sandbox, path: str, parser, spec: TestsVerifier
     return parsed
 
 
-async def _read_reports(sandbox: Sandbox, workdir: str, pattern: str) -> str:
+async def _read_reports(sandbox: Sandbox, workdir: str, pattern: str, own_path: str) -> str:
     """The report files the run wrote (``pattern`` may be a glob), concatenated; regular files
     inside the workspace only, each up to ``MAX_LOG_BYTES``."""
     if os.path.isabs(pattern) or ".." in PurePosixPath(pattern).parts:
         raise InvalidTask(f"report_file {pattern!r} is not a path inside the working directory")
     if not any(ch in pattern for ch in "*?["):
-        data = await sandbox.read_file(posixpath.join(workdir, pattern), max_bytes=MAX_LOG_BYTES)
+        data = await sandbox.read_file(posixpath.join(own_path, pattern), max_bytes=MAX_LOG_BYTES)
         return (data or b"")[:MAX_LOG_BYTES].decode("utf-8", errors="replace")
     output = _Output(MAX_LOG_BYTES)
     script = ('n=0; for f in $1; do [ -f "$f" ] && [ ! -L "$f" ] || continue; n=$((n+1)); '
