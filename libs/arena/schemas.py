@@ -21,6 +21,19 @@ import msgspec
 SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/schemas.md
 
 
+#: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
+#: trajectory, key ids; subject tokens): 1-128 characters, ASCII letters and digits first,
+#: then letters, digits, ``.``, ``_`` and ``-`` (docs/reliability.md).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ID_RE = __import__("re").compile(ID_PATTERN)
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=128)]
+#: Submitters' labels: at most 64, keys 1-128 characters, values up to 4 KiB.
+Labels = Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)],
+                        Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=64)]
+#: The longest wall clock any task may ask for; an operator lowers it (ARENA_MAX_WALL_CLOCK_S).
+MAX_WALL_CLOCK_S = 7 * 86400.0
+
+
 class Base(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Internal message: immutable, keyword-only, unknown fields skipped."""
 
@@ -91,9 +104,9 @@ class SamplingParams(Request, kw_only=True):
 class Budget(Request, kw_only=True):
     """Per-rollout limits. ``None`` means unlimited (wall clock always has a limit)."""
 
-    max_total_tokens: int | None = None
-    max_turns: int | None = None
-    wall_clock_s: float = 600.0
+    max_total_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**10)] | None = None
+    max_turns: Annotated[int, msgspec.Meta(ge=1, le=10**6)] | None = None
+    wall_clock_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_WALL_CLOCK_S)] = 600.0
 
 
 #: A content-addressed bundle: ``sha256:`` and the hex digest of the bundle's bytes.
@@ -173,7 +186,7 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
     pass_to_pass: list[str] = []
     #: Test files reset to their base version before the run (the agent's edits undone).
     test_files: list[str] = []
-    timeout_s: float = 300.0
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
     report_file: str | None = None  # parse this file (relative to workdir, e.g. JUnit XML) instead of the log
     #: Hidden tests: a git diff applied after the reset (SWE-bench's ``test_patch``); the
     #: files it touches are reset first as well.
@@ -268,8 +281,8 @@ class Task(Request, kw_only=True):
     base commit; the agent's copy has no other history.
     """
 
-    id: str
-    instructions: str
+    id: Id
+    instructions: Annotated[str, msgspec.Meta(max_length=1024 * 1024)]
     agent: AgentSpec
     source: Source | None = None
     repo: str = ""
@@ -308,9 +321,9 @@ class SubmitRolloutRequest(Request, kw_only=True):
 
     task: Task
     sampling: SamplingParams = SamplingParams()
-    model: str = "default"
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
     provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
-    metadata: dict[str, str] = {}
+    metadata: Labels = {}
 
 
 class SubmitGroupRequest(Request, kw_only=True):
@@ -321,11 +334,11 @@ class SubmitGroupRequest(Request, kw_only=True):
     """
 
     task: Task
-    n: int
+    n: Annotated[int, msgspec.Meta(ge=1, le=1024)]
     sampling: SamplingParams = SamplingParams()
-    model: str = "default"
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
     provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
-    metadata: dict[str, str] = {}
+    metadata: Labels = {}
 
 
 # --------------------------------------------------------------------------- rollout records
@@ -787,6 +800,11 @@ class ErrorResponse(Base, kw_only=True):
 # --------------------------------------------------------------------------- codecs
 
 ENCODER = msgspec.json.Encoder()
+
+
+def valid_id(value: str) -> bool:
+    """Whether ``value`` follows the identifier grammar (:data:`ID_PATTERN`)."""
+    return ID_RE.fullmatch(value) is not None
 
 
 def encode(obj: Any) -> bytes:

@@ -67,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: ``file://`` git URLs): embedded demos on one machine only. Off: tasks travel as
     #: bundles, git URLs or images (docs/tasks.md).
     allow_host_paths: bool = False
+    #: The longest wall-clock budget a submitted task may ask for, seconds.
+    max_wall_clock_s: int = 86400
     log_level: str = "INFO"
 
     @classmethod
@@ -120,6 +122,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_SANDBOX_CONCURRENCY and ARENA_VERIFY_CONCURRENCY must be >= 1")
         if self.verify_deadline_s < 0:
             raise SettingsError("ARENA_VERIFY_DEADLINE_S must be >= 0 (0 = no deadline)")
+        if not 1 <= self.max_wall_clock_s <= 7 * 86400:
+            raise SettingsError("ARENA_MAX_WALL_CLOCK_S must be between 1 and 604800")
         if self.rollout_cache_ended < 1:
             raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
 

@@ -137,3 +137,16 @@ async def test_infrastructure_outcomes_are_counted_apart_from_rewards(tmp_path):
     # the reward figures are the scored rollouts'; the one Arena could not verify is counted apart
     assert (row["trajectories"], row["mean_reward"], row["min_reward"], row["infrastructure_errors"]) == (2, 1.0, 1.0, 1)
     assert stored["reward"] is None and stored["infrastructure"] is True
+
+
+@pytest.mark.parametrize("path", ["/v1/trajectories", "/v1/stats/rewards", "/v1/stats/pass-rates", "/v1/stats/tokens",
+                                  "/v1/stats/latency", "/v1/export/trajectories"])
+async def test_time_ranges_and_ids_are_bounded_with_a_4xx(client, path):
+    for params in ({"since": "-1e308"}, {"until": "-1e308"}, {"since": "1e308"}, {"task_id": "a b"},
+                   {"group_id": "x" * 300}, {"min_reward": "1e308"}):
+        r = await client.get(path, params=params)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (params, r.text)
+    for bad in ("x" * 5000, "a b", "%00"):
+        for route in ("/v1/trajectories/", "/v1/groups/"):
+            r = await client.get(route + bad)
+            assert r.status_code == 422, (route, r.status_code)

@@ -15,7 +15,7 @@ from arena_trajectory.store import TrajectoryStore
 
 
 def trajectory(rid: str, *, group=None, index=0, size=1, reward=1.0, state=RolloutState.COMPLETED, at=100.0):
-    event = RolloutStateChanged(rollout_id=rid, task_id="calc/add", from_state=RolloutState.VERIFYING, to_state=state,
+    event = RolloutStateChanged(rollout_id=rid, task_id="calc.add", from_state=RolloutState.VERIFYING, to_state=state,
                                 at=at, steps=1, group_id=group, group_index=index, group_size=size)
     steps = [Step(rollout_id=rid, step_index=0, model="m", backend="b", policy_version="2", completion_text="ok")]
     verification = VerificationResult(rollout_id=rid, verifier="tests", reward=reward, passed=reward == 1.0,
@@ -66,7 +66,7 @@ async def test_list_and_filter(client):
     assert first["final_state"] == "timed_out" and first["group_id"] is None and first["num_steps"] == 1
     r = await c.get("/v1/trajectories", params={"group_id": "g", "limit": 1})
     assert [t["rollout_id"] for t in r.json()["trajectories"]] == ["b"]
-    r = await c.get("/v1/trajectories", params={"state": "timed_out", "task_id": "calc/add"})
+    r = await c.get("/v1/trajectories", params={"state": "timed_out", "task_id": "calc.add"})
     assert [t["rollout_id"] for t in r.json()["trajectories"]] == ["solo"]
     for bad in ({"state": "nonsense"}, {"limit": 0}, {"limit": 100000}):
         r = await c.get("/v1/trajectories", params=bad)

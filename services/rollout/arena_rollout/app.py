@@ -16,12 +16,22 @@ from typing import Any, TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from arena import sources
+from arena import sources, subjects
 from arena.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
 from arena.fastroutes import BodyTooLarge, ClientGone, Exchange
-from arena.schemas import ErrorBody, ErrorResponse, RolloutState, SubmitGroupRequest, SubmitRolloutRequest, encode
+from arena.schemas import (
+    ID_PATTERN,
+    ErrorBody,
+    ErrorResponse,
+    RolloutState,
+    SubmitGroupRequest,
+    SubmitRolloutRequest,
+    encode,
+    valid_id,
+)
 
 from arena_rollout.proxy.handler import Relay
 from arena_rollout.proxy.policy import Api
@@ -84,6 +94,20 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def on_arena_error(_request: Request, exc: ArenaError) -> Response:
         return error_response(exc)
 
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(InvalidRequest(problems))
+
+    @app.middleware("http")
+    async def ids_at_the_edge(request: Request, call_next):
+        """Every rollout id in a path follows the id grammar before any bus or store call."""
+        parts = request.url.path.split("/")
+        if len(parts) > 3 and parts[1] in ("v1", "proxy", "judge") and (
+                parts[1] != "v1" or parts[2] == "rollouts") and not valid_id(parts[3 if parts[1] == "v1" else 2]):
+            return error_response(InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)"))
+        return await call_next(request)
+
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -91,7 +115,24 @@ def create_app(service: RolloutService) -> RolloutApp:
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return json_response({"status": "ok", "nats": service.bus.nc.is_connected})
+        """Liveness: 503 once the bus connection is gone for good (the supervisor restarts us)."""
+        connected = service.bus.nc.is_connected or service.bus.nc.is_reconnecting
+        return json_response({"status": "ok" if connected else "unhealthy", "nats": service.bus.nc.is_connected},
+                             200 if connected else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: NATS connected and the rollout bucket reachable, else 503."""
+        problem = ""
+        if not service.bus.nc.is_connected:
+            problem = "not connected to NATS"
+        else:
+            try:
+                await asyncio.wait_for(service.bus.kv(subjects.KV_ROLLOUTS), 2.0)
+            except Exception as exc:  # noqa: BLE001 - any failure means not ready
+                problem = f"rollout bucket unreachable: {type(exc).__name__}"
+        return json_response({"status": "ready" if not problem else "not ready", "problem": problem},
+                             503 if problem else 200)
 
     @app.post("/v1/rollouts")
     async def submit_rollout(request: Request) -> Response:
@@ -128,6 +169,10 @@ def create_app(service: RolloutService) -> RolloutApp:
 
     @app.get("/v1/rollouts")
     async def list_rollouts(state: str | None = None, group_id: str | None = None, limit_: int = 1000) -> Response:
+        if group_id is not None and not valid_id(group_id):
+            raise InvalidRequest(f"group_id must match {ID_PATTERN}")
+        if not 1 <= limit_ <= 100_000:
+            raise InvalidRequest("limit_ must be between 1 and 100000")
         if state is not None and state not in _STATES:
             raise InvalidRequest(f"unknown state {state!r}; one of {', '.join(sorted(_STATES))}")
         records = await service.store.list(state=state, limit=limit_)
@@ -275,6 +320,8 @@ class RolloutApp:
         """One proxied call: the key checked, then the body read, then the call made. A
         whole answer or an error is ``(status, JSON body)``; a stream is its ``Relay``."""
         try:
+            if not valid_id(rollout_id):
+                raise InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)")
             record = await self.service.authorize(rollout_id, authorization and authorization.decode("latin-1"),
                                                   api_key and api_key.decode("latin-1"))
             answer = await self.service.proxy.call(record, api, _payload(await read_body()))

@@ -96,7 +96,7 @@ def view(record: RolloutRecord) -> RolloutView:
 
 
 def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool,
-                        allow_host_paths: bool = True) -> None:
+                        allow_host_paths: bool = True, max_wall_clock_s: float = 86400.0) -> None:
     task = req.task
     problems = []
     if task.verifier is None:
@@ -119,6 +119,9 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         problems.append("task.agent.command must not be empty")
     if task.budget.wall_clock_s <= 0:
         problems.append("task.budget.wall_clock_s must be > 0")
+    if task.budget.wall_clock_s > max_wall_clock_s:
+        problems.append(f"task.budget.wall_clock_s must be <= {max_wall_clock_s:g} on this server "
+                        "(ARENA_MAX_WALL_CLOCK_S)")
     for name in ("max_turns", "max_total_tokens"):
         value = getattr(task.budget, name)
         if value is not None and value < 1:
@@ -202,7 +205,8 @@ class RolloutService:
         """Validate a submission, check its bundles exist, and store its private part apart:
         the request with the public task, and the private part's (key, time budget)."""
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
-                            allow_host_paths=self.settings.allow_host_paths)
+                            allow_host_paths=self.settings.allow_host_paths,
+                            max_wall_clock_s=self.settings.max_wall_clock_s)
         task = req.task
         for digest in _bundles_of(task):
             if not await sources.bundle_exists(self.bus, digest):

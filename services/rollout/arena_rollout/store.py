@@ -26,8 +26,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from arena.bus import follow_kv
 from arena.jetlink import JsPublisher, PublishRefused
-from arena.errors import ArenaError, Conflict, NotFound
-from arena.schemas import RolloutRecord
+from arena.errors import ArenaError, Conflict, InvalidRequest, NotFound
+from arena.schemas import ID_PATTERN, valid_id, RolloutRecord
 
 #: JetStream's error code for a publish whose ``Nats-Expected-Last-Subject-Sequence`` lost.
 _WRONG_LAST_SEQUENCE = 10071
@@ -141,6 +141,8 @@ class RolloutStore:
         return revision
 
     async def get(self, rollout_id: str) -> tuple[RolloutRecord, int]:
+        if not valid_id(rollout_id):  # never a key the bucket would refuse, never a bus call
+            raise InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)")
         try:
             entry = await self.kv.get(rollout_id)
         except KeyNotFoundError:

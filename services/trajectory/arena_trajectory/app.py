@@ -23,13 +23,22 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from arena.errors import ArenaError, InvalidRequest, NotFound
 from arena.grpo import group_advantages
-from arena.schemas import ErrorBody, ErrorResponse, RolloutState, TrainerMetrics, Trajectory, encode
+from arena.schemas import (
+    ID_PATTERN,
+    ErrorBody,
+    ErrorResponse,
+    RolloutState,
+    TrainerMetrics,
+    Trajectory,
+    encode,
+    valid_id,
+)
 from arena_trajectory import analytics, assembler
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TrajectoryStore
@@ -38,6 +47,8 @@ from arena_trajectory.tables import TABLES
 MAX_METRICS_BODY = 1 << 20
 
 MAX_LIMIT = 1000
+#: The latest time a query may name (unix seconds, year 2286): ClickHouse's DateTime64 range.
+MAX_TIME = 1e10
 MAX_EXPORT_PAGE = 2000
 
 
@@ -55,11 +66,14 @@ def trajectory_filter(
     group_id: str | None = None,
     state: RolloutState | None = None,
     policy_version: str | None = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    since: float | None = Query(None, description="completed_at >= since (unix seconds)"),
-    until: float | None = Query(None, description="completed_at < until (unix seconds)"),
+    min_reward: float | None = Query(None, ge=-1e9, le=1e9),
+    max_reward: float | None = Query(None, ge=-1e9, le=1e9),
+    since: float | None = Query(None, ge=0, le=MAX_TIME, description="completed_at >= since (unix seconds)"),
+    until: float | None = Query(None, ge=0, le=MAX_TIME, description="completed_at < until (unix seconds)"),
 ) -> TrajectoryFilter:
+    for name, value in (("task_id", task_id), ("group_id", group_id)):
+        if value is not None and not valid_id(value):
+            raise InvalidRequest(f"{name} must match {ID_PATTERN}")
     return TrajectoryFilter(task_id=task_id, group_id=group_id, state=state, policy_version=policy_version,
                             min_reward=min_reward, max_reward=max_reward, since=since, until=until)
 
@@ -77,7 +91,7 @@ class GroupView(msgspec.Struct, frozen=True, kw_only=True):
     size: int
     complete: bool
     rollout_ids: list[str]
-    rewards: list[float]
+    rewards: list[float | None]  # None: an infrastructure outcome, out of the advantages
     advantages: list[float]
     trajectories: list[Trajectory]
 
@@ -87,6 +101,8 @@ def group_view(group_id: str, trajectories: list[Trajectory]) -> GroupView:
     if not members:
         raise NotFound(f"no trajectories in group {group_id!r}")
     rewards = [t.reward for t in members]
+    scored = iter(group_advantages([r for r in rewards if r is not None]))
+    advantages = [0.0 if r is None else next(scored) for r in rewards]
     return GroupView(
         group_id=group_id,
         task_id=members[0].task_id,
@@ -94,7 +110,7 @@ def group_view(group_id: str, trajectories: list[Trajectory]) -> GroupView:
         complete=assembler.complete_group(members) is not None,
         rollout_ids=[t.rollout_id for t in members],
         rewards=rewards,
-        advantages=group_advantages(rewards),
+        advantages=advantages,
         trajectories=members,
     )
 
@@ -125,7 +141,7 @@ def create_app(store: TrajectoryStore) -> FastAPI:
         return _json({"status": "ok"})
 
     @app.get("/v1/trajectories/{rollout_id}")
-    async def get_trajectory(rollout_id: str) -> Response:
+    async def get_trajectory(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
         trajectory = await store.trajectory(rollout_id)
         if trajectory is None:
             raise NotFound(f"no trajectory for rollout {rollout_id!r}")
@@ -199,7 +215,7 @@ def create_app(store: TrajectoryStore) -> FastAPI:
         return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit)})
 
     @app.get("/v1/groups/{group_id}")
-    async def get_group(group_id: str) -> Response:
+    async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
         return _json(group_view(group_id, await store.group(group_id)))
 
     return app
