@@ -44,7 +44,7 @@ async def served(tmp_path):
     """A chDB store with 12 groups of 2 over two tasks and two days, served over HTTP."""
     store = TrajectoryStore(ChdbBackend(tmp_path / "data" / "clickhouse"))
     await store.init()
-    await store.insert_trajectories([trajectory(g, i, "calc/add" if g % 3 else "calc/sub", g % 2)
+    await store.insert_trajectories([trajectory(g, i, "calc.add" if g % 3 else "calc.sub", g % 2)
                                      for g in range(12) for i in range(2)])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(store), host="127.0.0.1", port=port, log_level="warning"))
@@ -76,8 +76,8 @@ async def test_grpo_parquet_from_the_api_loads_with_datasets(served):
                                     progress=Progress(None, enabled=True, stream=Sink()))
     assert stats.rows == 24 and stats.groups == 12 and stats.skipped == {}
     assert sorted(str(p.relative_to(out).parent) for p in files) == [
-        "date=2025-11-22/task=calc_add", "date=2025-11-22/task=calc_sub",
-        "date=2025-11-23/task=calc_add", "date=2025-11-23/task=calc_sub"]
+        "date=2025-11-22/task=calc.add", "date=2025-11-22/task=calc.sub",
+        "date=2025-11-23/task=calc.add", "date=2025-11-23/task=calc.sub"]
     assert "24 trajectories" in "".join(progress_lines) and "[####" in "".join(progress_lines)
 
     import datasets
@@ -91,10 +91,10 @@ async def test_grpo_parquet_from_the_api_loads_with_datasets(served):
         by_group.setdefault(row["group_id"], []).append(row["advantage"])
     assert len(by_group) == 12 and all(sorted(a) == pytest.approx([-1.0, 1.0], abs=1e-5) for a in by_group.values())
 
-    filtered, _ = await run_export(HttpSource(url, ExportFilter(task_id="calc/sub")), view="sft", fmt="jsonl",
+    filtered, _ = await run_export(HttpSource(url, ExportFilter(task_id="calc.sub")), view="sft", fmt="jsonl",
                                    out=tmp_path / "sft.jsonl")
     lines = [json.loads(x) for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    assert filtered.rows == 4 and {x["task_id"] for x in lines} == {"calc/sub"}
+    assert filtered.rows == 4 and {x["task_id"] for x in lines} == {"calc.sub"}
     assert lines[0]["messages"][-1]["role"] == "assistant"
 
 

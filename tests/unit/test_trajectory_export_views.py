@@ -18,7 +18,7 @@ def member(gid: str | None, i: int, reward: float, *, size: int = 3, incomplete=
                   logprobs=[-0.1, -0.2] if ids else None, completion_text=f"answer {i}.{s}",
                   token_ids_source="backend" if ids else "unavailable")
              for s in range(2)]
-    return Trajectory(rollout_id=f"{gid}-{i}", task_id="calc/add", group_id=gid, group_index=i, group_size=size,
+    return Trajectory(rollout_id=f"{gid}-{i}", task_id="calc.add", group_id=gid, group_index=i, group_size=size,
                       final_state=RolloutState.COMPLETED, reward=reward, steps=steps, policy_versions=["4"],
                       completed_at=T0 + 3600, incomplete=list(incomplete))
 
