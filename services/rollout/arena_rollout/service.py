@@ -18,9 +18,7 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 
-import hashlib
-
-from arena import sources, subjects, telemetry
+from arena import private, sources, subjects, telemetry
 from arena.bus import Bus, Delivery
 from arena.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena.schemas import (
@@ -217,11 +215,7 @@ class RolloutService:
 
     async def store_verifier(self, verifier) -> str:
         """Put a task's private part in ``arena_verifiers`` under its digest; returns the key."""
-        data = msgspec.json.encode(verifier)
-        key = hashlib.sha256(data).hexdigest()
-        kv = await self.bus.kv(subjects.KV_VERIFIERS)
-        await kv.put(key, data)
-        return key
+        return await private.put_verifier(self.bus, verifier)
 
     async def _create(self, req: SubmitRolloutRequest, private: tuple[str, float], *, group_id: str | None,
                       index: int, size: int, sampling) -> RolloutRecord:

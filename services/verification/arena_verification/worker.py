@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 import msgspec
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 
-from arena import subjects
+from arena import private, subjects
 from arena.bus import Bus, Consumer, Delivery
 from arena.errors import Permanent, VerificationError
-from arena.schemas import SandboxDone, VerificationResult, Verifier, VerifyJob
+from arena.schemas import SandboxDone, VerificationResult, VerifyJob
 from arena.sources import SourceCache
 from arena_verification import runner
 from arena_verification.plugins import InvalidPlugin
@@ -101,12 +101,10 @@ class VerificationWorker:
             return job
         if not job.verifier_ref:
             raise InvalidVerifierRef("the verify job names no verifier")
-        kv = await self.bus.kv(subjects.KV_VERIFIERS)
         try:
-            entry = await kv.get(job.verifier_ref)
-        except KeyNotFoundError:
-            raise InvalidVerifierRef(f"verifier {job.verifier_ref} is not stored") from None
-        verifier = msgspec.json.decode(entry.value, type=Verifier)
+            verifier = await private.get_verifier(self.bus, job.verifier_ref)
+        except private.VerifierMissing as exc:
+            raise InvalidVerifierRef(str(exc)) from None
         return msgspec.structs.replace(job, task=msgspec.structs.replace(job.task, verifier=verifier))
 
     async def _publish_error(self, job: VerifyJob, error: str, started: float) -> None:
