@@ -92,7 +92,10 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
     for rid, was in ((stuck, "provisioning"), (idle, "running")):
         record, _ = await svc.store.get(rid)
         assert record.state == S.TIMED_OUT, (rid, record.state)
-        assert record.reason.startswith("wall-clock budget exhausted: ") and record.reason.endswith(
+        # a rollout whose agent never ran is an infrastructure outcome: no reward, not a 0
+        never_ran = "infrastructure: the agent never ran: " if was == "provisioning" else ""
+        assert record.infrastructure == bool(never_ran) and record.reward is None
+        assert record.reason.startswith(never_ran + "wall-clock budget exhausted: ") and record.reason.endswith(
             f"s of 1 s used while {was}")
         assert [h.to_state for h in record.history][-2:] == [S(was), S.TIMED_OUT]
         events = await fetch_all(bus, "ARENA_ROLLOUTS", subjects.rollout_state(rid), RolloutStateChanged)

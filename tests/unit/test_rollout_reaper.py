@@ -32,7 +32,10 @@ def test_only_live_agent_states_past_budget_and_grace_are_overdue():
     found = overdue(records, now=67.0, grace_s=5.0)
     assert [o.rollout_id for o in found] == ["pending-late", "provisioning-late", "running-late", "short"]
     assert found[1].state == S.PROVISIONING
-    assert found[1].reason == "wall-clock budget exhausted: 67.0 s of 60 s used while provisioning"
+    # its agent never ran: an infrastructure outcome (no reward), not the policy's timeout
+    assert found[1].reason == ("infrastructure: the agent never ran: "
+                               "wall-clock budget exhausted: 67.0 s of 60 s used while provisioning")
+    assert found[1].infrastructure and not found[3].infrastructure
     assert found[3].reason == "wall-clock budget exhausted: 7.0 s of 1 s used while running"
     assert deadline(records[0], 5.0) == 65.0
     # the deadline itself is still on time: strictly after it is overdue
@@ -54,8 +57,9 @@ class Lifecycle:
         self.calls: list[tuple[str, RolloutState, str, frozenset]] = []
         self.already_final = already_final
 
-    async def transition(self, rollout_id, target, *, reason, only_from=None):
+    async def transition(self, rollout_id, target, *, reason, only_from=None, infrastructure=False):
         self.calls.append((rollout_id, target, reason, only_from))
+        self.infrastructure = getattr(self, "infrastructure", []) + [infrastructure]
         return None if rollout_id in self.already_final else object()
 
 
@@ -65,7 +69,8 @@ async def test_a_sweep_times_out_overdue_rollouts_only_from_the_agent_states():
     reaper = Reaper(lifecycle=life, records=FakeCache(records), interval_s=0.1, grace_s=0.0)
     assert await reaper.sweep(now=61.0) == ["late"]
     assert [(c[0], c[1], c[3]) for c in life.calls] == [("late", S.TIMED_OUT, REAPED), ("raced", S.TIMED_OUT, REAPED)]
-    assert life.calls[0][2].startswith("wall-clock budget exhausted: 61.0 s of 60 s used")
+    assert life.calls[0][2].startswith("infrastructure: the agent never ran: wall-clock budget exhausted: 61.0 s")
+    assert life.infrastructure == [True, False]  # "late" never ran; "raced" was running
     # the cache answers nothing before its watch caught up: nothing is reaped from a partial view
     idle = Reaper(lifecycle=Lifecycle(), records=FakeCache(records, watching=False), grace_s=0.0)
     assert await idle.sweep(now=1000.0) == [] and idle.lifecycle.calls == []

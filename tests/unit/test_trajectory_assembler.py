@@ -154,3 +154,13 @@ def test_an_infrastructure_outcome_has_no_reward_and_stays_out_of_the_advantages
     # an agent that failed is a policy failure, a 0: only infrastructure outcomes have no reward
     failed = assembler.assemble(final("d", RolloutState.FAILED), [], sandbox("d"), None)
     assert (failed.reward, failed.infrastructure) == (0.0, False)
+
+
+def test_a_rollout_that_expired_in_the_queue_waits_for_nothing():
+    event = RolloutStateChanged(rollout_id="q", task_id="task-1", from_state=RolloutState.PROVISIONING,
+                                to_state=RolloutState.TIMED_OUT, at=9.0, steps=0, infrastructure=True,
+                                reason="infrastructure: the agent never ran: wall-clock budget exhausted")
+    assert assembler.missing_parts(event, [], None, None) == []
+    assert assembler.assemble(event, [], None, None).reward is None
+    ran = msgspec.structs.replace(event, from_state=RolloutState.RUNNING, infrastructure=False)
+    assert assembler.missing_parts(ran, [], None, None) == ["sandbox result"]

@@ -54,6 +54,8 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     #: ``timed_out`` (wall clock) or ``failed`` (verification deadline)
     target: RolloutState = S.TIMED_OUT
+    #: The agent never ran (its time went by in the queue): no reward, never a 0.
+    infrastructure: bool = False
 
 
 def deadline(record: RolloutRecord, grace_s: float) -> float:
@@ -94,9 +96,12 @@ def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
     found: list[Overdue] = []
     for r in sorted(records, key=lambda r: r.created_at):
         if r.state in REAPED and now > deadline(r, grace_s):
-            found.append(Overdue(rollout_id=r.rollout_id, state=r.state,
-                                 reason=(f"wall-clock budget exhausted: {now - r.created_at:.1f} s of "
-                                         f"{r.task.budget.wall_clock_s:g} s used while {r.state.value}")))
+            never_ran = r.state in (S.PENDING, S.PROVISIONING)
+            reason = (f"wall-clock budget exhausted: {now - r.created_at:.1f} s of "
+                      f"{r.task.budget.wall_clock_s:g} s used while {r.state.value}")
+            if never_ran:  # load, not the policy: an infrastructure outcome with no reward
+                reason = f"infrastructure: the agent never ran: {reason}"
+            found.append(Overdue(rollout_id=r.rollout_id, state=r.state, reason=reason, infrastructure=never_ran))
         elif r.state == S.VERIFYING and verify_deadline > 0:
             since, allowed = verifying_since(r), verify_deadline_s(r, verify_deadline)
             if now > since + allowed:
@@ -110,7 +115,7 @@ def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
 
 class Lifecycle(Protocol):
     async def transition(self, rollout_id: str, target: RolloutState, *, reason: str,
-                         only_from: frozenset[RolloutState] | None = None) -> Any: ...
+                         only_from: frozenset[RolloutState] | None = None, infrastructure: bool = False) -> Any: ...
 
 
 class LiveRecords(Protocol):
@@ -140,7 +145,8 @@ class Reaper:
                         verify_deadline=self.verify_deadline_s)
         for item in items:
             after = await self.lifecycle.transition(item.rollout_id, item.target, reason=item.reason,
-                                                    only_from=REAPED if item.target == S.TIMED_OUT else VERIFYING)
+                                                    only_from=REAPED if item.target == S.TIMED_OUT else VERIFYING,
+                                                    **({"infrastructure": True} if item.infrastructure else {}))
             if after is not None:
                 log.info("rollout reaped: %s", item.reason, extra={"rollout_id": item.rollout_id})
                 ended.append(item.rollout_id)

@@ -80,6 +80,8 @@ def missing_counts(event: RolloutStateChanged, steps: int, *, has_sandbox: bool,
 
 def sandbox_expected(event: RolloutStateChanged) -> bool:
     """Whether a final ``event`` implies a ``SandboxDone`` exists or will arrive."""
+    if event.infrastructure and event.from_state in (RolloutState.PENDING, RolloutState.PROVISIONING):
+        return False  # it expired in the queue: no sandbox ever ran, so it is stored at once
     if event.to_state in (RolloutState.COMPLETED, RolloutState.TIMED_OUT):
         return True
     if event.from_state in (RolloutState.RUNNING, RolloutState.VERIFYING):
