@@ -23,6 +23,7 @@ import subprocess
 import tarfile
 import tempfile
 import uuid
+import zlib
 from pathlib import Path, PurePosixPath
 
 from arena.errors import ArenaError
@@ -120,7 +121,7 @@ def check_bundle(data: bytes) -> int:
                     raise SourceError(f"the bundle holds an unsafe member: {problem}")
                 if member.issym():
                     links[posixpath.normpath(member.name)] = member.linkname
-    except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, zlib_error()) as exc:
+    except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise SourceError(f"the bundle is not a valid tar archive: {exc}") from exc
     return count
 
@@ -171,12 +172,6 @@ def resolve_inside(path: str, links: dict[str, str], depth: int = 0) -> str | No
             continue
         done.append(part)
     return "/".join(done)
-
-
-def zlib_error() -> type[Exception]:
-    import zlib
-
-    return zlib.error
 
 
 def extract_bundle(data: bytes, dest: Path) -> None:

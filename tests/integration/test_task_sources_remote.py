@@ -11,7 +11,6 @@ import socket
 import subprocess
 import tarfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -28,6 +27,7 @@ from arena.sources import SourceCache, SourceError
 from arena_rollout.app import create_app
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
+from arena_sandbox.testing import built_image
 
 
 def make_tree(root: Path) -> Path:
@@ -301,8 +301,7 @@ def test_image(docker_url, tmp_path_factory):
     """An image FROM arena/quickstart with /testbed (files, a symlink, an executable and a
     .git) and /abslink (an absolute symlink); removed at the end."""
     docker = pytest.importorskip("docker")
-    client = docker.DockerClient(base_url=docker_url)
-    tag = f"localhost/arena-test-sources:{uuid.uuid4().hex[:10]}"
+    client = docker.DockerClient(base_url=docker_url)  # the tests look at its containers
     files = {
         "Containerfile": (b"FROM arena/quickstart:latest\nCOPY testbed /testbed\nCOPY abslink /abslink\n", 0o644),
         "testbed/README.md": (b"hello\n", 0o644),
@@ -322,22 +321,13 @@ def test_image(docker_url, tmp_path_factory):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    raw.seek(0)
     try:
-        client.images.build(fileobj=raw, custom_context=True, tag=tag, dockerfile="Containerfile", rm=True,
-                            forcerm=True)
+        with built_image(docker_url, raw.getvalue(), "arena-test-sources") as tag:
+            yield {"image": tag, "client": client}
     except docker.errors.DockerException as exc:
-        client.close()
         pytest.skip(f"cannot build a test image on the engine: {exc}")
-    try:
-        yield {"image": tag, "client": client}
     finally:
-        for container in client.containers.list(all=True, filters={"ancestor": tag}):
-            container.remove(force=True)
-        try:
-            client.images.remove(tag, force=True)
-        finally:
-            client.close()
+        client.close()
 
 
 async def test_image_source_is_its_directory_without_git(test_image, docker_url, tmp_path):

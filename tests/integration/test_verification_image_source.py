@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import uuid
 from pathlib import Path
 
 import msgspec
@@ -16,6 +15,7 @@ from arena.schemas import ImageSource, VerifyJob
 from arena.settings import Settings
 from arena.sources import SourceCache
 from arena.tasks import load_task
+from arena_sandbox.testing import built_image
 from arena_verification.runner import verify
 from arena_verification.sandboxes import ProviderSandboxes
 
@@ -28,8 +28,6 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 def swe_image(docker_url):
     """FROM arena/quickstart, the quickstart repository (with its bug and a .git) at /testbed."""
     docker = pytest.importorskip("docker")
-    client = docker.DockerClient(base_url=docker_url)
-    tag = f"localhost/arena-test-testbed:{uuid.uuid4().hex[:10]}"
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
         body = b"FROM arena/quickstart:latest\nCOPY testbed /testbed\n"
@@ -41,20 +39,11 @@ def swe_image(docker_url):
         info = tarfile.TarInfo("testbed/.git/HEAD")
         info.size = len(head)
         tar.addfile(info, io.BytesIO(head))
-    raw.seek(0)
     try:
-        client.images.build(fileobj=raw, custom_context=True, tag=tag, dockerfile="Containerfile", rm=True,
-                            forcerm=True)
+        with built_image(docker_url, raw.getvalue(), "arena-test-testbed") as tag:
+            yield tag
     except docker.errors.DockerException as exc:
-        client.close()
         pytest.skip(f"cannot build a test image on the engine: {exc}")
-    try:
-        yield tag
-    finally:
-        for container in client.containers.list(all=True, filters={"ancestor": tag}):
-            container.remove(force=True)
-        client.images.remove(tag, force=True)
-        client.close()
 
 
 async def test_an_image_source_is_verified_in_its_image_at_its_path(swe_image, docker_url, tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from arena_sandbox.provider import SandboxProvider
@@ -22,3 +24,27 @@ def make_provider(name: str, data_dir: Path, *, docker_url: str = "", owner: str
     from arena_sandbox.mock_provider import MockProvider
 
     return MockProvider()
+
+
+@contextlib.contextmanager
+def built_image(docker_url: str, context: bytes, name: str) -> Iterator[str]:
+    """An image built on the engine from ``context`` (a tar holding a ``Containerfile``),
+    tagged ``localhost/<name>:<random>``; it and its containers are removed on exit.
+    Raises ``docker.errors.DockerException`` when the engine cannot build it."""
+    import io
+
+    import docker
+
+    client = docker.DockerClient(base_url=docker_url)
+    tag = f"localhost/{name}:{uuid.uuid4().hex[:10]}"
+    try:
+        client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag, dockerfile="Containerfile",
+                            rm=True, forcerm=True)
+        try:
+            yield tag
+        finally:
+            for container in client.containers.list(all=True, filters={"ancestor": tag}):
+                container.remove(force=True)
+            client.images.remove(tag, force=True)
+    finally:
+        client.close()

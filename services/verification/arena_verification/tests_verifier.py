@@ -434,10 +434,8 @@ def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PureP
     listed = {t.split("::")[-1].split("[")[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]}
     planned: dict[str, tuple[str, str, str]] = {}
     for rel in files:
-        text = ""
-        for candidate in (workspace / rel,):
-            if candidate.is_file() and not candidate.is_symlink():
-                text = candidate.read_text(errors="replace")
+        path = workspace / rel
+        text = path.read_text(errors="replace") if path.is_file() and not path.is_symlink() else ""
         text += hidden.get(rel, b"").decode(errors="replace") + spec.test_patch
         existing = set(_TEST_DEF.findall(text)) | listed
         must_fail, must_pass = _canary_name(existing, rng), _canary_name(existing, rng)
