@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo demo-rl test test-fast proto proto-check clean bench
+.PHONY: venv demo demo-rl test test-pkg proto proto-check clean bench
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -25,15 +25,16 @@ demo-rl: venv
 test: venv
 	$(VENV)/bin/pytest -q
 
-test-fast: venv
-	$(VENV)/bin/pytest -q tests/unit
+## one package's tests, e.g. `make test-pkg PKG=rollout` (tests/ mirrors the packages)
+test-pkg: venv
+	$(VENV)/bin/pytest -q tests/$(PKG)
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv
-	$(PY) -m arena.proto
+	$(PY) -m arena_core.proto
 
 proto-check: venv
-	$(PY) -m arena.proto --check
+	$(PY) -m arena_core.proto --check
 
 clean:
 	rm -rf .arena build *.egg-info

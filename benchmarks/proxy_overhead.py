@@ -1,6 +1,6 @@
 """Added latency and throughput of Arena's LLM proxy (capture on) vs LiteLLM's proxy.
 
-One run, one machine, the same fixed-latency fake backend (``arena.scripted_llm``,
+One run, one machine, the same fixed-latency fake backend (``arena_stack.scripted_llm``,
 vLLM-shaped) behind both:
 
 - direct: client -> backend (the baseline)
@@ -165,7 +165,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start_arena(tmp: Path, backend_url: str) -> tuple[list, str, dict]:
-    from arena.natsserver import NatsServer
+    from arena_stack.natsserver import NatsServer
 
     nats = NatsServer(tmp / "nats").start()
     port = free_port()
@@ -189,9 +189,9 @@ def start_arena(tmp: Path, backend_url: str) -> tuple[list, str, dict]:
 
 
 async def _rollout_key(nats_url: str, rid: str) -> str:
-    from arena import subjects
-    from arena.bus import Bus
-    from arena.schemas import RolloutRecord
+    from arena_core import subjects
+    from arena_core.bus import Bus
+    from arena_core.schemas import RolloutRecord
     import msgspec
 
     bus = await Bus.connect(nats_url, "bench")
@@ -242,7 +242,7 @@ def main() -> None:
     script = tmp / "script.json"
     script.write_text(json.dumps({"responses": [{"label": "a", "content": CONTENT}]}))
     bport = free_port()
-    backend = subprocess.Popen([sys.executable, "-m", "arena.scripted_llm", "--script", str(script), "--port",
+    backend = subprocess.Popen([sys.executable, "-m", "arena_stack.scripted_llm", "--script", str(script), "--port",
                                 str(bport), "--latency-ms", str(args.latency_ms), "--chunk-tokens", "4"],
                                stdout=subprocess.DEVNULL, stderr=open(tmp / "backend.log", "wb"))
     procs: list = [backend]

@@ -14,13 +14,13 @@ import time
 
 import torch
 
-from arena.grpo import group_advantages
-from arena.rl.generate import GenRequest
-from arena.rl.model import new_policy
-from arena.rl.policy_server import Policy, PolicyServer
-from arena.rl.tasks import ALPHABET, majority, majority_family
-from arena.rl.tokenizer import CharTokenizer
-from arena.rl.trainer import BatchInfo, GRPOTrainer, Sample, TrainerConfig
+from arena_core.grpo import group_advantages
+from arena_rl.generate import GenRequest
+from arena_rl.model import new_policy
+from arena_rl.policy_server import Policy, PolicyServer
+from arena_rl.tasks import ALPHABET, majority, majority_family
+from arena_rl.tokenizer import CharTokenizer
+from arena_rl.trainer import BatchInfo, GRPOTrainer, Sample, TrainerConfig
 
 
 async def serve_rate(server: PolicyServer, requests: list[GenRequest], concurrency: int) -> float:
@@ -54,8 +54,8 @@ def learning_curve(tok: CharTokenizer, steps: int) -> None:
     model = new_policy(tok, seed=0, d_model=32, n_layers=1, max_len=16)
     trainer = GRPOTrainer(model, tok, TrainerConfig(lr=2e-3, epochs=2, batch_groups=4))
     rng = random.Random(0)
-    from arena.rl.generate import generate
-    from arena.rl.model import completion_logprobs
+    from arena_rl.generate import generate
+    from arena_rl.model import completion_logprobs
 
     def p_correct(items):
         with torch.no_grad():

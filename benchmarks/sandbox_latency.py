@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from arena_sandbox.pool import WarmPool
-from arena_sandbox.provider import CreateSpec
-from arena_sandbox.testing import make_provider
+from arena_sandbox_providers.provider import CreateSpec
+from arena_sandbox_providers.testing import make_provider
 
 
 def pct(values: list[float], p: float) -> float:

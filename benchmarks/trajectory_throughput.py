@@ -7,7 +7,7 @@ One run, one machine, real processes: a ``nats-server`` with file storage (fsync
 embedded chDB, and a ``TrajectoryStream`` consumer in this process.
 
 1. raw: an async publish of N step messages to a scratch stream, then wait for every
-   ack: once with Arena's publisher (``arena.jetlink.JsPublisher``, what every plane's
+   ack: once with Arena's publisher (``arena_core.jetlink.JsPublisher``, what every plane's
    ``Bus.publish`` uses) and once with nats-py's ``js.publish_async``, for reference.
 2. end to end: publish, as the other planes would (Arena's publisher), the state
    transitions, steps, sandbox and verification results of ``--rollouts`` rollouts
@@ -38,10 +38,10 @@ from pathlib import Path
 import httpx
 import nats
 
-from arena import subjects
-from arena.bus import Bus
-from arena.natsserver import DEFAULT_SYNC, NatsServer, free_port
-from arena.schemas import (
+from arena_core import subjects
+from arena_core.bus import Bus
+from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, free_port
+from arena_core.schemas import (
     RolloutState,
     RolloutStateChanged,
     SandboxDone,
@@ -53,8 +53,8 @@ from arena.schemas import (
     VerificationResult,
     encode,
 )
-from arena.jetlink import JsPublisher
-from arena.natslink import NatsLink
+from arena_core.jetlink import JsPublisher
+from arena_core.natslink import NatsLink
 from arena.stream import TrajectoryStream
 
 LIFECYCLE = [RolloutState.PENDING, RolloutState.PROVISIONING, RolloutState.RUNNING, RolloutState.VERIFYING,
@@ -115,7 +115,7 @@ async def publish_all_nats_py(js, load, *, headers: bool) -> float:
 
 
 async def publish_all_arena(publisher: JsPublisher, load, *, headers: bool) -> float:
-    """Arena's publisher (``arena.jetlink.JsPublisher``, what ``Bus.publish`` and so every
+    """Arena's publisher (``arena_core.jetlink.JsPublisher``, what ``Bus.publish`` and so every
     plane uses), at most ``MAX_IN_FLIGHT`` awaiting their PubAck."""
     t0 = time.perf_counter()
     window: deque[asyncio.Future] = deque()

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import msgspec
 
-from arena import subjects
-from arena.bus import Bus
-from arena.natsserver import NatsServer
-from arena.schemas import VerificationResult, VerifyJob
+from arena_core import subjects
+from arena_core.bus import Bus
+from arena_stack.natsserver import NatsServer
+from arena_core.schemas import VerificationResult, VerifyJob
 from arena.tasks import load_task
 from arena_verification.parsers import PARSERS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arena.natsserver import NatsServer
+from arena_stack.natsserver import NatsServer
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def nats_server(tmp_path):
 
 @pytest.fixture
 async def bus(nats_server):
-    from arena.bus import Bus
+    from arena_core.bus import Bus
 
     b = await Bus.connect(nats_server.url, "test")
     await b.ensure_topology()
@@ -32,7 +32,7 @@ async def bus(nats_server):
 async def small_bus(tmp_path):
     """A NATS server whose messages are at most 256 KiB (so tests can exceed it cheaply),
     with the topology declared, and a bus on it: ``(server, bus)``."""
-    from arena.bus import Bus
+    from arena_core.bus import Bus
 
     server = NatsServer(tmp_path / "small-nats", sync="1s", max_payload=256 * 1024).start()
     try:

@@ -1,7 +1,7 @@
 """``make demo-rl``: a tiny transformer learns, from scratch, through the real Arena stack.
 
-Starts nats-server and the four services (``arena.stack.Stack``), a policy server
-(``python -m arena.rl.policy_server``) registered in ``arena_backends`` and set as
+Starts nats-server and the four services (``arena_stack.stack.Stack``), a policy server
+(``python -m arena_rl.policy_server``) registered in ``arena_backends`` and set as
 ``ARENA_BACKEND_URL``, then: held-out evaluation -> GRPO steps (rollouts, proxy capture,
 sandbox, verification, trajectory stream, weight push) -> held-out evaluation; writes a
 checkpoint, reloads it, prints the curve. Everything is stopped by PID on exit.
@@ -22,20 +22,20 @@ from pathlib import Path
 
 import torch
 
-from arena.natsserver import free_port, wait_port
-from arena.rl.loop import LoopConfig, evaluate, run_loop
-from arena.rl.model import load_checkpoint, new_policy, save_checkpoint
-from arena.rl.tasks import ALPHABET, majority_family
-from arena.rl.tokenizer import CharTokenizer
-from arena.rl.trainer import GRPOTrainer, TrainerConfig
+from arena_stack.natsserver import free_port, wait_port
+from arena_rl.loop import LoopConfig, evaluate, run_loop
+from arena_rl.model import load_checkpoint, new_policy, save_checkpoint
+from arena_rl.tasks import ALPHABET, majority_family
+from arena_rl.tokenizer import CharTokenizer
+from arena_rl.trainer import GRPOTrainer, TrainerConfig
 from arena.sdk import ArenaClient
-from arena.settings import Settings
-from arena.stack import Child, Stack
+from arena_core.settings import Settings
+from arena_stack.stack import Child, Stack
 
 
 def start_policy_server(checkpoint: Path, port: int, nats_url: str, log_path: Path) -> Child:
-    """The policy server as a child that dies with this process (``arena.stack.Child``)."""
-    child = Child("policy-server", [sys.executable, "-m", "arena.rl.policy_server", "--checkpoint", str(checkpoint),
+    """The policy server as a child that dies with this process (``arena_stack.stack.Child``)."""
+    child = Child("policy-server", [sys.executable, "-m", "arena_rl.policy_server", "--checkpoint", str(checkpoint),
                                     "--port", str(port), "--nats-url", nats_url, "--replica-id", "policy-demo"],
                   dict(os.environ), log_path)
     child.start()

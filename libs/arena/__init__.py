@@ -1,3 +1,6 @@
-"""Arena: rollout, sandbox, verification and trajectory platform for agentic RL."""
+"""Arena's client: the Python SDK, the ``arena`` CLI, the trainer's trajectory stream and exports.
+
+See README.md and docs/architecture.md.
+"""
 
 __version__ = "0.1.0"

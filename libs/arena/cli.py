@@ -23,8 +23,8 @@ from pathlib import Path
 
 import msgspec
 
-from arena.errors import ArenaError
-from arena.settings import Settings, SettingsError
+from arena_core.errors import ArenaError
+from arena_core.settings import Settings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "examples" / "quickstart"
@@ -44,8 +44,8 @@ def _fmt_time(ts: float, t0: float) -> str:
 
 
 async def _up(settings: Settings, llm_script: str | None) -> None:
-    from arena.runtime import stop_on_signals
-    from arena.stack import Stack
+    from arena_core.runtime import stop_on_signals
+    from arena_stack.stack import Stack
 
     stop = stop_on_signals()
     stack = Stack(settings, llm_script=llm_script)
@@ -104,7 +104,7 @@ def print_rollout(client, view, t0: float) -> None:
 
 async def _demo(settings: Settings, n: int, seed: int) -> int:
     from arena.sdk import ArenaClient
-    from arena.stack import Stack
+    from arena_stack.stack import Stack
     from arena.tasks import load_task
 
     task = load_task(QUICKSTART)
@@ -216,7 +216,7 @@ def cmd_verify(args) -> int:
         trajectory = client.trajectory(args.id)
 
     async def run():
-        from arena.bus import Bus
+        from arena_core.bus import Bus
 
         bus = await Bus.connect(args.nats_url, "cli")
         try:
@@ -364,8 +364,8 @@ def cmd_tasks_import(args) -> int:
     import tempfile
 
     from arena import datasets
-    from arena.errors import InvalidRequest
-    from arena.schemas import AgentSpec, BundleSource, encode
+    from arena_core.errors import InvalidRequest
+    from arena_core.schemas import AgentSpec, BundleSource, encode
 
     rows = datasets.read_rows(args.file)
     specs = datasets.read_specs(args.specs)
@@ -400,7 +400,7 @@ def cmd_tasks_validate(args) -> int:
     import tempfile
 
     from arena import datasets
-    from arena.schemas import AgentSpec
+    from arena_core.schemas import AgentSpec
     from arena.tasks import load_task
 
     apply_gold = ("git apply --whitespace=nowarn /sandbox/agent/gold.patch && "
@@ -446,9 +446,9 @@ def cmd_tasks_validate(args) -> int:
 
 def cmd_backend(args) -> int:
     """Register, list or remove backend replicas; the proxy picks changes up at once."""
-    from arena import subjects
-    from arena.bus import Bus
-    from arena.schemas import BackendReplica
+    from arena_core import subjects
+    from arena_core.bus import Bus
+    from arena_core.schemas import BackendReplica
 
     async def run() -> int:
         bus = await Bus.connect(args.nats_url, "arena-cli")

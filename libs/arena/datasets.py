@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from arena.errors import InvalidRequest
-from arena.schemas import AgentSpec, Budget, ImageSource, Source, Task, TestsVerifier
-from arena.sources import GitError, SourceError, host_git
+from arena_core.errors import InvalidRequest
+from arena_core.schemas import AgentSpec, Budget, ImageSource, Source, Task, TestsVerifier
+from arena_core.sources import GitError, SourceError, host_git
 
 #: The test command SWE-bench's harness runs for pytest repositories; ``{test_files}`` is
 #: replaced by the files the instance's test patch touches.

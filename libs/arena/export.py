@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arena.grpo import group_advantages
-from arena.schemas import Step, Trajectory
-from arena.tokens import sequences
+from arena_core.grpo import group_advantages
+from arena_core.schemas import Step, Trajectory
+from arena_core.tokens import sequences
 
 View = Literal["grpo", "dpo", "sft", "tokens"]
 VIEWS: tuple[str, ...] = ("grpo", "dpo", "sft", "tokens")
@@ -187,7 +187,7 @@ def step_tokens(step: Step) -> tuple[list[int], list[int], list[float]] | None:
 
 
 def token_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
-    """One row per token sequence of each member (``arena.tokens.sequences``): a multi-turn
+    """One row per token sequence of each member (``arena_core.tokens.sequences``): a multi-turn
     rollout whose prompts extend each other is one sequence, its tool/user tokens masked 0
     and every sampled completion masked 1; a rollout whose history was rewritten gives
     several. Members with a step lacking token ids, or whose logprobs do not line up

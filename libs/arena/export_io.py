@@ -5,7 +5,7 @@ Sources, both yielding trajectories with a group's members adjacent:
 - ``HttpSource(url)``: the trajectory service's ``GET /v1/export/trajectories`` pages;
 - ``StoreSource(path_or_url)``: the ClickHouse store directly — a chDB directory (with the
   trajectory service stopped: chDB allows one process per directory) or a ClickHouse
-  server URL — through the trajectory plane's own ``TrajectoryStore``.
+  server URL — through the trajectory plane's ``python -m arena_trajectory.dump`` process.
 
 Writers: ``ParquetWriter`` (pyarrow, one explicit schema per view, hive-style partitions
 ``date=YYYY-MM-DD/task=<task>/part-NNNNN.parquet``; the ``date`` and ``task_id`` columns stay
@@ -27,9 +27,9 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from arena.errors import BY_CODE, ArenaError, InvalidRequest, Unavailable
+from arena_core.errors import BY_CODE, ArenaError, InvalidRequest, Unavailable
 from arena.export import ExportOptions, ExportStats, View, export_rows
-from arena.schemas import Trajectory
+from arena_core.schemas import Trajectory
 
 PAGE = 500
 
@@ -97,48 +97,45 @@ class HttpSource:
 
 
 class StoreSource:
-    """Reads the ClickHouse store itself: a chDB directory or a ClickHouse server URL."""
+    """Reads the ClickHouse store itself (a chDB directory or a ClickHouse server URL) through the
+    trajectory plane's ``python -m arena_trajectory.dump``, run as a process: the client never
+    imports a service, and the store's dependencies (chDB) stay with the ``server`` extra."""
 
-    def __init__(self, location: str, f: ExportFilter, *, page: int = PAGE):
+    def __init__(self, location: str, f: ExportFilter, *, python: str = sys.executable):
         self.location = location
         self.filter = f
-        self.page = page
+        self.python = python
         self.total: int | None = None
 
-    def _open(self):
-        from arena_trajectory.clickhouse import ChdbBackend, ClickHouseConnectBackend
-        from arena_trajectory.store import TrajectoryStore
-
-        if re.match(r"^(https?|clickhouse)://", self.location):
-            return TrajectoryStore(ClickHouseConnectBackend.from_url(self.location))
-        path = Path(self.location)
-        if not (path / "metadata").is_dir() and (path / "clickhouse" / "metadata").is_dir():
-            path = path / "clickhouse"  # an Arena data directory was given
-        if not (path / "metadata").is_dir():
-            raise InvalidRequest(f"{self.location} is not a chDB store (no metadata/ directory)")
-        try:
-            return TrajectoryStore(ChdbBackend(path))
-        except Exception as exc:  # noqa: BLE001 - chDB raises plain RuntimeErrors
-            raise Unavailable(f"cannot open the chDB store at {path} (is the trajectory service running "
-                              f"on it? stop it or export through --from-url): {exc}") from exc
-
     async def trajectories(self) -> AsyncIterator[Trajectory]:
-        from arena_trajectory.listing import TrajectoryFilter
-
-        store = self._open()
+        proc = await asyncio.create_subprocess_exec(
+            self.python, "-m", "arena_trajectory.dump", "--store", self.location,
+            "--filter", msgspec.json.encode(self.filter).decode(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=256 * 1024 * 1024)
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = asyncio.ensure_future(proc.stderr.read())
+        decoder = msgspec.json.Decoder(Trajectory)
         try:
-            f = TrajectoryFilter(**msgspec.structs.asdict(self.filter))
-            self.total = await store.count_filtered(f)
-            after = None
-            while True:
-                page = await store.export_page(f, after=after, limit=self.page)
-                for t in page:
-                    yield t
-                if len(page) < self.page:
-                    return
-                after = (page[-1].group_id or "", page[-1].rollout_id)
+            while line := await proc.stdout.readline():
+                if line.startswith((b'{"total"', b'{"error"')):  # a trajectory starts {"rollout_id"
+                    head = msgspec.json.decode(line)
+                    if "error" in head:
+                        err = head["error"]
+                        raise BY_CODE.get(err.get("code"), ArenaError)(err.get("message", "export failed"))
+                    self.total = head["total"]
+                    continue
+                yield decoder.decode(line)
+            if await proc.wait() != 0:
+                detail = (await stderr).decode(errors="replace").strip().splitlines()
+                hint = detail[-1] if detail else f"exit status {proc.returncode}"
+                if "No module named" in hint:
+                    hint += " (reading a store needs the trajectory service installed: pip install 'arena[server]')"
+                raise Unavailable(f"cannot read the store at {self.location}: {hint}")
         finally:
-            await store.close()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            stderr.cancel()
 
 
 # --------------------------------------------------------------------------- writers

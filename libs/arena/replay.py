@@ -19,9 +19,9 @@ from pathlib import Path
 
 import msgspec
 
-from arena import subjects
-from arena.errors import InvalidRequest, NotFound, Unavailable
-from arena.schemas import RolloutRecord, Task, Trajectory, VerificationResult, Verifier, VerifyJob
+from arena_core import subjects
+from arena_core.errors import InvalidRequest, NotFound, Unavailable
+from arena_core.schemas import RolloutRecord, Task, Trajectory, VerificationResult, Verifier, VerifyJob
 
 _verifier_decoder = msgspec.json.Decoder(Verifier)
 _record_decoder = msgspec.json.Decoder(RolloutRecord)

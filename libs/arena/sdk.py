@@ -8,7 +8,7 @@
         for rid in group.rollout_ids:
             print(arena.wait(rid).state)
 
-Server errors come back as the matching ``arena.errors`` class (``NotFound``,
+Server errors come back as the matching ``arena_core.errors`` class (``NotFound``,
 ``InvalidRequest``...), carrying the server's code and message.
 """
 
@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from arena import sources
-from arena.errors import BY_CODE, ArenaError, NotFound, Unavailable
-from arena.schemas import (
+from arena_core import sources
+from arena_core.errors import BY_CODE, ArenaError, NotFound, Unavailable
+from arena_core.schemas import (
     BundleSource,
     PathSource,
     GroupSubmitted,
@@ -168,7 +168,7 @@ class ArenaClient:
 
     def wait_trajectory(self, rollout_id: str, *, timeout: float = 60.0) -> Trajectory:
         """The trajectory, waiting for the trajectory plane to assemble it."""
-        from arena.errors import NotFound
+        from arena_core.errors import NotFound
 
         deadline = time.monotonic() + timeout
         while True:

@@ -28,9 +28,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
-from arena.bus import BodyMissing, Bus
-from arena.errors import Unavailable
-from arena.schemas import GroupCompleted
+from arena_core.bus import BodyMissing, Bus
+from arena_core.errors import Unavailable
+from arena_core.schemas import GroupCompleted
 
 log = logging.getLogger("arena.stream")
 

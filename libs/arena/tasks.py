@@ -1,4 +1,4 @@
-"""Load a task file (JSON of ``arena.schemas.Task``) and resolve its relative paths.
+"""Load a task file (JSON of ``arena_core.schemas.Task``) and resolve its relative paths.
 
 In a task file, local paths (``repo``, a ``path`` source, ``agent.path``) are relative to the
 file's directory; the SDK and CLI upload them as bundles when they submit (docs/tasks.md).
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from arena.errors import InvalidRequest
-from arena.schemas import PathSource, Task
+from arena_core.errors import InvalidRequest
+from arena_core.schemas import PathSource, Task
 
 
 def load_task(path: str | Path) -> Task:

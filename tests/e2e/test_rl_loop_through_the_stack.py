@@ -15,15 +15,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from arena.natsserver import free_port, wait_port  # noqa: E402
-from arena.rl.loop import LoopConfig, run_loop  # noqa: E402
-from arena.rl.model import load_checkpoint, new_policy, save_checkpoint  # noqa: E402
-from arena.rl.tasks import majority_family  # noqa: E402
-from arena.rl.tokenizer import CharTokenizer  # noqa: E402
-from arena.rl.trainer import GRPOTrainer, TrainerConfig  # noqa: E402
+from arena_stack.natsserver import free_port, wait_port  # noqa: E402
+from arena_rl.loop import LoopConfig, run_loop  # noqa: E402
+from arena_rl.model import load_checkpoint, new_policy, save_checkpoint  # noqa: E402
+from arena_rl.tasks import majority_family  # noqa: E402
+from arena_rl.tokenizer import CharTokenizer  # noqa: E402
+from arena_rl.trainer import GRPOTrainer, TrainerConfig  # noqa: E402
 from arena.sdk import ArenaClient  # noqa: E402
-from arena.settings import Settings  # noqa: E402
-from arena.stack import Stack  # noqa: E402
+from arena_core.settings import Settings  # noqa: E402
+from arena_stack.stack import Stack  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -42,7 +42,7 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
     await stack.start()
     try:
         log = open(tmp_path / "policy.log", "wb")
-        server = subprocess.Popen([sys.executable, "-m", "arena.rl.policy_server", "--checkpoint", str(ckpt),
+        server = subprocess.Popen([sys.executable, "-m", "arena_rl.policy_server", "--checkpoint", str(ckpt),
                                    "--port", str(policy_port), "--nats-url", settings.nats_url],
                                   stdout=log, stderr=log)
         await asyncio.to_thread(wait_port, "127.0.0.1", policy_port, 60, server)

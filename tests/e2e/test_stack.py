@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena.natsserver import free_port
+from arena_stack.natsserver import free_port
 from arena.sdk import ArenaClient
-from arena.settings import Settings
-from arena.stack import Stack
+from arena_core.settings import Settings
+from arena_stack.stack import Stack
 from arena.tasks import load_task
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"

@@ -19,11 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena.natsserver import free_port
-from arena.schemas import AgentSpec, Task
+from arena_stack.natsserver import free_port
+from arena_core.schemas import AgentSpec, Task
 from arena.sdk import ArenaClient
-from arena.settings import Settings
-from arena.stack import Stack
+from arena_core.settings import Settings
+from arena_stack.stack import Stack
 
 DATASET = Path(__file__).resolve().parents[2] / "examples" / "swebench-mini"
 

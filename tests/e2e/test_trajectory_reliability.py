@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from arena import subjects
-from arena.bus import Bus
-from arena.natsserver import DEFAULT_SYNC, NatsServer, free_port
-from arena.schemas import (
+from arena_core import subjects
+from arena_core.bus import Bus
+from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, free_port
+from arena_core.schemas import (
     RolloutState,
     RolloutStateChanged,
     SandboxDone,

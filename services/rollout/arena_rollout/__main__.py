@@ -7,10 +7,10 @@ import sys
 
 import httpx
 
-from arena import logs, subjects, telemetry
-from arena.bus import Bus
-from arena.runtime import run, serve, stop_on_signals
-from arena.settings import Settings, SettingsError
+from arena_core import logs, subjects, telemetry
+from arena_core.bus import Bus
+from arena_core.runtime import run, serve, stop_on_signals
+from arena_core.settings import Settings, SettingsError
 
 from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry

@@ -19,10 +19,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from arena import sources, subjects
-from arena.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
-from arena.fastroutes import BodyTooLarge, ClientGone, Exchange
-from arena.schemas import (
+from arena_core import sources, subjects
+from arena_core.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
+from arena_core.fastroutes import BodyTooLarge, ClientGone, Exchange
+from arena_core.schemas import (
     ID_PATTERN,
     ErrorBody,
     ErrorResponse,
@@ -290,7 +290,7 @@ _SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-co
 class RolloutApp:
     """The ASGI app. The proxy's POST routes are served here in plain ASGI (no routing,
     request objects, dependency solving or middleware on every LLM call); everything
-    else goes to FastAPI. Under ``arena.runtime.serve`` the server's protocol answers
+    else goes to FastAPI. Under ``arena_core.runtime.serve`` the server's protocol answers
     the proxy's routes itself (``fast_routes``, no ASGI cycle at all); both ways run
     ``_answer``."""
 
@@ -374,7 +374,7 @@ class RolloutApp:
 
 
 class _ProxyRoutes:
-    """The proxy's POST routes, for the server's protocol (``arena.fastroutes``)."""
+    """The proxy's POST routes, for the server's protocol (``arena_core.fastroutes``)."""
 
     def __init__(self, app: RolloutApp):
         self._app = app

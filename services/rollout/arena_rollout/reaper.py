@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from arena.runtime import every
-from arena.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
+from arena_core.runtime import every
+from arena_core.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
 
 log = logging.getLogger("arena.rollout.reaper")
 

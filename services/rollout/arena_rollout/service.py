@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 
-from arena import private, sources, subjects, telemetry
-from arena.bus import Bus, Delivery
-from arena.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
-from arena.schemas import (
+from arena_core import private, sources, subjects, telemetry
+from arena_core.bus import Bus, Delivery
+from arena_core.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
+from arena_core.schemas import (
     BundleSource,
     DeadLetter,
     PathSource,
@@ -41,7 +41,7 @@ from arena.schemas import (
     TestsVerifier,
     VerificationResult,
 )
-from arena.settings import Settings
+from arena_core.settings import Settings
 
 from arena_rollout import state
 from arena_rollout.proxy.backends import default_replica

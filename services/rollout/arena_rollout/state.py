@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from arena.errors import Conflict
-from arena.schemas import RolloutRecord, RolloutState, StateTransition
+from arena_core.errors import Conflict
+from arena_core.schemas import RolloutRecord, RolloutState, StateTransition
 
 S = RolloutState
 

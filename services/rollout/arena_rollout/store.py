@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from arena.bus import follow_kv
-from arena.jetlink import JsPublisher, PublishRefused
-from arena.errors import ArenaError, Conflict, InvalidRequest, NotFound
-from arena.schemas import ID_PATTERN, valid_id, RolloutRecord
+from arena_core.bus import follow_kv
+from arena_core.jetlink import JsPublisher, PublishRefused
+from arena_core.errors import ArenaError, Conflict, InvalidRequest, NotFound
+from arena_core.schemas import ID_PATTERN, valid_id, RolloutRecord
 
 #: JetStream's error code for a publish whose ``Nats-Expected-Last-Subject-Sequence`` lost.
 _WRONG_LAST_SEQUENCE = 10071

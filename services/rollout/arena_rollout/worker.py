@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from arena import subjects
-from arena.bus import Bus, Consumer
-from arena.schemas import DeadLetter, SandboxDone, SandboxStarted, VerificationResult
+from arena_core import subjects
+from arena_core.bus import Bus, Consumer
+from arena_core.schemas import DeadLetter, SandboxDone, SandboxStarted, VerificationResult
 
 from arena_rollout.service import RolloutService
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from arena import logs, telemetry
-from arena.bus import Bus
-from arena.runtime import serve, stop_on_signals
-from arena.settings import Settings, SettingsError
+from arena_core import logs, telemetry
+from arena_core.bus import Bus
+from arena_core.runtime import serve, stop_on_signals
+from arena_core.settings import Settings, SettingsError
 
-from arena_sandbox.factory import build_providers
+from arena_sandbox_providers.factory import build_providers
 from arena_sandbox.pool import WarmPool
-from arena_sandbox.provider import CreateSpec
+from arena_sandbox_providers.provider import CreateSpec
 from arena_sandbox.worker import SandboxWorker, reap_orphans
 
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 
-from arena_sandbox.provider import CreateSpec, Sandbox, SandboxProvider
+from arena_sandbox_providers.provider import CreateSpec, Sandbox, SandboxProvider
 
 log = logging.getLogger("arena.sandbox.pool")
 

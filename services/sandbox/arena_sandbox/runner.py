@@ -24,12 +24,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from arena.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
-from arena.sources import SourceCache, SourceError
-from arena_sandbox import local
-from arena_sandbox.local import ProxyForward, RunResult
+from arena_core.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
+from arena_core.sources import SourceCache, SourceError
+from arena_sandbox_providers import local
+from arena_sandbox_providers.local import ProxyForward, RunResult
 from arena_sandbox.pool import WarmPool
-from arena_sandbox.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
+from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
 log = logging.getLogger("arena.sandbox.runner")
 

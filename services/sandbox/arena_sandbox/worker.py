@@ -22,10 +22,10 @@ from pathlib import Path
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from arena import subjects
-from arena.bus import Bus, Consumer, Delivery
-from arena.errors import Retryable
-from arena.schemas import (
+from arena_core import subjects
+from arena_core.bus import Bus, Consumer, Delivery
+from arena_core.errors import Retryable
+from arena_core.schemas import (
     RolloutRecord,
     RolloutState,
     RolloutStateChanged,
@@ -35,11 +35,11 @@ from arena.schemas import (
     SandboxStarted,
     VerifyJob,
 )
-from arena.settings import Settings
-from arena.sources import SourceCache
+from arena_core.settings import Settings
+from arena_core.sources import SourceCache
 from arena_sandbox import runner
 from arena_sandbox.pool import WarmPool
-from arena_sandbox.provider import SandboxProvider
+from arena_sandbox_providers.provider import SandboxProvider
 from arena_sandbox.runner import RunnerConfig
 
 log = logging.getLogger("arena.sandbox.worker")

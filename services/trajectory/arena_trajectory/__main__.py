@@ -12,10 +12,10 @@ import gc
 import logging
 import sys
 
-from arena import logs, runtime, telemetry
-from arena.bus import Bus
-from arena.runtime import stop_on_signals
-from arena.settings import Settings
+from arena_core import logs, runtime, telemetry
+from arena_core.bus import Bus
+from arena_core.runtime import stop_on_signals
+from arena_core.settings import Settings
 from arena_trajectory.app import create_app
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.worker import TrajectoryWorker

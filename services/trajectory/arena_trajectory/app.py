@@ -27,9 +27,9 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from arena.errors import ArenaError, InvalidRequest, NotFound
-from arena.grpo import group_advantages
-from arena.schemas import (
+from arena_core.errors import ArenaError, InvalidRequest, NotFound
+from arena_core.grpo import group_advantages
+from arena_core.schemas import (
     ID_PATTERN,
     ErrorBody,
     ErrorResponse,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from arena.grpo import group_advantages
-from arena.schemas import (
+from arena_core.grpo import group_advantages
+from arena_core.schemas import (
     GroupCompleted,
     RolloutState,
     RolloutStateChanged,

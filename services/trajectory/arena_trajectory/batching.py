@@ -1,6 +1,6 @@
 """A durable pull consumer that hands its handler a whole fetch batch at once.
 
-The per-message ``arena.bus.Consumer`` costs one ClickHouse insert per message; this one
+The per-message ``arena_core.bus.Consumer`` costs one ClickHouse insert per message; this one
 fetches up to ``batch_size`` messages, decodes them, lets the handler store them in one
 statement, then settles every message with the verdict the handler returned:
 
@@ -13,7 +13,7 @@ statement, then settles every message with the verdict the handler returned:
 So an ack still means "stored", and a redelivered batch is harmless because every table
 it writes is idempotent (ReplacingMergeTree).
 
-Batches come from a ``PullFeed`` on the bus's lean connection (``arena.jetlink``: one
+Batches come from a ``PullFeed`` on the bus's lean connection (``arena_core.jetlink``: one
 pull request and one wait per batch, not per message, and the batch's acks in one
 write); after the first message arrives the fetch lingers up to ``linger`` seconds for
 more, so a steady flow makes a few large inserts instead of many small ones (a ClickHouse
@@ -32,9 +32,9 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from arena.bus import BodyMissing, Bus, Delivery, PullConsumer, body_object, settle
-from arena.errors import Unavailable
-from arena.jetlink import FetchTimeout, JsMsg, PullFeed, ack_all
+from arena_core.bus import BodyMissing, Bus, Delivery, PullConsumer, body_object, settle
+from arena_core.errors import Unavailable
+from arena_core.jetlink import FetchTimeout, JsMsg, PullFeed, ack_all
 
 log = logging.getLogger("arena.trajectory")
 

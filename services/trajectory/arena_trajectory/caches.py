@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 import msgspec
 
-from arena.schemas import SandboxDone, Step, Trajectory, VerificationResult
+from arena_core.schemas import SandboxDone, Step, Trajectory, VerificationResult
 
 RawSteps = dict[int, msgspec.Raw | bytes]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from arena.errors import Unavailable
+from arena_core.errors import Unavailable
 
 
 Param = str | int | float | list[str]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from arena.schemas import RolloutState
+from arena_core.schemas import RolloutState
 from arena_trajectory.clickhouse import Param
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from arena.schemas import (
+from arena_core.schemas import (
     TrainerMetrics,
     RolloutState,
     RolloutStateChanged,
@@ -30,7 +30,7 @@ from arena.schemas import (
     Trajectory,
     VerificationResult,
 )
-from arena.settings import Settings
+from arena_core.settings import Settings
 from arena_trajectory.caches import StoredStep
 from arena_trajectory.clickhouse import Backend, ChdbBackend, ClickHouseConnectBackend, Param
 from arena_trajectory.listing import SUMMARY_COLUMNS, TrajectoryFilter, TrajectorySummary, summary_decoder

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from arena.schemas import RolloutStateChanged, SandboxDone, Step, TrainerMetrics, Trajectory, VerificationResult
+from arena_core.schemas import RolloutStateChanged, SandboxDone, Step, TrainerMetrics, Trajectory, VerificationResult
 
 DATABASE = "arena"
 

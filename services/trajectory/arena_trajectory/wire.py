@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from arena.schemas import GroupCompleted, Step, Trajectory
+from arena_core.schemas import GroupCompleted, Step, Trajectory
 
 #: A step as it goes on the wire: its JSON if we have it, else the ``Step``.
 WireStep = msgspec.Raw | Step

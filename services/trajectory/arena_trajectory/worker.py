@@ -31,11 +31,11 @@ from collections.abc import AsyncIterator
 import msgspec
 from nats.js.errors import NotFoundError
 
-from arena import subjects
-from arena.bus import Bus, Delivery
-from arena.errors import Permanent
-from arena.runtime import every
-from arena.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
+from arena_core import subjects
+from arena_core.bus import Bus, Delivery
+from arena_core.errors import Permanent
+from arena_core.runtime import every
+from arena_core.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
 from arena_trajectory import assembler
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
 from arena_trajectory.caches import MemberCache, RawSteps, ResultCache, StepCache, StoredStep, first_per_index

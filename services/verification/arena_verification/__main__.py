@@ -8,11 +8,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from arena import logs, telemetry
-from arena.bus import Bus
-from arena.runtime import serve, stop_on_signals
-from arena.settings import Settings, SettingsError
-from arena.sources import SourceCache
+from arena_core import logs, telemetry
+from arena_core.bus import Bus
+from arena_core.runtime import serve, stop_on_signals
+from arena_core.settings import Settings, SettingsError
+from arena_core.sources import SourceCache
 from arena_verification.sandboxes import ProviderSandboxes
 from arena_verification.worker import VerificationWorker
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from arena.schemas import ExactVerifier, RubricVerifier
+from arena_core.schemas import ExactVerifier, RubricVerifier
 
 FLAG_NO_ANSWER = "no_answer"
 

@@ -6,7 +6,7 @@ route ``{ARENA_PUBLIC_URL}/judge/{rollout_id}/v1`` with the verification service
 but is never captured as a policy step nor counted against the rollout's budgets. An
 explicit endpoint (the verifier's ``base_url``, else ``ARENA_JUDGE_BASE_URL``, with the
 bearer key ``ARENA_JUDGE_API_KEY``) sends it to any OpenAI-compatible server instead.
-Either way the call is recorded on the result as a :class:`~arena.schemas.JudgeCall`. The judge must end its answer with ``SCORE: <x>``,
+Either way the call is recorded on the result as a :class:`~arena_core.schemas.JudgeCall`. The judge must end its answer with ``SCORE: <x>``,
 ``x`` between 0 and 1; the last such line counts. A judge that answers without a score
 gives reward 0 and the flag ``judge_unparseable``; a judge that cannot be reached (HTTP
 error, timeout) is an error, so the job is retried and finally dead-lettered.
@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from arena.errors import VerificationError
-from arena.schemas import JudgeCall, LlmJudgeVerifier, Usage
-from arena.settings import Settings
+from arena_core.errors import VerificationError
+from arena_core.schemas import JudgeCall, LlmJudgeVerifier, Usage
+from arena_core.settings import Settings
 from arena_verification.answers import FLAG_NO_ANSWER, Outcome
 
 FLAG_JUDGE_UNPARSEABLE = "judge_unparseable"

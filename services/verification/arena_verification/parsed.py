@@ -17,7 +17,7 @@ import re
 
 import msgspec
 
-from arena.schemas import TestResult, TestStatus
+from arena_core.schemas import TestResult, TestStatus
 
 #: Higher is worse.
 SEVERITY = {

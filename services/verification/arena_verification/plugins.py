@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from arena.errors import VerificationError
-from arena.schemas import PythonVerifier, Task
+from arena_core.errors import VerificationError
+from arena_core.schemas import PythonVerifier, Task
 from arena_verification.answers import Outcome
 
 GROUP = "arena.verifiers"

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 
 
-from arena.schemas import TestResult, TestStatus
+from arena_core.schemas import TestResult, TestStatus
 from arena_verification.parsed import ParsedOutput, strip_ansi
 
 STATUS_WORDS: dict[str, TestStatus] = {

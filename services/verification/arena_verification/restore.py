@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
-from arena.errors import VerificationError
+from arena_core.errors import VerificationError
 
 
 class InvalidTask(VerificationError):

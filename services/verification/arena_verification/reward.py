@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from arena.schemas import TestCounts, TestResult, TestStatus, TestsVerifier
+from arena_core.schemas import TestCounts, TestResult, TestStatus, TestsVerifier
 
 PASSING = frozenset({TestStatus.PASSED, TestStatus.XFAILED})
 FAILING = frozenset({TestStatus.FAILED, TestStatus.ERROR})

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from arena.schemas import (
+from arena_core.schemas import (
     CompositeVerifier,
     ExactVerifier,
     LlmJudgeVerifier,
@@ -37,7 +37,7 @@ from arena.schemas import (
 from arena_verification import answers, judge, plugins
 from arena_verification.answers import InvalidRubric, Outcome
 from arena_verification.restore import InvalidTask
-from arena.sources import SourceCache
+from arena_core.sources import SourceCache
 from arena_verification.sandboxes import LocalSandboxes, Sandboxes
 from arena_verification.tests_verifier import job_budget_s, verify_tests
 

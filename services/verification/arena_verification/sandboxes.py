@@ -12,10 +12,10 @@ from pathlib import Path
 
 import msgspec
 
-from arena.errors import VerificationError
-from arena.settings import Settings
-from arena_sandbox.factory import build_provider, owner_of
-from arena_sandbox.provider import CreateSpec, Sandbox, SandboxError, SandboxLimits, SandboxProvider
+from arena_core.errors import VerificationError
+from arena_core.settings import Settings
+from arena_sandbox_providers.factory import build_provider, owner_of
+from arena_sandbox_providers.provider import CreateSpec, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 from arena_verification.tests_verifier import Sandboxes
 
 log = logging.getLogger("arena.verification")

@@ -3,7 +3,7 @@
 ``verify_tests(job, spec, root, started, sandboxes=...)``, SWE-bench's order, in ONE fresh
 sandbox from the sandbox plane's provider interface (the task's image; network off):
 
-1. on the host, the pristine source committed as the base (:func:`arena.sources.prepare_workspace`)
+1. on the host, the pristine source committed as the base (:func:`arena_core.sources.prepare_workspace`)
    and the pristine copies of every file to reset (the named test files, the files the
    hidden test patch touches, the protected paths the diff touches);
 2. in the sandbox, ``git apply`` the agent's diff (flag ``patch_failed`` if it does not apply);
@@ -33,10 +33,10 @@ from typing import Protocol
 
 import msgspec
 
-from arena.errors import VerificationError
-from arena.schemas import PathSource, TestResult, TestStatus, TestsVerifier, VerificationResult, VerifyJob
-from arena.sources import GitError, SourceCache, SourceError, prepare_workspace
-from arena_sandbox.provider import ExecResult, Sandbox
+from arena_core.errors import VerificationError
+from arena_core.schemas import PathSource, TestResult, TestStatus, TestsVerifier, VerificationResult, VerifyJob
+from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
+from arena_sandbox_providers.provider import ExecResult, Sandbox
 from arena_verification import patch, protected, reward
 from arena_verification.parsed import ParsedOutput
 from arena_verification.parsers import get_parser

@@ -12,11 +12,11 @@ import httpx
 import msgspec
 from nats.js.errors import NotFoundError
 
-from arena import private, subjects
-from arena.bus import Bus, Consumer, Delivery
-from arena.errors import Permanent, VerificationError
-from arena.schemas import SandboxDone, VerificationResult, VerifyJob
-from arena.sources import SourceCache
+from arena_core import private, subjects
+from arena_core.bus import Bus, Consumer, Delivery
+from arena_core.errors import Permanent, VerificationError
+from arena_core.schemas import SandboxDone, VerificationResult, VerifyJob
+from arena_core.sources import SourceCache
 from arena_verification import runner
 from arena_verification.plugins import InvalidPlugin
 from arena_verification.restore import InvalidTask

@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from arena.errors import InvalidRequest
+from arena_core.errors import InvalidRequest
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 _SAMPLING = ("temperature", "top_p", "top_k")

@@ -16,10 +16,10 @@ import time
 import httpx
 import msgspec
 
-from arena.bus import follow_kv
-from arena.runtime import every
-from arena.schemas import BackendReplica
-from arena.settings import Settings
+from arena_core.bus import follow_kv
+from arena_core.runtime import every
+from arena_core.schemas import BackendReplica
+from arena_core.settings import Settings
 
 from arena_rollout.proxy.routing import Router
 

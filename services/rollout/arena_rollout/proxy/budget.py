@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from arena.errors import BudgetExhausted, InvalidRequest, WallClockExceeded
-from arena.schemas import PromptCount, RolloutRecord, SamplingParams
+from arena_core.errors import BudgetExhausted, InvalidRequest, WallClockExceeded
+from arena_core.schemas import PromptCount, RolloutRecord, SamplingParams
 
 from arena_rollout.proxy.policy import Api, apply_sampling
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.errors import UpstreamError
-from arena.schemas import Failover, PromptCount, SamplingParams, Step, Timings, ToolCall, TopLogprob, Usage
+from arena_core.errors import UpstreamError
+from arena_core.schemas import Failover, PromptCount, SamplingParams, Step, Timings, ToolCall, TopLogprob, Usage
 
 from arena_rollout.proxy.policy import Api
 

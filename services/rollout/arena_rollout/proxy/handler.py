@@ -29,10 +29,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from arena import subjects
-from arena.bus import Bus
-from arena.errors import ArenaError, BudgetExhausted, InvalidRequest, Unauthorized, UpstreamError, WallClockExceeded
-from arena.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings
+from arena_core import subjects
+from arena_core.bus import Bus
+from arena_core.errors import ArenaError, BudgetExhausted, InvalidRequest, Unauthorized, UpstreamError, WallClockExceeded
+from arena_core.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings
 
 from arena_rollout.proxy import anthropic
 from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.errors import InvalidRequest
+from arena_core.errors import InvalidRequest
 
 
 def _common(body: Any) -> dict[str, Any]:

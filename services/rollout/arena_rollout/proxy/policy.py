@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from arena.schemas import SamplingParams
+from arena_core.schemas import SamplingParams
 
 Api = Literal["openai.chat", "openai.completions", "anthropic.messages"]
 

@@ -14,8 +14,8 @@ import time
 import zlib
 from collections import OrderedDict
 
-from arena.errors import Unavailable
-from arena.schemas import BackendReplica
+from arena_core.errors import Unavailable
+from arena_core.schemas import BackendReplica
 
 MAX_STICKY = 100_000
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from arena.errors import UpstreamError, UpstreamRejected
-from arena.schemas import Failover
+from arena_core.errors import UpstreamError, UpstreamRejected
+from arena_core.schemas import Failover
 
 from arena_rollout.proxy.http1 import Http1Client, Response, TransportError
 from arena_rollout.proxy.routing import ReplicaState, Router

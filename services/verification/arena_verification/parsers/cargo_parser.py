@@ -33,7 +33,7 @@ import re
 
 import msgspec
 
-from arena.schemas import TestStatus
+from arena_core.schemas import TestStatus
 from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
 
 _RUNNING = re.compile(r"^running (?P<n>\d+) tests?$")

@@ -22,7 +22,7 @@ import re
 
 import msgspec
 
-from arena.schemas import TestStatus
+from arena_core.schemas import TestStatus
 from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
 
 _RUN = re.compile(r"^=== RUN\s+(?P<name>\S+)$")

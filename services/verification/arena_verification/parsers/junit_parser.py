@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from arena.schemas import TestStatus
+from arena_core.schemas import TestStatus
 from arena_verification.parsed import SEVERITY, ParsedOutput, build, merge
 
 _XML_DECL = re.compile(r"<\?xml[^>]*\?>")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from arena.schemas import TestStatus
+from arena_core.schemas import TestStatus
 from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
 
 SEP = " > "

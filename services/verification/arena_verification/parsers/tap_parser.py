@@ -24,7 +24,7 @@ import re
 
 import msgspec
 
-from arena.schemas import TestStatus
+from arena_core.schemas import TestStatus
 from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
 
 SEP = " > "

@@ -1,0 +1,489 @@
+"""NATS JetStream helpers: connect, declare the topology, publish idempotently, consume.
+
+The ack policy lives here and only here:
+
+- the handler returns            -> ``ack``
+- it raises ``Retryable``        -> ``nak(delay)``
+- it raises ``Permanent`` or the message does not decode
+                                 -> dead letter to ``arena.dead.{stream}``, then ``term``
+- it raises anything else        -> ``nak`` with backoff, and dead letter + ``term`` on the
+                                    last allowed delivery.
+
+Long handlers keep their message alive with ``in_progress`` heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js import api as jsapi
+from nats.js.errors import BadRequestError, NotFoundError
+
+from arena_core import subjects, telemetry
+from arena_core.errors import Permanent, Retryable, Unavailable
+from arena_core.jetlink import JsMsg, JsPublisher, NoResponders, PubAck, PublishTimeout
+from arena_core.natslink import LinkClosed, LinkError, NatsLink
+from arena_core.schemas import DeadLetter, encode
+
+log = logging.getLogger("arena_core.bus")
+
+T = TypeVar("T")
+
+#: JetStream de-duplication window: a re-publish with the same Nats-Msg-Id inside it
+#: is dropped by the server.
+DUPLICATE_WINDOW_S = 120.0
+
+
+class Bus:
+    """A connection to NATS with JetStream, owned by one service."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, service: str, *, url: str):
+        self.nc = nc
+        self.js = js
+        self.service = service
+        self.url = url  # the link (``link()``) connects here too
+        self._kv: dict[str, Any] = {}
+        self.closing = False
+        self._link: NatsLink | None = None
+        self._publisher: JsPublisher | None = None
+        self._link_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0) -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error: %s", exc)
+
+        holder: list[Bus] = []
+
+        async def on_disconnect() -> None:
+            if not (holder and holder[0].closing):
+                log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=f"arena-{service}",
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - nats raises several unrelated types
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+                await asyncio.sleep(0.2)
+        bus = cls(nc, nc.jetstream(timeout=10), service, url=url)
+        holder.append(bus)
+        return bus
+
+    async def link(self, *, timeout: float = 10.0) -> NatsLink:
+        """The bus's lean connection (``arena_core.natslink``) for the high-rate paths: pull
+        feeds, acks and publishes. Opened on first use and again after it dropped (e.g. a
+        NATS restart), retrying for up to ``timeout`` seconds; then ``Unavailable``."""
+        async with self._link_lock:
+            if self.closing:
+                raise Unavailable(f"the {self.service} bus is closed")
+            if self._link is None or self._link.closed:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        self._link = await NatsLink.open(self.url, name=f"arena-{self.service}-link")
+                        break
+                    except LinkError as exc:
+                        if self.closing or time.monotonic() > deadline:
+                            raise Unavailable(str(exc)) from exc
+                        await asyncio.sleep(0.2)
+                self._publisher = JsPublisher(self._link)
+            return self._link
+
+    async def publisher(self) -> JsPublisher:
+        await self.link()
+        assert self._publisher is not None
+        return self._publisher
+
+    async def close(self) -> None:
+        """Flush what was published and close. (Acks are explicit, so nothing in flight
+        is lost: an unacked message is redelivered to the next worker.)"""
+        self.closing = True
+        if self._link is not None:
+            await self._link.close()
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.flush(), 2)
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+            await self.nc.close()
+
+    # ----------------------------------------------------------------- topology
+
+    async def ensure_topology(self) -> None:
+        """Declare every stream, KV bucket and object store. Idempotent."""
+        for spec in subjects.STREAMS:
+            config = jsapi.StreamConfig(
+                name=spec.name,
+                description=spec.description,
+                subjects=list(spec.subjects),
+                retention=(
+                    jsapi.RetentionPolicy.WORK_QUEUE
+                    if spec.retention == "workqueue"
+                    else jsapi.RetentionPolicy.LIMITS
+                ),
+                storage=jsapi.StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                max_age=spec.max_age_s or None,
+            )
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                await self.js.update_stream(config)
+        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS):
+            await self.kv(bucket)
+        await self.artifacts()
+
+    async def kv(self, bucket: str):
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = await self.js.key_value(bucket)
+            except (NotFoundError, nats.js.errors.BucketNotFoundError):
+                self._kv[bucket] = await self.js.create_key_value(
+                    jsapi.KeyValueConfig(bucket=bucket, history=1, storage=jsapi.StorageType.FILE)
+                )
+        return self._kv[bucket]
+
+    async def artifacts(self):
+        try:
+            return await self.js.object_store(subjects.OBJECT_ARTIFACTS)
+        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            return await self.js.create_object_store(
+                subjects.OBJECT_ARTIFACTS,
+                config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE),
+            )
+
+    # ----------------------------------------------------------------- publish
+
+    async def publish(
+        self,
+        subject: str,
+        message: Any,
+        *,
+        msg_id: str,
+        headers: dict[str, str] | None = None,
+        attempts: int = 20,
+    ) -> PubAck:
+        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context, on the
+        bus's link (``arena_core.jetlink.JsPublisher``), and wait for the stream's ``PubAck``.
+
+        Retries while the server is unreachable (a restart: the link is opened again); a
+        duplicate inside the de-duplication window is acknowledged by the server and
+        dropped (``PubAck.duplicate``). A message over the server's ``max_payload`` raises
+        ``PayloadTooLarge`` at once; a refusal by JetStream raises ``PublishRefused``.
+        """
+        data = message if isinstance(message, bytes) else encode(message)
+        hdrs = telemetry.inject(dict(headers or {}))
+        delay = 0.1
+        for attempt in range(1, attempts + 1):
+            try:
+                publisher = await self.publisher()
+                if len(data) > publisher.link.max_payload - BODY_HEADROOM:
+                    # too big for one message: the body goes to the object store first,
+                    # the message carries its name (readers: ``Bus.body``)
+                    name = body_object_name(msg_id)
+                    await self._put_body(name, data)
+                    return await publisher.publish(subject, b"", msg_id=msg_id,
+                                                   headers={**hdrs, BODY_OBJECT_HEADER: name})
+                return await publisher.publish(subject, data, msg_id=msg_id, headers=hdrs)
+            except (NoResponders, PublishTimeout, LinkClosed, Unavailable) as exc:
+                if attempt == attempts or self.closing:
+                    raise Unavailable(f"publish to {subject} failed after {attempts} attempts: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def _put_body(self, name: str, data: bytes) -> None:
+        try:
+            store = await self.artifacts()
+            await store.put(name, data)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"cannot store a {len(data)}-byte message body as {name}: {exc}") from exc
+
+    async def body(self, msg: Any) -> bytes:
+        """The body of a consumed message (a ``JsMsg``, a nats-py ``Msg`` or a stream
+        message read by sequence): its data, or, when the publisher stored it in the
+        object store because it was over ``max_payload``, that object. Raises
+        ``BodyMissing`` if the object is gone, ``Unavailable`` if it cannot be read now."""
+        name = body_object(msg)
+        if name is None:
+            return msg.data
+        try:
+            store = await self.artifacts()
+            return (await store.get(name)).data or b""
+        except nats.js.errors.ObjectNotFoundError as exc:
+            raise BodyMissing(f"the message body {name} is not in {subjects.OBJECT_ARTIFACTS}") from exc
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"cannot read the message body {name}: {exc}") from exc
+
+    async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str) -> None:
+        meta = msg.metadata
+        letter = DeadLetter(
+            stream=stream,
+            subject=msg.subject,
+            consumer=consumer,
+            error=error,
+            num_delivered=meta.num_delivered,
+            data=msg.data,
+            at=time.time(),
+            body_object=body_object(msg),
+        )
+        await self.publish(
+            subjects.dead(stream),
+            letter,
+            msg_id=f"dead:{stream}:{consumer}:{meta.sequence.stream}",
+        )
+
+
+#: A message whose body is in the ``arena_artifacts`` object store names it in this header
+#: and has an empty payload (bodies over the server's ``max_payload``).
+BODY_OBJECT_HEADER = "Arena-Body-Object"
+_BODY_OBJECT_HEADER_BYTES = BODY_OBJECT_HEADER.encode()
+#: Room left in a message for its headers before the body goes to the object store.
+BODY_HEADROOM = 16 * 1024
+
+
+class BodyMissing(Permanent):
+    """A message names a body in the object store that is not there (deleted)."""
+
+
+def body_object_name(msg_id: str) -> str:
+    return f"bodies/{msg_id}"
+
+
+def body_object(msg: Any) -> str | None:
+    """The object-store name of ``msg``'s body, if the publisher put it there."""
+    if type(msg) is JsMsg:
+        raw = msg.raw_headers
+        if raw is None or _BODY_OBJECT_HEADER_BYTES not in raw:  # the hot path: no header parsing
+            return None
+    headers = msg.headers
+    return headers.get(BODY_OBJECT_HEADER) if headers else None
+
+
+class Delivery:
+    """What a handler knows about the message besides its decoded body."""
+
+    __slots__ = ("subject", "_msg")
+
+    def __init__(self, msg: Msg | JsMsg):
+        self.subject: str = msg.subject
+        self._msg = msg
+
+    @property
+    def num_delivered(self) -> int:
+        return self._msg.metadata.num_delivered
+
+    @property
+    def stream_seq(self) -> int:
+        return self._msg.metadata.sequence.stream
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The message's headers (parsed on first use: most handlers never read them)."""
+        return dict(self._msg.headers or {})
+
+
+Handler = Callable[[T, Delivery], Awaitable[None]]
+
+
+async def settle(coro: Awaitable[None]) -> None:
+    """Await an ack/nak/term/in_progress; a failure is logged, never raised: an unsettled
+    message is redelivered, and every handler is idempotent."""
+    try:
+        await coro
+    except Exception as exc:  # noqa: BLE001 - connection trouble
+        log.warning("could not settle message: %s", exc)
+
+
+class PullConsumer:
+    """What every durable pull consumer shares: the consumer declaration, the retry
+    backoff, dead-lettering and ``in_progress`` heartbeats. Subclasses fetch and handle."""
+
+    def __init__(self, bus: Bus, *, stream: str, durable: str, filter_subjects: Sequence[str], message_type: Any,
+                 max_deliver: int, ack_wait: float, max_backoff: float, max_ack_pending: int):
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = list(filter_subjects)
+        self.decoder = msgspec.json.Decoder(message_type)
+        self.max_deliver = max_deliver
+        self.ack_wait = ack_wait
+        self.max_backoff = max_backoff
+        self.max_ack_pending = max_ack_pending
+
+    async def _subscribe(self):
+        await self.declare()
+        return await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
+
+    async def declare(self) -> None:
+        """Create or update the durable consumer. Idempotent."""
+        config = jsapi.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=jsapi.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending,
+            deliver_policy=jsapi.DeliverPolicy.ALL,
+        )
+        if len(self.filter_subjects) == 1:
+            config.filter_subject = self.filter_subjects[0]
+        else:
+            config.filter_subjects = self.filter_subjects
+        await self.bus.js.add_consumer(self.stream, config)
+
+    def backoff(self, num_delivered: int) -> float:
+        return min(2.0 ** num_delivered / 4, self.max_backoff)
+
+    def last_delivery(self, msg: Msg) -> bool:
+        return msg.metadata.num_delivered >= self.max_deliver
+
+    async def _heartbeat(self, msgs: Sequence[Msg]) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            for msg in msgs:
+                await settle(msg.in_progress())
+
+    async def _dead(self, msg: Msg, error: str) -> None:
+        try:
+            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error)
+        except Exception:  # noqa: BLE001 - keep the message for redelivery instead of losing it
+            log.exception("could not dead-letter %s; leaving it for redelivery", msg.subject)
+            return
+        await settle(msg.term())
+
+
+class Consumer(PullConsumer, Generic[T]):
+    """A durable pull consumer that runs ``handler`` on each message with the ack policy."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        durable: str,
+        filter_subjects: Sequence[str],
+        message_type: type[T],
+        handler: Handler[T],
+        concurrency: int = 1,
+        max_deliver: int = 5,
+        ack_wait: float = 30.0,
+        max_backoff: float = 30.0,
+    ):
+        super().__init__(bus, stream=stream, durable=durable, filter_subjects=filter_subjects,
+                         message_type=message_type, max_deliver=max_deliver, ack_wait=ack_wait,
+                         max_backoff=max_backoff, max_ack_pending=max(concurrency * 4, 64))
+        self.handler = handler
+        self.concurrency = concurrency
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and handle messages until ``stop`` is set; then finish in-flight ones."""
+        sub = None
+        slots = asyncio.Semaphore(self.concurrency)
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    sub = await self._subscribe()
+                free = slots._value  # noqa: SLF001 - how many we can take now
+                if free == 0:
+                    await slots.acquire()
+                    slots.release()
+                    continue
+                msgs = await sub.fetch(batch=free, timeout=1)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except Exception as exc:  # noqa: BLE001 - server restarts surface as many types
+                log.warning("fetch on %s failed, retrying: %s", self.durable, exc,
+                            extra={"consumer": self.durable})
+                sub = None
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await slots.acquire()
+                task = asyncio.create_task(self._process(msg, slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _process(self, msg: Msg, slots: asyncio.Semaphore) -> None:
+        delivery = Delivery(msg)
+        extra = {"subject": msg.subject, "consumer": self.durable}
+        beat = asyncio.create_task(self._heartbeat([msg]))
+        try:
+            try:
+                body = self.decoder.decode(await self.bus.body(msg))
+            except msgspec.DecodeError as exc:
+                raise Permanent(f"undecodable message: {exc}") from exc
+            with telemetry.span_from_headers(f"handle {self.durable}", delivery.headers, subject=msg.subject):
+                await self.handler(body, delivery)
+        except Retryable as exc:
+            log.info("retrying %s in %.1fs: %s", msg.subject, exc.delay, exc, extra=extra)
+            await settle(msg.nak(delay=exc.delay))
+        except Permanent as exc:
+            log.error("dead-lettering %s: %s", msg.subject, exc, extra=extra)
+            await self._dead(msg, str(exc))
+        except Exception as exc:  # noqa: BLE001 - any handler bug must not kill the worker
+            if self.last_delivery(msg):
+                log.exception("dead-lettering %s after %d deliveries", msg.subject, delivery.num_delivered,
+                              extra=extra)
+                await self._dead(msg, f"{type(exc).__name__}: {exc}")
+            else:
+                delay = self.backoff(delivery.num_delivered)
+                log.warning("handler failed on %s (delivery %d), retrying in %.1fs: %s: %s",
+                            msg.subject, delivery.num_delivered, delay, type(exc).__name__, exc, extra=extra)
+                await settle(msg.nak(delay=delay))
+        else:
+            await settle(msg.ack())
+        finally:
+            beat.cancel()
+            slots.release()
+
+
+async def run_consumers(consumers: Sequence[Consumer], stop: asyncio.Event) -> None:
+    await asyncio.gather(*(c.run(stop) for c in consumers))
+
+
+async def follow_kv(kv, stop: asyncio.Event, on_entry: Callable[[Any], None],
+                    on_ready: Callable[[], None] | None = None) -> None:
+    """Call ``on_entry`` with every entry of a KV bucket, then with each change, until
+    ``stop``; ``on_ready`` once the initial values are all in."""
+    watcher = await kv.watchall()
+    try:
+        while not stop.is_set():
+            try:
+                entry = await watcher.updates(timeout=1.0)
+            except Exception:  # noqa: BLE001 - nats TimeoutError: nothing changed
+                continue
+            if entry is None:  # the initial values are all in
+                if on_ready is not None:
+                    on_ready()
+                continue
+            on_entry(entry)
+    finally:
+        await watcher.stop()

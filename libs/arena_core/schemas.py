@@ -1,0 +1,835 @@
+"""Every message Arena puts on the wire, as msgspec Structs.
+
+This module is the contract between the planes; ``proto/`` is generated from it
+(``python -m arena_core.proto``) and a test fails when the two drift.
+
+Evolution rules (see docs/schemas.md):
+- a new field always has a default, so old messages still decode;
+- a field never changes type or meaning; retire it and add a new one instead;
+- decoders of internal messages skip unknown fields, so newer producers can talk
+  to older consumers; the public HTTP request bodies (``Submit*``) forbid unknown
+  fields instead, so a user's typo is a 422 and not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/schemas.md
+
+
+#: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
+#: trajectory, key ids; subject tokens): 1-128 characters, ASCII letters and digits first,
+#: then letters, digits, ``.``, ``_`` and ``-`` (docs/reliability.md).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ID_RE = __import__("re").compile(ID_PATTERN)
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=128)]
+#: Submitters' labels: at most 64, keys 1-128 characters, values up to 4 KiB.
+Labels = Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)],
+                        Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=64)]
+#: The longest wall clock any task may ask for; an operator lowers it (ARENA_MAX_WALL_CLOCK_S).
+MAX_WALL_CLOCK_S = 7 * 86400.0
+
+
+class Base(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Internal message: immutable, keyword-only, unknown fields skipped."""
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Public request body: unknown fields are rejected with a clear error."""
+
+
+# --------------------------------------------------------------------------- rollout state
+
+
+class RolloutState(str, enum.Enum):
+    """The rollout lifecycle. A final state is never left."""
+
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    VERIFYING = "verifying"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset(
+    {
+        RolloutState.COMPLETED,
+        RolloutState.FAILED,
+        RolloutState.TIMED_OUT,
+        RolloutState.CANCELLED,
+        RolloutState.BUDGET_EXHAUSTED,
+    }
+)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class SamplingParams(Request, kw_only=True):
+    """Sampling parameters a rollout applies to every LLM call its agent makes.
+
+    ``None`` means "not set by the rollout": the agent's own value (or the
+    backend default) is used.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    #: Alternatives per token to capture (backends that support it: vLLM, SGLang).
+    top_logprobs: int | None = None
+    #: How the values above meet the agent's own: ``override`` replaces them, ``default``
+    #: fills only what the agent left unset, ``clamp`` lets the agent go lower but never
+    #: above the rollout's value for numeric fields (``seed`` and ``stop`` override).
+    policy: Literal["override", "default", "clamp"] = "override"
+
+
+class Budget(Request, kw_only=True):
+    """Per-rollout limits. ``None`` means unlimited (wall clock always has a limit)."""
+
+    max_total_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**10)] | None = None
+    max_turns: Annotated[int, msgspec.Meta(ge=1, le=10**6)] | None = None
+    wall_clock_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_WALL_CLOCK_S)] = 600.0
+
+
+#: A content-addressed bundle: ``sha256:`` and the hex digest of the bundle's bytes.
+BundleDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class AgentSpec(Request, kw_only=True):
+    """The program run inside the sandbox under the sandbox contract.
+
+    Its files, if any, are mounted read-only at ``/sandbox/agent``: ``bundle`` (uploaded
+    with ``arena tasks push`` / the SDK, docs/tasks.md) or, in embedded mode only
+    (``ARENA_ALLOW_HOST_PATHS``), ``path``, a directory on the sandbox host. ``command``
+    runs with ``/sandbox/workspace`` as working directory.
+    """
+
+    command: list[str]
+    path: str | None = None
+    bundle: BundleDigest | None = None
+    env: dict[str, str] = {}
+
+
+class BundleSource(Request, kw_only=True, tag="bundle"):
+    """The repository is a bundle in Arena's object store (``POST /v1/bundles``)."""
+
+    digest: BundleDigest
+
+
+class GitSource(Request, kw_only=True, tag="git"):
+    """The repository is ``commit`` of the git repository at ``url`` (fetched by each worker)."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    commit: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{7,64}$")]
+
+
+class ImageSource(Request, kw_only=True, tag="image"):
+    """The repository is the directory ``path`` inside ``image`` (SWE-bench style); the
+    agent and the verifier run in that image unless the task names another."""
+
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    path: str = "/testbed"
+
+
+class PathSource(Request, kw_only=True, tag="path"):
+    """A directory on the workers' own disk: embedded mode only (``ARENA_ALLOW_HOST_PATHS``)."""
+
+    path: str
+
+
+Source = BundleSource | GitSource | ImageSource | PathSource
+
+
+ParserName = Literal[
+    "pytest", "pytest_junit", "unittest", "go_test", "go_test_json", "cargo",
+    "node_spec", "node_tap", "jest", "vitest", "mocha", "junit",
+    "cargo_json", "jest_json", "vitest_json", "mocha_json", "tap", "node_junit",
+]
+
+
+class TestsVerifier(Request, kw_only=True, tag="tests"):
+    """SWE-bench style test-suite verifier.
+
+    The test command runs in a fresh sandbox on the pristine task with the
+    agent's diff applied and ``test_files`` restored from the pristine copy.
+    Reward is 1 only when every FAIL_TO_PASS and PASS_TO_PASS test passed;
+    a listed test that did not run counts as failed.
+    """
+
+    __test__ = False  # not a pytest class
+
+    #: ``{report}`` in the command is replaced by a fresh path outside the workspace; the
+    #: run's structured report is read from there (with ``parser``) instead of the log.
+    command: str = "python -m pytest -rA"
+    parser: ParserName = "pytest"
+    #: With ``{report}``: the parser for the log when the report is missing or incomplete.
+    fallback_parser: ParserName | None = None
+    fail_to_pass: list[str] = []
+    pass_to_pass: list[str] = []
+    #: Test files reset to their base version before the run (the agent's edits undone).
+    test_files: list[str] = []
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
+    report_file: str | None = None  # parse this file (relative to workdir, e.g. JUnit XML) instead of the log
+    #: Hidden tests: a git diff applied after the reset (SWE-bench's ``test_patch``); the
+    #: files it touches are reset first as well.
+    test_patch: str = ""
+    #: Hidden test files: a bundle whose files are copied over the repository after the reset.
+    hidden_files: BundleDigest | None = None
+    #: Inject canary tests (one must fail, one must pass) beside the listed tests (pytest
+    #: parsers): a runner that misreports them flags ``runner_tampered`` (docs/verification.md).
+    canaries: bool = True
+
+
+class RubricItem(Request, kw_only=True):
+    """One rubric line: a phrase (or regex) the text must contain, or must not."""
+
+    pattern: str
+    regex: bool = False
+    forbidden: bool = False  # True: the text must NOT match
+    weight: float = 1.0
+    name: str = ""
+
+
+class RubricVerifier(Request, kw_only=True, tag="rubric"):
+    """Weighted required / forbidden phrases over the agent's answer (or its diff).
+
+    Reward is the weight of satisfied items over the total weight; ``passed`` when all are.
+    """
+
+    items: list[RubricItem]
+    source: Literal["answer", "diff"] = "answer"
+    case_sensitive: bool = False
+
+
+class ExactVerifier(Request, kw_only=True, tag="exact"):
+    """The answer equals one of ``answers`` after normalisation (numbers compared as numbers)."""
+
+    answers: list[str]
+    mode: Literal["auto", "number", "string"] = "auto"
+    rel_tolerance: float = 1e-9
+    case_sensitive: bool = False
+
+
+class LlmJudgeVerifier(Request, kw_only=True, tag="llm_judge"):
+    """A judge model grades the answer against ``rubric`` through an OpenAI-compatible API.
+
+    The judge's call is recorded on the result (``judge_calls``), never in the policy's steps.
+    ``base_url`` empty: the verification service's ``ARENA_JUDGE_BASE_URL``, else Arena's
+    proxy (the rollout service's judge route, with ``ARENA_JUDGE_KEY``).
+    """
+
+    rubric: str
+    model: str = "judge"
+    base_url: str = ""
+    source: Literal["answer", "diff"] = "answer"
+    max_tokens: int = 512
+    temperature: float = 0.0
+    timeout_s: float = 120.0
+
+
+class PythonVerifier(Request, kw_only=True, tag="python"):
+    """A plug-in: the entry point ``name`` in group ``arena.verifiers``, given ``config``."""
+
+    name: str
+    config: dict[str, Any] = {}
+
+
+LeafVerifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier
+
+
+class WeightedVerifier(Request, kw_only=True):
+    """One part of a composite: its reward is component ``name``, weighted by ``weight``."""
+
+    name: str
+    verifier: LeafVerifier
+    weight: float = 1.0
+
+
+class CompositeVerifier(Request, kw_only=True, tag="composite"):
+    """Weighted mean of several verifiers; each part's reward is a named component."""
+
+    verifiers: list[WeightedVerifier]
+
+
+Verifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | CompositeVerifier
+
+
+class Task(Request, kw_only=True):
+    """What to do: the source, the instructions, the agent, the budgets (the public part),
+    and the verifier (the private part: never in the agent's sandbox nor in API views).
+
+    ``source`` says where the repository comes from (docs/tasks.md); ``repo`` is the older
+    spelling of a :class:`PathSource` (embedded mode only). The source's files are the
+    base commit; the agent's copy has no other history.
+    """
+
+    id: Id
+    instructions: Annotated[str, msgspec.Meta(max_length=1024 * 1024)]
+    agent: AgentSpec
+    source: Source | None = None
+    repo: str = ""
+    verifier: Verifier | None = None
+    workdir: str = "."
+    budget: Budget = Budget()
+    metadata: dict[str, str] = {}
+    #: Container image the agent and the verifier run in (``docker`` provider); ``None``: an
+    #: image source's image, else the provider's default (``ARENA_SANDBOX_IMAGE``). Ignored by
+    #: ``local`` (the host's ``/usr``) and ``mock``.
+    image: str | None = None
+
+    def source_of(self) -> Source | None:
+        """The task's source, with ``repo`` read as a :class:`PathSource`."""
+        if self.source is not None:
+            return self.source
+        return PathSource(path=self.repo) if self.repo else None
+
+    def image_of(self) -> str:
+        """The image the task runs in ("" = the provider's default)."""
+        if self.image:
+            return self.image
+        return self.source.image if isinstance(self.source, ImageSource) else ""
+
+    def workspace_mount(self) -> str:
+        """Where the image expects the repository (an image source's path), else ""."""
+        return self.source.path if isinstance(self.source, ImageSource) else ""
+
+    def public(self) -> Task:
+        """The task without its private part (what the agent and API views may see)."""
+        return msgspec.structs.replace(self, verifier=None)
+
+
+class SubmitRolloutRequest(Request, kw_only=True):
+    """``POST /v1/rollouts``."""
+
+    task: Task
+    sampling: SamplingParams = SamplingParams()
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
+    provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
+    metadata: Labels = {}
+
+
+class SubmitGroupRequest(Request, kw_only=True):
+    """``POST /v1/rollout-groups``: ``n`` copies of one task sharing a ``group_id``.
+
+    If ``sampling.seed`` is set, member ``i`` gets ``seed + i`` so a group never
+    samples ``n`` identical answers.
+    """
+
+    task: Task
+    n: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+    sampling: SamplingParams = SamplingParams()
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
+    provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
+    metadata: Labels = {}
+
+
+# --------------------------------------------------------------------------- rollout records
+
+
+class StateTransition(Base, kw_only=True):
+    from_state: RolloutState | None
+    to_state: RolloutState
+    at: float
+    reason: str = ""
+
+
+class RolloutRecord(Base, kw_only=True):
+    """The rollout as stored in the ``arena_rollouts`` KV bucket (compare-and-set)."""
+
+    rollout_id: str
+    task: Task
+    sampling: SamplingParams
+    model: str
+    provider: str
+    api_key: str
+    state: RolloutState
+    created_at: float
+    updated_at: float
+    group_id: str | None = None
+    group_index: int = 0
+    group_size: int = 1
+    reason: str = ""
+    steps: int = 0
+    total_tokens: int = 0
+    reward: float | None = None
+    history: list[StateTransition] = []
+    metadata: dict[str, str] = {}
+    #: Key of the task's private part in the ``arena_verifiers`` bucket (``task`` here is public).
+    verifier_ref: str = ""
+    #: The verifier's own timeouts, seconds (the reaper's verification deadline uses it).
+    verify_budget_s: float = 0.0
+    #: The rollout ended because Arena could not run or verify it: no reward, not a policy failure.
+    infrastructure: bool = False
+
+
+class RolloutView(Base, kw_only=True):
+    """A rollout as the HTTP API returns it (the API key is never shown)."""
+
+    rollout_id: str
+    task_id: str
+    state: RolloutState
+    reason: str
+    created_at: float
+    updated_at: float
+    group_id: str | None = None
+    group_index: int = 0
+    group_size: int = 1
+    steps: int = 0
+    total_tokens: int = 0
+    reward: float | None = None
+    history: list[StateTransition] = []
+    metadata: dict[str, str] = {}
+    infrastructure: bool = False  # ended by an infrastructure error: no reward
+
+
+class RolloutSubmitted(Base, kw_only=True):
+    """``arena.rollout.submitted.{rollout_id}``."""
+
+    rollout_id: str
+    task_id: str
+    group_id: str | None = None
+    group_index: int = 0
+    group_size: int = 1
+    at: float
+
+
+class RolloutStateChanged(Base, kw_only=True):
+    """``arena.rollout.state.{rollout_id}``: one per transition.
+
+    ``steps`` is the number of steps the proxy captured so far; on a final state it
+    is the total, so the trajectory plane knows when it has them all.
+    """
+
+    rollout_id: str
+    task_id: str
+    from_state: RolloutState | None
+    to_state: RolloutState
+    at: float
+    reason: str = ""
+    steps: int = 0
+    group_id: str | None = None
+    group_index: int = 0
+    group_size: int = 1
+    reward: float | None = None
+    metadata: dict[str, str] = {}
+    #: On a final state: every transition of the rollout, from its record (the
+    #: authoritative order). Empty on other states and from older producers.
+    history: list[StateTransition] = []
+    #: On a final state: Arena could not run or verify the rollout (no reward, not a 0).
+    infrastructure: bool = False
+
+
+class GroupSubmitted(Base, kw_only=True):
+    """Response of ``POST /v1/rollout-groups``."""
+
+    group_id: str
+    rollout_ids: list[str]
+
+
+# --------------------------------------------------------------------------- sandbox plane
+
+
+class SandboxJob(Base, kw_only=True):
+    """``arena.sandbox.run.{provider}``: run the agent for one rollout.
+
+    ``proxy_url`` is the rollout's OpenAI base URL as the sandbox host reaches it;
+    the sandbox forwards it inside and gives the agent an in-sandbox URL.
+    """
+
+    rollout_id: str
+    task: Task  # the public part: never the verifier
+    proxy_url: str
+    api_key: str
+    attempt: int = 1
+    #: Key of the task's private part in ``arena_verifiers``, handed on to the verify job.
+    verifier_ref: str = ""
+
+
+class SandboxOutcome(str, enum.Enum):
+    COMPLETED = "completed"  # the agent wrote /sandbox/.arena/done
+    FAILED = "failed"  # exited (or crashed) without done
+    TIMED_OUT = "timed_out"  # wall clock exceeded
+    CANCELLED = "cancelled"  # the rollout was cancelled while running
+    ERROR = "error"  # Arena could not run the sandbox at all
+
+
+class SandboxStarted(Base, kw_only=True):
+    """``arena.sandbox.started.{rollout_id}``."""
+
+    rollout_id: str
+    sandbox_id: str
+    provider: str
+    at: float
+
+
+class SandboxDone(Base, kw_only=True):
+    """``arena.sandbox.done.{rollout_id}``: what the sandbox ended with."""
+
+    rollout_id: str
+    sandbox_id: str
+    provider: str
+    outcome: SandboxOutcome
+    reason: str
+    started_at: float
+    finished_at: float
+    exit_code: int | None = None
+    diff: str = ""  # final diff of /sandbox/workspace against the base commit
+    result: dict[str, Any] | None = None  # /sandbox/.arena/result.json, if written
+    log_tail: str = ""  # the last lines of the agent's stdout+stderr
+    log_artifact: str | None = None  # full log: key in the arena_artifacts object store
+    oom_killed: bool = False  # the kernel's OOM killer fired in the sandbox during the run
+    #: What the agent did to the sandbox that verification must know (``git_tampered``: it
+    #: changed the repository's git metadata: replace refs, grafts, alternates, hooks, config).
+    flags: list[str] = []
+
+
+# --------------------------------------------------------------------------- verification plane
+
+
+class VerifyJob(Base, kw_only=True):
+    """``arena.verify.run``: verify the agent's diff against the pristine task."""
+
+    rollout_id: str
+    task: Task  # public; a replay carries its verifier here
+    diff: str
+    result: dict[str, Any] | None = None  # the agent's result.json (its ``answer`` is graded)
+    name: str = ""  # name the result is stored under (replays); "" = the verifier's type
+    #: Key of the task's private part in the ``arena_verifiers`` bucket (when ``task.verifier`` is None).
+    verifier_ref: str = ""
+    #: What the sandbox plane saw the agent do that the verdict must know (``git_tampered``).
+    flags: list[str] = []
+
+
+class TestStatus(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    XPASSED = "xpassed"
+
+
+class TestResult(Base, kw_only=True):
+    __test__ = False
+
+    test_id: str  # canonical id, e.g. ``tests/test_calc.py::test_add``
+    status: TestStatus
+
+
+class TestCounts(Base, kw_only=True):
+    """SWE-bench style: FAIL_TO_PASS / PASS_TO_PASS outcomes, listed tests only."""
+
+    __test__ = False
+
+    f2p_passed: int = 0
+    f2p_failed: int = 0
+    p2p_passed: int = 0
+    p2p_failed: int = 0
+
+
+class VerificationResult(Base, kw_only=True):
+    """``arena.verify.done.{rollout_id}``.
+
+    ``flags`` name anything suspicious or incomplete: ``patch_failed``,
+    ``tests_tampered``, ``tests_missing``, ``timeout``, ``parse_failed``,
+    ``parse_suspect``, ``test_config_touched``, ``runner_tampered``,
+    ``reward_file_written``, ``no_answer``, ``judge_unparseable`` (docs/verification.md).
+    ``verifier`` is the verifier's type, ``composite``, or a replay's name.
+    """
+
+    rollout_id: str
+    verifier: str
+    #: ``None``: Arena could not verify (``error`` says why): no reward, never a 0.
+    reward: float | None
+    passed: bool
+    started_at: float
+    finished_at: float
+    components: dict[str, float] = {}
+    tests: list[TestResult] = []
+    counts: TestCounts = TestCounts()
+    flags: list[str] = []
+    reason: str = ""
+    log_tail: str = ""
+    judge_calls: list[JudgeCall] = []  # LLM-judge calls, kept apart from the policy's steps
+    parser: str = ""  # the test-output parser used, if any
+    error: str = ""  # Arena could not verify (infrastructure): why; ``reward`` is then None
+
+
+class JudgeCall(Base, kw_only=True):
+    """One call to a judge model made by the ``llm_judge`` verifier."""
+
+    model: str
+    base_url: str
+    request_messages: list[dict[str, Any]] = []
+    completion_text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    latency_ms: float = 0.0
+    started_at: float = 0.0
+    error: str = ""
+
+
+# --------------------------------------------------------------------------- captured steps
+
+
+class TopLogprob(Base, kw_only=True):
+    token: str
+    logprob: float
+    token_id: int | None = None
+
+
+class Usage(Base, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Timings(Base, kw_only=True):
+    """Milliseconds: waiting for a backend slot, to the first token, in total."""
+
+    queued_ms: float = 0.0
+    first_token_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class ToolCall(Base, kw_only=True):
+    """A tool call the model made (OpenAI ``tool_calls`` / Anthropic ``tool_use``)."""
+
+    id: str
+    name: str
+    arguments: str = ""  # JSON text, exactly as the model produced it
+
+
+class Failover(Base, kw_only=True):
+    """A replica the proxy tried for a call and left, with why."""
+
+    replica: str
+    error: str
+    at: float
+
+
+class PromptCount(Base, kw_only=True):
+    """How the token budget counted a call's prompt before sending it (rollouts with
+    ``budget.max_total_tokens`` only; docs/rollout.md, Budgets).
+
+    ``source``: ``ids`` (a completions prompt of token ids, counted exactly), ``tokenize``
+    (counted exactly by the serving replica's ``/tokenize``), ``bound`` (not counted: an
+    upper bound of the prompt plus ``max_tokens`` fitted what remained, so nothing was
+    capped and no round trip was made), ``fallback`` (the serving replica could not count:
+    ``max_tokens`` was capped, or the call refused, on the upper bound; ``note`` says why).
+    """
+
+    tokens: int  # the prompt's tokens as counted (an upper bound for ``bound`` / ``fallback``)
+    source: Literal["ids", "tokenize", "bound", "fallback"]
+    remaining: int = 0  # tokens left in the rollout's budget when the call was admitted
+    replica: str | None = None  # the replica that counted (or could not count) the prompt
+    note: str = ""
+
+
+class BackendReplica(Base, kw_only=True):
+    """An inference replica in the ``arena_backends`` KV bucket (key = ``replica_id``).
+
+    ``models`` empty means it serves any model name. Changing ``policy_version``
+    (after a weight sync) takes effect on the next call routed to it.
+    """
+
+    replica_id: str
+    url: str  # OpenAI-compatible base URL, ending in /v1
+    models: list[str] = []
+    policy_version: str = ""
+    max_inflight: int = 64
+    registered_at: float = 0.0
+
+
+class Step(Base, kw_only=True):
+    """``arena.step.{rollout_id}``: one LLM call as the proxy saw it.
+
+    ``token_ids_source`` is ``backend`` when the ids came from the backend and
+    ``unavailable`` when it could not return them; ids are then ``None`` and never
+    guessed by re-tokenizing text.
+    """
+
+    rollout_id: str
+    step_index: int
+    api: Literal["openai.chat", "openai.completions", "anthropic.messages"] = "openai.chat"
+    model: str
+    backend: str
+    policy_version: str | None = None
+    request_messages: list[dict[str, Any]] = []
+    sampling: SamplingParams = SamplingParams()
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[TopLogprob]] | None = None
+    token_ids_source: Literal["backend", "unavailable"] = "backend"
+    completion_text: str = ""
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    timings: Timings = Timings()
+    started_at: float = 0.0
+    #: ``/v1/completions``: the prompt as sent (text or token ids); chat calls use ``request_messages``.
+    request_prompt: str | list[int] | None = None
+    #: Tool definitions the request offered (OpenAI ``tools`` as sent to the backend).
+    tools: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] = []
+    stream: bool = False
+    #: The call did not finish (client disconnected, replica died mid-stream): the
+    #: ids/logprobs hold what had arrived; ``error`` says why.
+    incomplete: bool = False
+    error: str | None = None
+    #: The replica id that served the call; ``backend`` is its URL.
+    backend_replica: str | None = None
+    failovers: list[Failover] = []
+    #: How the token budget counted this call's prompt before sending it; None without a
+    #: ``max_total_tokens`` budget.
+    prompt_count: PromptCount | None = None
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+class Trajectory(Base, kw_only=True):
+    """``arena.trajectory.{task_id}.{rollout_id}``: one finished rollout, training-grade.
+
+    Field by field in docs/schemas.md; the policy version of each step is on the step.
+    """
+
+    schema_version: int = SCHEMA_VERSION  # bumped only for changes a trainer must know about
+    rollout_id: str
+    task_id: str
+    group_id: str | None = None  # None: a single rollout, not part of a group
+    group_index: int = 0  # 0..group_size-1 inside the group
+    group_size: int = 1
+    final_state: RolloutState  # always a final state
+    reason: str = ""  # why the rollout ended (the final transition's reason)
+    #: verification.reward if completed, 0.0 for a failed agent, ``None`` for an
+    #: infrastructure outcome (Arena could not run or verify it; ``infrastructure``).
+    reward: float | None = 0.0
+    steps: list[Step] = []  # every captured LLM call, by step_index, one per index
+    sandbox: SandboxDone | None = None  # the agent run's outcome, diff and log tail
+    verification: VerificationResult | None = None  # reward components, tests, flags
+    policy_versions: list[str] = []  # distinct step policy versions, in order of first use
+    completed_at: float = 0.0  # unix seconds of the final transition
+    metadata: dict[str, str] = {}  # the rollout's metadata (submitter's labels)
+    #: The rollout's state transitions as the trajectory plane stored them, oldest first.
+    history: list[StateTransition] = []
+    #: Parts the trajectory plane gave up waiting for (e.g. ``"steps 2/3"``,
+    #: ``"verification"``); empty when the trajectory is whole. Filter these out to train.
+    incomplete: list[str] = []
+    #: Arena could not run or verify this rollout: ``reward`` is None; leave it out of training.
+    infrastructure: bool = False
+
+
+class GroupCompleted(Base, kw_only=True):
+    """``arena.group.{group_id}``: every member of a group reached a final state, or the
+    group timed out (``partial``) with the members in ``trajectories``."""
+
+    group_id: str
+    task_id: str
+    size: int
+    trajectories: list[Trajectory]
+    rewards: list[float | None]  # by member, in ``trajectories`` order; None: infrastructure outcome
+    #: Group-normalised over the members with a reward; 0.0 for those in ``excluded_indexes``.
+    advantages: list[float]
+    completed_at: float
+    #: True when the group was published after its timeout without every member;
+    #: ``missing_indexes`` names the absent ``group_index`` values.
+    partial: bool = False
+    missing_indexes: list[int] = []
+    #: ``group_index`` of members without a reward (infrastructure outcomes): out of the advantages.
+    excluded_indexes: list[int] = []
+
+
+class TrainerMetrics(Base, kw_only=True):
+    """``POST /v1/trainer-metrics`` on the trajectory service: one trainer step's metrics,
+    for the dashboard (mean reward, loss, KL, clip fraction, tokens/s, staleness, ...).
+
+    ``(run, step)`` is the key: posting a step again replaces it.
+    """
+
+    run: str
+    step: int
+    at: float
+    policy_version: str = ""
+    metrics: dict[str, float] = {}
+
+
+class DeadLetter(Base, kw_only=True):
+    """``arena.dead.{stream}``: a message that could not be processed, with why."""
+
+    stream: str
+    subject: str
+    consumer: str
+    error: str
+    num_delivered: int
+    data: bytes
+    at: float
+    #: The body was too big for a message: it is this object in ``arena_artifacts`` (``data`` is empty).
+    body_object: str | None = None
+
+
+class ErrorBody(Base, kw_only=True):
+    code: str
+    message: str
+
+
+class ErrorResponse(Base, kw_only=True):
+    """Every HTTP error Arena returns: ``{"error": {"code": ..., "message": ...}}``."""
+
+    error: ErrorBody
+
+
+# --------------------------------------------------------------------------- codecs
+
+ENCODER = msgspec.json.Encoder()
+
+
+def valid_id(value: str) -> bool:
+    """Whether ``value`` follows the identifier grammar (:data:`ID_PATTERN`)."""
+    return ID_RE.fullmatch(value) is not None
+
+
+def encode(obj: Any) -> bytes:
+    return ENCODER.encode(obj)
+
+
+#: Every wire message, by name: proto/ is generated from this table.
+MESSAGES: dict[str, type] = {
+    "SubmitRolloutRequest": SubmitRolloutRequest,
+    "SubmitGroupRequest": SubmitGroupRequest,
+    "GroupSubmitted": GroupSubmitted,
+    "RolloutRecord": RolloutRecord,
+    "RolloutView": RolloutView,
+    "RolloutSubmitted": RolloutSubmitted,
+    "RolloutStateChanged": RolloutStateChanged,
+    "SandboxJob": SandboxJob,
+    "SandboxStarted": SandboxStarted,
+    "SandboxDone": SandboxDone,
+    "VerifyJob": VerifyJob,
+    "VerificationResult": VerificationResult,
+    "Step": Step,
+    "BackendReplica": BackendReplica,
+    "Trajectory": Trajectory,
+    "GroupCompleted": GroupCompleted,
+    "DeadLetter": DeadLetter,
+    "TrainerMetrics": TrainerMetrics,
+    "ErrorResponse": ErrorResponse,
+}

@@ -1,0 +1,337 @@
+"""The trainer's current policy behind an OpenAI-compatible HTTP API, shaped like vLLM's.
+
+Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (vLLM's
+``return_token_ids``: ``prompt_token_ids`` and ``choices[0].token_ids``; per-token
+``logprobs`` and ``top_logprobs``), ``GET /v1/models``, ``GET /health``, vLLM's
+``POST /tokenize`` (``messages`` or a ``prompt`` string -> ``count``, ``tokens``,
+``max_model_len``: the ids the same request gets as ``prompt_token_ids``), and
+``POST /v1/weights`` (body: a policy blob from :func:`arena_rl.model.to_blob`).
+
+Concurrent requests are batched: a batcher takes what is queued (up to ``max_batch``,
+waiting ``batch_wait_ms`` for more) and samples it in one batched loop. A weight push
+builds the new model off to the side and swaps one reference; each batch reads that
+reference once, so no request ever sees half-updated weights, and every response says
+which version produced it: top-level ``policy_version``, ``system_fingerprint``
+``arena-policy-v{N}`` and the ``X-Arena-Policy-Version`` header.
+
+With ``--nats-url`` the server registers itself as a ``BackendReplica`` in the
+``arena_backends`` KV bucket, re-puts the entry on every swap and every
+``heartbeat_s``, and deletes it on shutdown.
+
+Run: ``python -m arena_rl.policy_server --checkpoint ckpt.pt --port 9093 [--nats-url ...]``
+or ``--init-seed 0`` for a freshly initialised policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from arena_rl.generate import GenRequest, GenResult, generate
+from arena_rl.model import from_blob, load_checkpoint, new_policy
+from arena_rl.openai_api import (
+    BadRequest,
+    Policy,
+    chat_prompt,
+    chat_response,
+    completion_prompt,
+    completion_response,
+    gen_request,
+)
+from arena_rl.tokenizer import DEFAULT_ALPHABET, CharTokenizer
+
+log = logging.getLogger("arena_rl.policy_server")
+
+VERSION_HEADER = "X-Arena-Policy-Version"
+
+
+@dataclass
+class _Pending:
+    request: GenRequest
+    future: asyncio.Future
+
+
+class PolicyServer:
+    """The batching engine; :func:`create_app` puts HTTP in front of it."""
+
+    def __init__(self, policy: Policy, *, model_name: str = "arena-policy", max_batch: int = 32,
+                 batch_wait_ms: float = 5.0):
+        self.policy = policy
+        self.model_name = model_name
+        self.max_batch = max_batch
+        self.batch_wait_ms = batch_wait_ms
+        self.batches = 0  # batches run, for tests and metrics
+        self.largest_batch = 0
+        self.on_swap: list = []  # async callables(version) run after every swap
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._batcher())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def submit(self, request: GenRequest) -> tuple[GenResult, Policy]:
+        if self._queue is None:
+            raise RuntimeError("PolicyServer.start() was not awaited")
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(request, future))
+        return await future
+
+    async def swap(self, blob: bytes) -> int:
+        """Load a policy blob and make it current for every batch that starts from now on."""
+        model, tokenizer, version = await asyncio.to_thread(from_blob, blob)
+        if tokenizer != self.policy.tokenizer:
+            raise BadRequest("the pushed policy has a different tokenizer alphabet than the served one")
+        self.policy = Policy(model, tokenizer, version)  # one reference assignment: atomic
+        log.info("now serving policy version %d", version)
+        for hook in self.on_swap:
+            await hook(version)
+        return version
+
+    async def _batcher(self) -> None:
+        assert self._queue is not None
+        while True:
+            batch = [await self._queue.get()]
+            deadline = time.monotonic() + self.batch_wait_ms / 1000
+            while len(batch) < self.max_batch:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except asyncio.TimeoutError:
+                    break
+            policy = self.policy  # read once: the whole batch runs on one version
+            self.batches += 1
+            self.largest_batch = max(self.largest_batch, len(batch))
+            try:
+                results = await asyncio.to_thread(generate, policy.model, [p.request for p in batch])
+            except ValueError:
+                # one bad request must not fail its neighbours: run each alone to find it
+                for pending in batch:
+                    try:
+                        result = (await asyncio.to_thread(generate, policy.model, [pending.request]))[0]
+                        pending.future.set_result((result, policy))
+                    except ValueError as exc:
+                        pending.future.set_exception(BadRequest(str(exc)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - surfaced to every waiting request
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                continue
+            for pending, result in zip(batch, results, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result((result, policy))
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+def create_app(server: PolicyServer) -> FastAPI:
+    app = FastAPI(title="Arena policy server")
+
+    def error(status: int, message: str, code: str = "invalid_request") -> Response:
+        body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+        return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
+
+    def ok(payload: dict, version: int) -> Response:
+        return Response(msgspec.json.encode(payload), media_type="application/json",
+                        headers={VERSION_HEADER: str(version)})
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"invalid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        return body
+
+    async def serve(request: Request, prompt_of, respond) -> Response:
+        try:
+            body = await body_of(request)
+            policy = server.policy
+            prompt_ids = prompt_of(policy.tokenizer, body)
+            result, used = await server.submit(gen_request(body, prompt_ids))
+        except BadRequest as exc:
+            return error(400, str(exc))
+        return ok(respond(body, prompt_ids, result, used, str(body.get("model") or server.model_name)), used.version)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "policy_version": str(server.policy.version), "batches": server.batches,
+                "largest_batch": server.largest_batch}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "arena",
+                                            "created": 0, "policy_version": str(server.policy.version)}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await serve(request, chat_prompt, chat_response)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, completion_prompt, completion_response)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            policy = server.policy  # one version for the whole answer
+            if "messages" in body:
+                ids = chat_prompt(policy.tokenizer, body)
+            elif isinstance(body.get("prompt"), str):
+                ids = completion_prompt(policy.tokenizer, body)
+            else:
+                raise BadRequest("/tokenize takes 'messages' (a chat) or 'prompt' (a string)")
+        except BadRequest as exc:
+            return error(400, str(exc))
+        return ok({"count": len(ids), "max_model_len": policy.model.cfg.max_len, "tokens": ids}, policy.version)
+
+    @app.post("/v1/weights")
+    async def weights(request: Request) -> Response:
+        try:
+            version = await server.swap(await request.body())
+        except (ValueError, BadRequest) as exc:
+            return error(400, str(exc), "invalid_weights")
+        return ok({"policy_version": str(version)}, version)
+
+    return app
+
+
+# ----------------------------------------------------------------------------- registration + main
+
+
+class Registration:
+    """This server's ``BackendReplica`` entry in the ``arena_backends`` KV bucket."""
+
+    def __init__(self, nats_url: str, *, replica_id: str, url: str, model: str, heartbeat_s: float = 10.0):
+        self.nats_url, self.replica_id, self.url, self.model = nats_url, replica_id, url, model
+        self.heartbeat_s = heartbeat_s
+        self._version = 0
+        self._bus = None
+        self._kv = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, version: int) -> None:
+        from arena_core import subjects
+        from arena_core.bus import Bus
+
+        self._bus = await Bus.connect(self.nats_url, "policy-server")
+        self._kv = await self._bus.kv(subjects.KV_BACKENDS)
+        await self.put(version)
+        self._task = asyncio.create_task(self._beat())
+
+    async def put(self, version: int) -> None:
+        from arena_core.schemas import BackendReplica
+
+        self._version = version
+        replica = BackendReplica(replica_id=self.replica_id, url=self.url, models=[],
+                                 policy_version=str(version), registered_at=time.time())
+        await self._kv.put(self.replica_id, msgspec.json.encode(replica))
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self.put(self._version)
+            except Exception as exc:  # noqa: BLE001 - NATS trouble: the next beat retries
+                log.warning("re-registering %s failed: %s", self.replica_id, exc)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._kv is not None:
+            try:
+                await asyncio.wait_for(self._kv.delete(self.replica_id), 3.0)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.warning("unregistering %s failed: %s", self.replica_id, exc)
+        if self._bus is not None:
+            try:
+                await asyncio.wait_for(self._bus.close(), 3.0)
+            except Exception as exc:  # noqa: BLE001 - NATS already gone
+                log.warning("closing the NATS connection failed: %s", exc)
+
+
+def load_policy(args: argparse.Namespace) -> Policy:
+    if args.checkpoint:
+        model, tokenizer, version = load_checkpoint(args.checkpoint)
+    else:
+        tokenizer = CharTokenizer(alphabet=args.alphabet)
+        model = new_policy(tokenizer, seed=args.init_seed, d_model=args.d_model, n_layers=args.n_layers,
+                           n_heads=args.n_heads, max_len=args.max_len)
+        version = 0
+    model.eval()
+    return Policy(model, tokenizer, version)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    import torch
+
+    from arena_core.runtime import serve, stop_on_signals
+
+    torch.set_num_threads(args.threads)
+    server = PolicyServer(load_policy(args), model_name=args.model, max_batch=args.max_batch,
+                          batch_wait_ms=args.batch_wait_ms)
+    await server.start()
+    registration = None
+    if args.nats_url:
+        url = args.public_url or f"http://{args.host}:{args.port}/v1"
+        registration = Registration(args.nats_url, replica_id=args.replica_id or f"policy-{args.port}", url=url,
+                                    model=args.model)
+        await registration.start(server.policy.version)
+        server.on_swap.append(registration.put)
+    try:
+        await serve(stop_on_signals(), app=create_app(server), host=args.host, port=args.port)
+    finally:
+        if registration is not None:
+            await registration.stop()
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m arena_rl.policy_server", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="policy checkpoint (else a fresh policy from --init-seed)")
+    parser.add_argument("--init-seed", type=int, default=0)
+    parser.add_argument("--alphabet", default=DEFAULT_ALPHABET)
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--n-layers", type=int, default=1)
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--max-len", type=int, default=64)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9093)
+    parser.add_argument("--model", default="arena-policy")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--nats-url", default="", help="register in the arena_backends KV bucket")
+    parser.add_argument("--replica-id", default="", help="KV key (default policy-<port>)")
+    parser.add_argument("--public-url", default="", help="base URL registered (default http://host:port/v1)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(_main(args))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"policy_server: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

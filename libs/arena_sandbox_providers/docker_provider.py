@@ -1,0 +1,495 @@
+"""The ``docker`` provider: one container per sandbox, through the docker SDK against
+any Docker-API engine (Docker, or Podman's compatible service).
+
+A container is hardened: uid 1000, every capability dropped, ``no-new-privileges``,
+read-only root, a ``/tmp`` tmpfs, memory (= memory+swap), CPU, pids,
+``nofile``/``nproc``/``fsize`` limits, ``network_mode=none`` and no new user
+namespaces (the command server's seccomp filter, whatever the engine's profile). Its
+``/sandbox/{workspace,.arena,agent}`` and ``/run/arena`` are bind mounts of
+``<data_dir>/docker/<owner>/<id>/`` (so the engine must run on the worker's host); the
+LLM proxy is reached through the same Unix-socket relay as the local provider
+(:mod:`arena_sandbox_providers.shim`, run by the image's ``python3``).
+
+The container's init is the in-sandbox command server (:mod:`arena_sandbox_providers.cmdserver`,
+``python3`` as the sandbox user), connected to the provider over a Unix socket in
+``/run/arena`` (:mod:`arena_sandbox_providers.channel`): ``exec`` is a fork + exec inside the
+sandbox instead of an engine ``exec`` (50-100 ms through Podman). On timeout or cancel
+the server SIGKILLs every other process in the sandbox (so the diff can still run); if
+it does not answer, the container's init is SIGKILLed through the engine. ``destroy``
+tells the server to kill everything and exit, then removes the stopped container.
+
+Containers are labelled ``arena.sandbox=1`` and ``arena.owner=<owner>``; start-up
+removes the owner's leftovers. A container whose provider died stops by itself: its
+server sees the socket close, kills everything and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+from docker.utils import version_lt
+
+from arena_sandbox_providers import local
+from arena_sandbox_providers.channel import Channel, ChannelClosed, listen
+from arena_sandbox_providers.hostdir import SANDBOX_UID, HostDirSandbox, make_layout
+from arena_sandbox_providers.local import GIT_IDENTITY, ProxyForward
+from arena_sandbox_providers.provider import LABEL, OWNER_LABEL, CreateSpec, ExecResult, OutputCallback, SandboxError
+
+log = logging.getLogger("arena.sandbox.docker")
+
+DEFAULT_IMAGE = "arena/agent-base:latest"
+USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+CMDSERVER = Path(__file__).with_name("cmdserver.py")
+CONTROL_SOCKET = f"{local.RUN_DIR}/ctl.sock"
+INIT = ["python3", "-I", "-S", f"{local.RUN_DIR}/cmdserver.py", CONTROL_SOCKET]
+#: Below this host's hard limits: an engine refuses a container whose limits exceed them.
+NPROC_LIMIT = 4096
+_SIGKILL_EXIT = 137
+_CONNECT_TIMEOUT_S = 60.0  # generous: start-up on 2 busy cores
+_KILL_GRACE_S = 10.0  # for the server to kill a command before the engine kills the container
+_REMOVE_ATTEMPTS = 4
+
+
+class DockerSandbox(HostDirSandbox):
+    provider = "docker"
+    owner_uid = SANDBOX_UID
+
+    def __init__(self, sandbox_id: str, root: Path, provider: DockerProvider, container_id: str, channel: Channel):
+        self.id = sandbox_id
+        self.root = root
+        self.client = provider.client
+        self._provider = provider
+        self.container_id = container_id
+        self.run_dir = run_dir_of(root)
+        self._channel: Channel | None = channel
+        self._lock = asyncio.Lock()
+        self._oom_file: Path | None = None
+        self._destroyed = False
+
+    # ---------------------------------------------------------------- exec
+
+    async def _live_channel(self) -> Channel:
+        """The server's channel; if the server died (the container stopped), the
+        container is started again (same mounts) with a fresh server."""
+        if self._destroyed:
+            raise SandboxError("the sandbox was destroyed")
+        if self._channel is None or not await self._channel.alive():
+            log.warning("sandbox %s: command server gone, restarting the container", self.id)
+            self._channel = None
+            self._oom_file = None
+            await asyncio.to_thread(self._kill_container)
+            self._channel = await self._provider._start(self.container_id, self.run_dir)
+        return self._channel
+
+    def _kill_container(self) -> None:
+        """SIGKILL the container's init through the engine (the kernel kills everything
+        in it, even under a fork bomb) and wait until the engine sees it stopped."""
+        with contextlib.suppress(docker.errors.APIError):
+            self.client.api.kill(self.container_id, signal="SIGKILL")
+        self.client.api.wait(self.container_id, timeout=30)
+
+    async def _run(self, argv: list[str], env: Mapping[str, str], workdir: str, timeout_s: float,
+                   cancel: asyncio.Event | None, on_stdout, on_stderr) -> tuple[int | None, bool]:
+        """Run one command; (exit code, whether Arena killed it). A command that
+        outlives ``timeout_s`` or ``cancel`` is killed with everything it started."""
+        channel = await self._live_channel()
+        task = asyncio.ensure_future(channel.run(argv, env, workdir, on_stdout, on_stderr))
+        waiters: set[asyncio.Future] = {task}
+        if cancel is not None:
+            waiters.add(asyncio.ensure_future(cancel.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            killed = not task.done()
+            if killed:
+                channel.kill()
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), _KILL_GRACE_S)
+                except asyncio.TimeoutError:
+                    log.warning("sandbox %s: the command server did not kill in time; killing the container", self.id)
+                    channel.close()
+                    await asyncio.to_thread(self._kill_container)
+            try:
+                return await task, killed
+            except ChannelClosed:
+                if killed:
+                    return None, True
+                raise
+        finally:
+            for waiter in waiters:
+                if waiter is not task:
+                    waiter.cancel()
+            if not task.done():  # we were cancelled: never leave the command running
+                task.cancel()
+                channel.close()
+                await asyncio.shield(self.destroy())
+
+    async def exec(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str],
+        workdir: str = local.WORKSPACE,
+        timeout_s: float = 600.0,
+        proxy: ProxyForward | None = None,
+        cancel: asyncio.Event | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        local.validate_env(dict(env))
+        if cancel is not None and cancel.is_set():
+            return ExecResult(exit_code=None, killed=True)
+        argv = list(command)
+        sink = on_output or (lambda chunk: None)
+        async with self._lock:
+            forwarder = None
+            if proxy is not None:
+                forwarder = local._Forwarder(proxy, self.run_dir / "proxy.sock")
+                await forwarder.start()
+                argv = ["python3", "-I", "-S", f"{local.RUN_DIR}/shim.py", str(proxy.inside_port),
+                        local.PROXY_SOCKET, "--", *argv]
+            started = time.monotonic()
+            try:
+                ooms = await self._oom_kills()
+                try:
+                    code, killed = await self._run(argv, env, workdir, timeout_s, cancel, sink, sink)
+                except ChannelClosed as exc:
+                    if self._destroyed:
+                        raise SandboxError(f"docker sandbox {self.id} was destroyed while the command ran") from exc
+                    # The server (the container's init) died under the command: only the
+                    # OOM killer does that; anything else is Arena's failure, not the agent's.
+                    after = await self._oom_kills()
+                    if after is not None and ooms is not None and after > ooms:
+                        return ExecResult(exit_code=_SIGKILL_EXIT, oom_killed=True, duration_s=time.monotonic() - started)
+                    raise SandboxError(f"docker sandbox {self.id}: {exc}") from exc
+            finally:
+                if forwarder is not None:
+                    await forwarder.close()
+            duration = time.monotonic() - started
+            if killed:
+                timed_out = not (cancel is not None and cancel.is_set())
+                return ExecResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=duration)
+            after = await self._oom_kills()
+            if after is None or ooms is None:  # engine not on this host: SIGKILL nobody sent = the OOM killer
+                oom = code == _SIGKILL_EXIT
+            else:
+                oom = after > ooms
+            return ExecResult(exit_code=code, oom_killed=oom, duration_s=duration)
+
+    async def _oom_kills(self) -> int | None:
+        """The container's OOM-kill counter, read from its memory cgroup on this host
+        (``None`` when the engine runs elsewhere). The file is found once, then read."""
+        if self._oom_file is None:
+            self._oom_file = await asyncio.to_thread(self._find_oom_file) or Path("/nonexistent")
+        try:
+            for entry in self._oom_file.read_text().splitlines():
+                key, _, value = entry.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def _find_oom_file(self) -> Path | None:
+        pid = self._channel.peer_pid if self._channel is not None else 0
+        try:
+            if not pid:  # the server's pid is not visible here: ask the engine
+                pid = self.client.api.inspect_container(self.container_id)["State"]["Pid"]
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except (docker.errors.DockerException, OSError, KeyError):
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if controllers == "memory":
+                return Path("/sys/fs/cgroup/memory" + path) / "memory.oom_control"
+            if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+                return Path("/sys/fs/cgroup" + path) / "memory.events"
+        return None
+
+    async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",
+               "GIT_NO_REPLACE_OBJECTS": "1", **GIT_IDENTITY}
+        command = ["sh", "-c", local._DIFF_SCRIPT, "sh", base, *local._exclude_pathspecs()]
+        async with self._lock:
+            try:
+                code, killed = await self._run(command, env, local.WORKSPACE, timeout_s, None, out.append, err.append)
+            except (ChannelClosed, SandboxError, docker.errors.DockerException) as exc:
+                raise local.GitError(f"git diff could not run: {exc}") from exc
+        if killed:
+            raise local.GitError(f"git diff timed out after {timeout_s:.0f}s")
+        if code != 0:
+            detail = b"".join(err).decode(errors="replace").strip()[-2000:]
+            raise local.GitError(f"git diff failed (exit {code}): {detail}")
+        return b"".join(out).decode("utf-8", errors="replace")
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        channel, self._channel = self._channel, None
+        try:
+            if channel is not None and not channel.closed and await channel.quit(timeout_s=5.0):
+                # Everything else in the sandbox is dead; once the server's process is reaped
+                # too, the engine finds the container stopped and removes it without a kill.
+                await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
+        finally:
+            await asyncio.shield(asyncio.to_thread(_remove, self.client, self.container_id, self.root))
+
+
+def run_dir_of(root: Path) -> Path:
+    """The relay directory (``/run/arena``): a short path, a Unix socket path has 108 bytes."""
+    return Path(tempfile.gettempdir()) / f"arena-dk-{root.name}"
+
+
+def _remove(client: docker.DockerClient, container_id: str, root: Path) -> None:
+    """Remove the container (killing it if it runs) and its host directories. A
+    container that is stopping as this runs makes Podman fail with "could not be
+    stopped ... state improper": tried again, as any other engine error, a few times."""
+    for attempt in range(1, _REMOVE_ATTEMPTS + 1):
+        try:
+            client.api.remove_container(container_id, force=True)
+            break
+        except docker.errors.NotFound:
+            break
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                break
+            if attempt == _REMOVE_ATTEMPTS:
+                log.warning("could not remove container %s: %s", container_id[:12], exc)
+            else:
+                time.sleep(0.05 * attempt)
+    _remove_dirs(root)
+
+
+def _in_container(pid: int, container_id: str) -> bool:
+    """Whether process ``pid`` of this host runs in the container: its cgroup path
+    names the container (any engine). A host process of the sandbox's uid could
+    connect to the control socket first; it is not in that cgroup, nor can it get in.
+    Pid 0 (the engine's processes are not visible from here, e.g. the worker runs in
+    another PID namespace) cannot be checked: the uid alone decides then."""
+    if pid == 0:
+        return True
+    try:
+        return container_id in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    """Wait until process ``pid`` of this host has been reaped (no-op for 0)."""
+    deadline = time.monotonic() + timeout_s
+    while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def connect(base_url: str, *, timeout: int = 120) -> docker.DockerClient:
+    """A client at the engine's API version, read from ``/_ping`` (a plain
+    ``DockerClient`` asks ``/version``, which Podman answers slowly: it queries the
+    package manager, ~0.3 s), capped at what the SDK knows."""
+
+    def make(version: str) -> docker.DockerClient:
+        if base_url:
+            return docker.DockerClient(base_url=base_url, version=version, timeout=timeout)
+        return docker.from_env(version=version, timeout=timeout)
+
+    probe = make(docker.constants.MINIMUM_DOCKER_API_VERSION)
+    try:
+        response = probe.api.get(probe.api._url("/_ping", versioned_api=False), timeout=timeout)
+        response.raise_for_status()
+        version = response.headers.get("Api-Version") or docker.constants.DEFAULT_DOCKER_API_VERSION
+    except requests.RequestException as exc:
+        raise docker.errors.DockerException(f"cannot reach the engine at {base_url or 'DOCKER_HOST'}: {exc}") from exc
+    finally:
+        probe.close()
+    if not version_lt(version, docker.constants.DEFAULT_DOCKER_API_VERSION):
+        version = docker.constants.DEFAULT_DOCKER_API_VERSION
+    return make(version)
+
+
+class DockerProvider:
+    """Containers on the Docker-API engine at ``base_url`` ("" = the environment's)."""
+
+    name = "docker"
+
+    def __init__(self, *, data_dir: Path, owner: str, base_url: str = "", default_image: str = DEFAULT_IMAGE):
+        self.base = Path(data_dir) / "docker" / owner
+        self.owner = owner
+        self.base_url = base_url
+        self.default_image = default_image
+        self._client: docker.DockerClient | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect(self.base_url)
+        return self._client
+
+    async def health(self) -> str | None:
+        def probe() -> str | None:
+            try:
+                self.client.ping()
+            except Exception as exc:  # noqa: BLE001 - any failure is the reason
+                return f"no Docker-API engine at {self.base_url or 'DOCKER_HOST'}: {exc}"
+            try:
+                self.client.images.get(self.default_image)
+            except docker.errors.ImageNotFound:
+                return f"image {self.default_image} is not built (deploy/docker-engine.sh images)"
+            except docker.errors.DockerException as exc:
+                return f"engine error: {exc}"
+            return None
+
+        return await asyncio.to_thread(probe)
+
+    def _host_config(self, spec: CreateSpec, root: Path, run_dir: Path) -> dict[str, Any]:
+        lim = spec.limits
+        return self.client.api.create_host_config(
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            network_mode="none",
+            tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
+            mem_limit=lim.memory_bytes,
+            memswap_limit=lim.memory_bytes,
+            nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids,
+            ulimits=[
+                docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
+                docker.types.Ulimit(name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+            ],
+            binds=[
+                f"{root / 'workspace'}:{local.WORKSPACE}:rw",
+                f"{root / 'arena'}:{local.ARENA_DIR}:rw",
+                f"{root / 'agent'}:{local.AGENT_DIR}:ro",
+                f"{run_dir}:{local.RUN_DIR}:ro",
+                *([f"{root / 'workspace'}:{spec.workspace_mount}:rw"] if spec.workspace_mount else []),
+            ],
+        )
+
+    async def _start(self, container_id: str, run_dir: Path) -> Channel:
+        """Start the (created or stopped) container and accept its server's connection."""
+        path = run_dir / "ctl.sock"
+        listener = listen(path, uid=SANDBOX_UID)  # before the start: the server connects at once
+        try:
+            await asyncio.to_thread(self.client.api.start, container_id)
+        except BaseException as exc:  # cancelled too: the listener is not left open
+            listener.close()
+            path.unlink(missing_ok=True)
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"cannot start container {container_id[:12]}: {exc}") from exc
+            raise
+
+        async def alive() -> str | None:
+            state = (await asyncio.to_thread(self.client.api.inspect_container, container_id))["State"]
+            if state.get("Running"):
+                return None
+            logs = await asyncio.to_thread(self.client.api.logs, container_id, tail=20)
+            return f"exit code {state.get('ExitCode')}: {logs.decode(errors='replace').strip()[-1000:]}"
+
+        try:
+            return await Channel.accept(listener, path, uid=SANDBOX_UID, timeout_s=_CONNECT_TIMEOUT_S, alive=alive,
+                                        peer_ok=lambda pid: _in_container(pid, container_id))
+        except (ChannelClosed, docker.errors.DockerException) as exc:
+            raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
+
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        return CreateSpec(image=spec.image or self.default_image, limits=spec.limits,
+                          workspace_mount=spec.workspace_mount)
+
+    async def create(self, spec: CreateSpec) -> DockerSandbox:
+        sandbox_id = uuid.uuid4().hex[:12]
+        root = self.base / sandbox_id
+        run_dir = run_dir_of(root)
+        image = spec.image or self.default_image
+        check_workspace_mount(spec.workspace_mount)
+
+        def make() -> str:
+            make_layout(root, owner_uid=SANDBOX_UID)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.move(root / "run", run_dir)
+            shutil.copyfile(CMDSERVER, run_dir / "cmdserver.py")
+            return self.client.api.create_container(
+                image,
+                entrypoint=INIT,  # replaces the image's entrypoint and command
+                name=f"arena-{self.owner}-{sandbox_id}",
+                user=USER,
+                labels={LABEL: "1", OWNER_LABEL: self.owner, "arena.sandbox_id": sandbox_id},
+                environment={"HOME": "/tmp"},
+                hostname="sandbox",
+                host_config=self._host_config(spec, root, run_dir),
+            )["Id"]
+
+        made = asyncio.ensure_future(asyncio.to_thread(make))
+        try:
+            container_id = await asyncio.shield(made)
+            channel = await self._start(container_id, run_dir)
+        except BaseException as exc:
+            await asyncio.shield(self._undo_create(made, root))
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"cannot start a {image} container: {exc}") from exc
+            raise
+        return DockerSandbox(sandbox_id, root, self, container_id, channel)
+
+    async def _undo_create(self, made: asyncio.Future[str], root: Path) -> None:
+        """Remove what a failed or cancelled ``create`` made. Its thread cannot be
+        stopped: the container it may be creating is known once the thread returns."""
+        container_id = ""
+        with contextlib.suppress(Exception):
+            container_id = await made
+        if container_id:
+            await asyncio.to_thread(_remove, self.client, container_id, root)
+        else:
+            await asyncio.to_thread(_remove_dirs, root)
+
+    async def reap_orphans(self) -> int:
+        def reap() -> int:
+            found = self.client.api.containers(all=True, filters={"label": [f"{LABEL}=1", f"{OWNER_LABEL}={self.owner}"]})
+            for info in found:
+                _remove(self.client, info["Id"], self.base / info.get("Labels", {}).get("arena.sandbox_id", "-"))
+            if self.base.is_dir():
+                for path in self.base.iterdir():
+                    _remove_dirs(path)
+            return len(found)
+
+        n = await asyncio.to_thread(reap)
+        if n:
+            log.warning("reaped %d orphaned container(s) of owner %s", n, self.owner)
+        return n
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+
+#: Where a workspace may not be mounted: Arena's own paths and the system's.
+_RESERVED = ("/sandbox", "/run/arena", "/proc", "/sys", "/dev", "/tmp", "/etc", "/usr", "/bin", "/lib", "/sbin")
+
+
+def check_workspace_mount(path: str) -> None:
+    if not path:
+        return
+    norm = os.path.normpath(path)
+    if not norm.startswith("/") or norm == "/" or any(norm == r or norm.startswith(r + "/") for r in _RESERVED) \
+            or ":" in norm or "," in norm:
+        raise SandboxError(f"cannot mount the workspace at {path!r}: an absolute path outside Arena's and the "
+                           "system's directories is needed (e.g. /testbed)")
+
+
+def _remove_dirs(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(run_dir_of(root), ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Sandboxes whose ``/sandbox`` is a directory on this host (``local`` and ``docker``).
+
+``/sandbox/workspace``, ``/sandbox/.arena`` and ``/sandbox/agent`` map to
+``<dir>/workspace``, ``<dir>/arena`` and ``<dir>/agent``; ``<dir>/run`` holds the
+relay (shim, proxy socket) and is read-only inside. Host-side reads never follow links:
+the agent wrote those directories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from arena_sandbox_providers.local import DIFF_EXCLUDES, SHIM
+from arena_sandbox_providers.provider import OutputCallback, SandboxError
+
+SANDBOX_UID = 1000
+_MAP = {"workspace": "workspace", ".arena": "arena", "agent": "agent"}
+
+
+def make_layout(root: Path, *, owner_uid: int | None) -> None:
+    """Create ``root`` with its four directories (writable ones owned by ``owner_uid``)."""
+    root.mkdir(parents=True)
+    for name in ("workspace", "arena", "agent", "run"):
+        (root / name).mkdir()
+    shutil.copyfile(SHIM, root / "run" / "shim.py")
+    (root / "run" / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
+    if owner_uid is not None:
+        for name in ("workspace", "arena"):
+            os.chown(root / name, owner_uid, owner_uid)
+
+
+class HostDirSandbox:
+    """File operations shared by sandboxes backed by a host directory."""
+
+    root: Path
+    owner_uid: int | None = None  # chown copied files to this uid (docker: 1000)
+
+    def host_path(self, path: str) -> Path:
+        parts = Path(os.path.normpath(path)).parts
+        if len(parts) < 3 or parts[:2] != ("/", "sandbox") or parts[2] not in _MAP or ".." in parts:
+            raise SandboxError(f"{path!r} is not under /sandbox/{{workspace,.arena,agent}}")
+        return self.root.joinpath(_MAP[parts[2]], *parts[3:])
+
+    def _chown_tree(self, top: Path) -> None:
+        if self.owner_uid is None:
+            return
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, name), self.owner_uid, self.owner_uid)
+        os.lchown(top, self.owner_uid, self.owner_uid)
+
+    async def put_dir(self, src: Path, dest: str) -> None:
+        target = self.host_path(dest)
+
+        def copy() -> None:
+            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+            if not target.is_relative_to(self.root / "agent"):
+                self._chown_tree(target)
+
+        await asyncio.to_thread(copy)
+
+    async def put_files(self, files: Mapping[str, bytes]) -> None:
+        for path, data in files.items():
+            target = self.host_path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            if self.owner_uid is not None:
+                os.chown(target, self.owner_uid, self.owner_uid)
+
+    async def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
+        try:
+            fd = os.open(self.host_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            return fh.read(max_bytes + 1)
+
+    async def exists(self, path: str) -> bool:
+        return os.path.lexists(self.host_path(path))
+
+
+async def tail_file(path: Path, on_output: OutputCallback, done: Callable[[], bool], interval_s: float = 0.1) -> None:
+    """Stream what is appended to ``path`` to ``on_output`` until ``done()``, then the rest."""
+    offset = 0
+    while True:
+        finished = done()
+        with contextlib.suppress(FileNotFoundError):
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                while chunk := fh.read(65536):
+                    offset += len(chunk)
+                    on_output(chunk)
+        if finished:
+            return
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,546 @@
+"""The local sandbox provider: one bubblewrap (``bwrap``) sandbox per run.
+
+What a sandbox sees:
+
+- ``/usr`` (and the ``/bin``, ``/lib*`` links), the Python installation(s) this
+  service runs on (the venv first on ``PATH``, so ``python3`` has pytest), a few
+  generated files in ``/etc`` (``passwd``, ``group``, ``hosts``) and the linker cache;
+  all read-only, the root itself too;
+- ``/sandbox/workspace`` (read-write, the working directory), optionally
+  ``/sandbox/.arena`` (read-write) and ``/sandbox/agent`` (read-only);
+- a private ``/tmp`` (tmpfs, ``HOME=/tmp``), ``/proc`` and a minimal ``/dev``;
+- its own user, PID, IPC, UTS and network namespaces (and, with bwrap 0.8+, no way
+  to create another user namespace): no network at all, except,
+  when ``proxy`` is set, ``127.0.0.1:<proxy.inside_port>`` which is relayed to the proxy on
+  the host (in-sandbox :mod:`arena_sandbox_providers.shim` -> Unix socket -> host forwarder ->
+  TCP).
+
+The sandbox runs as uid/gid 1000, in a new session, with resource limits (open
+files, address space, file size, no core dumps) and a wall-clock timeout; on timeout
+or cancel the whole process tree is killed and :func:`run` returns only after it is
+gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from arena_core import sources
+
+log = logging.getLogger("arena.sandbox.local")
+
+BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+SHIM = Path(__file__).with_name("shim.py")
+
+WORKSPACE = "/sandbox/workspace"
+ARENA_DIR = "/sandbox/.arena"
+AGENT_DIR = "/sandbox/agent"
+RUN_DIR = "/run/arena"  # per-run host dir (shim, proxy socket), read-only inside
+PROXY_SOCKET = f"{RUN_DIR}/proxy.sock"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+
+#: Files ignored when :func:`git_diff` collects the agent's changes: interpreter and
+#: test-runner caches are never part of a solution.
+DIFF_EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
+
+#: Fixed identity and dates for the base commit: the same task gives the same sha.
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "arena",
+    "GIT_AUTHOR_EMAIL": "arena@localhost",
+    "GIT_COMMITTER_NAME": "arena",
+    "GIT_COMMITTER_EMAIL": "arena@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+
+_KILL_GRACE_S = 5.0
+
+
+class ProxyForward(msgspec.Struct, frozen=True):
+    """The LLM proxy on the host; reachable inside as ``127.0.0.1:<inside_port>``.
+
+    ``inside_port`` is ``sandbox_port`` if given, else ``port`` itself, except that a
+    privileged port (< 1024), which the unprivileged sandbox user cannot listen on,
+    becomes ``10000 + port`` (80 -> 10080).
+    """
+
+    host: str
+    port: int
+    sandbox_port: int | None = None
+
+    @property
+    def inside_port(self) -> int:
+        if self.sandbox_port is not None:
+            return self.sandbox_port
+        return self.port if self.port >= 1024 else 10000 + self.port
+
+
+class ResourceLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-process limits (``setrlimit``) and the size of the private ``/tmp``.
+
+    There is no process-count limit: ``RLIMIT_NPROC`` counts per host uid and is not
+    enforced for a sandbox started by root, so it would give a false sense of safety.
+    """
+
+    open_files: int = 4096
+    address_space_bytes: int = 16 * 1024**3  # generous: JITs reserve a lot of virtual memory
+    file_size_bytes: int = 2 * 1024**3  # largest file (and log) a sandbox can write
+    tmp_size_bytes: int = 1024**3
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One sandboxed command."""
+
+    command: list[str]
+    workspace: Path  # host dir bound read-write at /sandbox/workspace
+    arena_dir: Path | None = None  # host dir bound read-write at /sandbox/.arena
+    agent_dir: Path | None = None  # host dir bound read-only at /sandbox/agent
+    env: dict[str, str] = {}
+    timeout_s: float = 600.0
+    proxy: ProxyForward | None = None  # None: no network at all
+    log_path: Path | None = None  # stdout+stderr (merged) go here; else discarded
+    workdir: str = "."  # working directory, relative to /sandbox/workspace
+    limits: ResourceLimits = ResourceLimits()
+    #: ``cgroup.procs`` files the sandbox joins before exec (pids/memory/CPU limits).
+    cgroup_procs: tuple[str, ...] = ()
+    #: Name prefix of the run's host directory in the temp dir (relay socket, shim,
+    #: generated /etc files): a provider reaps its own after a crash by it.
+    run_prefix: str = "arena-run-"
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    """How a sandbox ended.
+
+    ``exit_code`` is the command's exit code (``128 + N`` if it died of signal N), or
+    ``None`` when Arena killed it. ``killed`` is true whenever Arena killed it:
+    ``timed_out`` says it was the wall clock, otherwise it was a cancel.
+    """
+
+    exit_code: int | None
+    timed_out: bool
+    killed: bool
+    duration_s: float
+
+
+# --------------------------------------------------------------------------- availability
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> str | None:
+    """``None`` if bubblewrap sandboxes work on this machine, else the reason."""
+    if not os.path.exists(BWRAP):
+        return f"bubblewrap not found (looked for {BWRAP})"
+    with tempfile.TemporaryDirectory(prefix="arena-probe-") as tmp:
+        argv = _bwrap_argv(
+            SandboxSpec(command=["true"], workspace=Path(tmp)), Path(tmp), shim=None
+        )
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"}, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"cannot run bubblewrap: {exc}"
+    if proc.returncode != 0:
+        return f"bubblewrap failed (exit {proc.returncode}): {proc.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _python_roots() -> list[str]:
+    """Directories holding the Python this service runs on (venv and base install)."""
+    candidates = {
+        sys.prefix,
+        sys.exec_prefix,
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    }
+    roots: list[str] = []
+    for path in sorted(os.path.realpath(c) for c in candidates):
+        if path in ("/", "/usr") or path.startswith("/usr/"):
+            continue  # already visible through /usr
+        if any(path == r or path.startswith(r + "/") for r in roots):
+            continue
+        roots.append(path)
+    return roots
+
+
+def _venv_bin() -> str:
+    return os.path.join(sys.prefix, "bin")
+
+
+def _base_env() -> dict[str, str]:
+    return {
+        "PATH": f"{_venv_bin()}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "PYTHONPYCACHEPREFIX": "/tmp/pycache",  # keep bytecode out of the workspace
+    }
+
+
+def _root_entries() -> list[str]:
+    """The top-level links or dirs (/bin, /lib, /lib64, ...) that point into /usr."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _write_run_files(run_dir: Path) -> list[str]:
+    """Generated /etc files, and the diff excludes at /run/arena/excludes."""
+    (run_dir / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
+    etc = run_dir / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text(
+        f"root:x:0:0:root:/tmp:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")  # no DNS
+    args: list[str] = []
+    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+        args += ["--ro-bind", str(etc / name), f"/etc/{name}"]
+    for host_file in ("/etc/ld.so.cache", "/etc/alternatives"):
+        if os.path.exists(host_file):
+            args += ["--ro-bind", host_file, host_file]
+    return args
+
+
+def validate_env(env: dict[str, str]) -> None:
+    """Raise ``ValueError`` for a variable name or value the sandbox cannot take."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"invalid environment variable {name!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def _userns_args() -> tuple[str, ...]:
+    """``--disable-userns`` where bwrap has it (0.8 and later): nothing in the sandbox
+    can create a user namespace, in which it would hold every capability again (the
+    kernel's largest attack surface for an unprivileged process). Older bwrap: none."""
+    try:
+        out = subprocess.run([BWRAP, "--help"], capture_output=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("--unshare-user", "--disable-userns") if b"--disable-userns" in out else ()
+
+
+def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None) -> list[str]:
+    """The bwrap command line. The sandbox's environment is set with ``--setenv`` on
+    top of ``--clearenv``, never in bwrap's own environment: bwrap runs on the host,
+    where a variable such as ``LD_PRELOAD`` from a task must have no effect."""
+    env = _base_env() | dict(spec.env)
+    validate_env(env)
+    argv = [
+        BWRAP,
+        "--unshare-all",
+        *_userns_args(),
+        "--die-with-parent",
+        "--new-session",
+        "--hostname", "sandbox",
+        "--ro-bind", "/usr", "/usr",
+        *_root_entries(),
+        # the private /tmp comes before the Python binds: a venv that lives under the
+        # host's /tmp (a CI checkout) must stay visible on top of it
+        "--size", str(spec.limits.tmp_size_bytes), "--tmpfs", "/tmp",
+    ]
+    for root in _python_roots():
+        argv += ["--ro-bind", root, root]
+    argv += _write_run_files(run_dir)
+    argv += [
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--bind", str(spec.workspace), WORKSPACE,
+    ]
+    if spec.arena_dir is not None:
+        argv += ["--bind", str(spec.arena_dir), ARENA_DIR]
+    if spec.agent_dir is not None:
+        argv += ["--ro-bind", str(spec.agent_dir), AGENT_DIR]
+    argv += ["--ro-bind", str(run_dir), RUN_DIR]
+    argv.append("--clearenv")
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    argv += [
+        "--remount-ro", "/",
+        "--chdir", os.path.normpath(os.path.join(WORKSPACE, spec.workdir)),
+        "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_GID),
+        "--",
+    ]
+    if shim is not None:
+        port, socket_path = shim
+        argv += [os.path.join(_venv_bin(), "python3"), "-I", "-S", f"{RUN_DIR}/shim.py",
+                 str(port), socket_path, "--"]
+    return argv + list(spec.command)
+
+
+def _set_limits(limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
+    """Runs in the child between fork and exec (so: nothing that allocates much)."""
+    pid = str(os.getpid()).encode()
+    for procs in cgroup_procs:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
+    for which, value in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+        (resource.RLIMIT_AS, limits.address_space_bytes),
+        (resource.RLIMIT_FSIZE, limits.file_size_bytes),
+    ):
+        _soft, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+# --------------------------------------------------------------------------- proxy forwarder
+
+
+class _Forwarder:
+    """Host side of the proxy relay: a Unix socket whose connections go to host:port."""
+
+    def __init__(self, proxy: ProxyForward, path: Path):
+        self.proxy = proxy
+        self.path = path
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        os.chmod(self.path, 0o666)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(self.proxy.host, self.proxy.port)
+            except OSError as exc:
+                log.warning("proxy %s:%d unreachable: %s", self.proxy.host, self.proxy.port, exc)
+                return
+            self._writers.add(up_writer)
+            try:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+                self._writers.discard(up_writer)
+        finally:
+            writer.close()
+            self._writers.discard(writer)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, RuntimeError):
+        pass
+
+
+# --------------------------------------------------------------------------- process tree
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+async def _kill_tree(proc: asyncio.subprocess.Process) -> None:
+    """Kill the sandbox and wait until every process in it is gone.
+
+    The outer ``bwrap`` (our child) waits on the sandbox's PID-namespace init; killing
+    that init makes the kernel kill and reap every process in the namespace before the
+    init itself is reaped, so once the outer ``bwrap`` exits nothing is left.
+    """
+    deadline = time.monotonic() + _KILL_GRACE_S
+    while proc.returncode is None and time.monotonic() < deadline:
+        # Re-scanned each round: a bwrap that just started may not have forked yet.
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05)
+    # Anything left in bwrap's own process group (bwrap itself if it did not exit).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+# --------------------------------------------------------------------------- run
+
+
+async def _execute(
+    spec: SandboxSpec,
+    *,
+    cancel: asyncio.Event | None,
+    stdout: int | None,
+    stderr: int | None,
+) -> RunResult:
+    if cancel is not None and cancel.is_set():
+        return RunResult(exit_code=None, timed_out=False, killed=True, duration_s=0.0)
+    run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix))
+    forwarder: _Forwarder | None = None
+    proc: asyncio.subprocess.Process | None = None
+    started = time.monotonic()
+    try:
+        shim: tuple[int, str] | None = None
+        if spec.proxy is not None:
+            shutil.copyfile(SHIM, run_dir / "shim.py")
+            forwarder = _Forwarder(spec.proxy, run_dir / "proxy.sock")
+            await forwarder.start()
+            shim = (spec.proxy.inside_port, PROXY_SOCKET)
+        argv = _bwrap_argv(spec, run_dir, shim=shim)
+        limits, cgroup_procs = spec.limits, spec.cgroup_procs
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
+            start_new_session=True,
+            preexec_fn=lambda: _set_limits(limits, cgroup_procs),
+        )
+        waiters = {asyncio.ensure_future(proc.wait())}
+        cancel_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+        if cancel_wait is not None:
+            waiters.add(cancel_wait)
+        try:
+            await asyncio.wait(waiters, timeout=spec.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if cancel_wait is not None:
+                cancel_wait.cancel()
+        if proc.returncode is not None:
+            code = proc.returncode
+            return RunResult(
+                exit_code=128 - code if code < 0 else code,
+                timed_out=False,
+                killed=False,
+                duration_s=time.monotonic() - started,
+            )
+        timed_out = not (cancel is not None and cancel.is_set())
+        await _kill_tree(proc)
+        return RunResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=time.monotonic() - started)
+    finally:
+        if proc is not None and proc.returncode is None:
+            # Cancelled or failed mid-run: never leave the sandbox behind.
+            await asyncio.shield(_kill_tree(proc))
+        if forwarder is not None:
+            await forwarder.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def run(spec: SandboxSpec, *, cancel: asyncio.Event | None = None) -> RunResult:
+    """Run ``spec.command`` in a fresh sandbox until it exits, times out or is cancelled.
+
+    Setting ``cancel`` kills the sandbox (``killed=True, timed_out=False``). If the
+    calling task itself is cancelled, the sandbox is killed before the cancellation
+    propagates.
+    """
+    if spec.log_path is None:
+        return await _execute(spec, cancel=cancel, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(spec.log_path, "wb") as log_file:
+        return await _execute(spec, cancel=cancel, stdout=log_file.fileno(), stderr=subprocess.STDOUT)
+
+
+# --------------------------------------------------------------------------- git
+
+
+# The base commit and its git steps are the core's (arena_core.sources): the verification plane
+# commits the same trees the same way.
+GitError = sources.GitError
+prepare_workspace = sources.prepare_workspace
+
+
+_DIFF_SCRIPT = (
+    'git -c core.fsmonitor=false -c core.excludesFile=/run/arena/excludes add -A >&2 || exit 1; '
+    'base="$1"; shift; '
+    'exec git -c core.fsmonitor=false diff --cached --binary --no-ext-diff --no-textconv --no-color '
+    '"$base" -- . "$@"'
+)
+
+
+def _exclude_pathspecs() -> list[str]:
+    """Pathspecs that drop :data:`DIFF_EXCLUDES` from the diff even if committed."""
+    out = []
+    for pattern in DIFF_EXCLUDES:
+        glob = f"**/{pattern}**" if pattern.endswith("/") else f"**/{pattern}"
+        out.append(f":(exclude,glob){glob}")
+    return out
+
+
+async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 120.0,
+                   run_prefix: str = "arena-run-") -> str:
+    """The workspace's changes against ``base`` (new files included), as a binary diff.
+
+    Git runs inside a fresh sandbox over the workspace, never on the host: an agent
+    can leave hooks or config in ``.git`` that would execute. Caches listed in
+    :data:`DIFF_EXCLUDES` are left out. Raises :class:`GitError` if git fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="arena-diff-") as tmp:
+        out_path = Path(tmp) / "diff"
+        err_path = Path(tmp) / "err"
+        spec = SandboxSpec(
+            command=["sh", "-c", _DIFF_SCRIPT, "sh", base, *_exclude_pathspecs()],
+            workspace=Path(workspace),
+            env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_NO_REPLACE_OBJECTS": "1",
+                 **GIT_IDENTITY},
+            timeout_s=timeout_s,
+            run_prefix=run_prefix,
+        )
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            result = await _execute(spec, cancel=None, stdout=out.fileno(), stderr=err.fileno())
+        if result.timed_out:
+            raise GitError(f"git diff timed out after {timeout_s:.0f}s")
+        if result.exit_code != 0:
+            detail = err_path.read_text(errors="replace").strip()[-2000:]
+            raise GitError(f"git diff failed (exit {result.exit_code}): {detail}")
+        # Text files that are not UTF-8 are the one lossy case (diff is a str on the wire).
+        return out_path.read_bytes().decode("utf-8", errors="replace")

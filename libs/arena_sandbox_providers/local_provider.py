@@ -1,0 +1,168 @@
+"""The ``local`` provider: bubblewrap sandboxes (see :mod:`arena_sandbox_providers.local`).
+
+A sandbox is a directory ``<data_dir>/sandboxes/<owner>/<id>/`` plus, where cgroups
+are writable, a cgroup with the pids/memory/CPU limits; each ``exec`` is a fresh
+``bwrap`` over that directory (with a relay directory ``<tmp>/arena-run-<installation>-*``
+while it runs). Creating one is a few ``mkdir``s, so a warm pool is
+cheap. Limits: pids, memory (no swap), CPU by cgroup; open files, file size,
+address space by rlimit; ``/tmp`` size by tmpfs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from arena_sandbox_providers import cgroups, local
+from arena_sandbox_providers.hostdir import HostDirSandbox, make_layout, tail_file
+from arena_sandbox_providers.local import ProxyForward, ResourceLimits, SandboxSpec
+from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallback, SandboxLimits
+
+log = logging.getLogger("arena.sandbox.local")
+
+
+class LocalSandbox(HostDirSandbox):
+    provider = "local"
+
+    def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
+                 run_prefix: str = "arena-run-"):
+        self.id = sandbox_id
+        self.root = root
+        self.limits = limits
+        self.cgroup = cgroup
+        self.run_prefix = run_prefix
+        self._destroyed = False
+
+    def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
+        rel = Path(workdir).relative_to(local.WORKSPACE) if workdir.startswith(local.WORKSPACE) else Path(".")
+        has_agent = any((self.root / "agent").iterdir())
+        return SandboxSpec(
+            command=list(command),
+            workspace=self.root / "workspace",
+            arena_dir=self.root / "arena",
+            agent_dir=self.root / "agent" if has_agent else None,
+            env=dict(env),
+            timeout_s=timeout_s,
+            proxy=proxy,
+            log_path=log_path,
+            workdir=str(rel),
+            limits=ResourceLimits(
+                open_files=self.limits.open_files,
+                file_size_bytes=self.limits.file_size_bytes,
+                tmp_size_bytes=self.limits.tmp_bytes,
+            ),
+            cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            run_prefix=self.run_prefix,
+        )
+
+    async def exec(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str],
+        workdir: str = local.WORKSPACE,
+        timeout_s: float = 600.0,
+        proxy: ProxyForward | None = None,
+        cancel: asyncio.Event | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        log_path = self.root / "run" / f"exec-{uuid.uuid4().hex[:8]}.log"
+        spec = self._spec(command, env=env, workdir=workdir, timeout_s=timeout_s, proxy=proxy, log_path=log_path)
+        ooms = self.cgroup.oom_kills() if self.cgroup else 0
+        finished = False
+        tail = asyncio.create_task(tail_file(log_path, on_output, lambda: finished)) if on_output else None
+        try:
+            run = await local.run(spec, cancel=cancel)
+        finally:
+            finished = True
+            if tail is not None:
+                await tail
+            log_path.unlink(missing_ok=True)
+        oom = self.cgroup is not None and self.cgroup.oom_kills() > ooms
+        return ExecResult(exit_code=run.exit_code, timed_out=run.timed_out, killed=run.killed,
+                          oom_killed=oom, duration_s=run.duration_s)
+
+    async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
+        return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix)
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        await asyncio.to_thread(_remove, self.root, self.cgroup)
+
+
+def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None) -> None:
+    if cgroup is not None:
+        cgroup.destroy()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class LocalProvider:
+    """Bubblewrap sandboxes under ``<data_dir>/sandboxes/<owner>/``."""
+
+    name = "local"
+
+    def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True):
+        self.base = Path(data_dir) / "sandboxes" / owner
+        self.owner = owner
+        # cgroups are host-wide: keyed by owner and data directory, so two services
+        # sharing an owner name never reap each other's sandboxes
+        digest = hashlib.sha1(str(self.base.resolve()).encode()).hexdigest()[:8]
+        self.cgroup_owner = f"{owner}-{digest}"
+        # each run's relay directory in the temp dir (a Unix socket path must be short)
+        # is named after this installation too, so a crash's are reaped at start-up
+        self.run_prefix = f"arena-run-{hashlib.sha1(self.cgroup_owner.encode()).hexdigest()[:10]}-"
+        self.use_cgroups = use_cgroups and cgroups.available() is None
+
+    async def health(self) -> str | None:
+        return await asyncio.to_thread(local.available)
+
+    @property
+    def limits_note(self) -> str:
+        if self.use_cgroups:
+            return f"cgroups {cgroups.mode()}: pids, memory, cpu per sandbox"
+        return "no cgroups: pids and memory are NOT limited per sandbox (rlimits only)"
+
+    def pool_key(self, spec: CreateSpec) -> CreateSpec:
+        return CreateSpec(limits=spec.limits)  # no images here: the host's /usr for every task
+
+    async def create(self, spec: CreateSpec) -> LocalSandbox:
+        sandbox_id = uuid.uuid4().hex[:12]
+        root = self.base / sandbox_id
+        cgroup = cgroups.SandboxCgroup(self.cgroup_owner, sandbox_id) if self.use_cgroups else None
+
+        def make() -> None:
+            make_layout(root, owner_uid=None)
+            if cgroup is not None:
+                cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus)
+
+        await asyncio.to_thread(make)
+        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix)
+
+    async def reap_orphans(self) -> int:
+        def reap() -> int:
+            count = 0
+            if self.base.is_dir():
+                for path in self.base.iterdir():
+                    shutil.rmtree(path, ignore_errors=True)
+                    count += 1
+            if self.use_cgroups:
+                count = max(count, cgroups.reap(self.cgroup_owner))
+            for run_dir in Path(tempfile.gettempdir()).glob(f"{self.run_prefix}*"):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            return count
+
+        n = await asyncio.to_thread(reap)
+        if n:
+            log.warning("reaped %d orphaned local sandbox(es) of owner %s", n, self.owner)
+        return n
+
+    async def close(self) -> None:
+        return None  # nothing held between sandboxes

@@ -1,0 +1,451 @@
+"""A scripted, seeded LLM behind an OpenAI-compatible HTTP API, shaped like vLLM's.
+
+For demos, tests and benchmarks: no weights, no GPU. It answers ``/v1/chat/completions``
+and ``/v1/completions`` (streaming and not) with a response drawn from a script file,
+chosen by the request's ``seed`` so a group of rollouts with seeds ``s, s+1, ...`` gets a
+reproducible mix of answers. Like vLLM with ``return_token_ids``, it returns
+``prompt_token_ids`` and ``choices[0].token_ids`` (per chunk when streaming), and
+per-token ``logprobs`` (with ``top_logprobs`` alternatives when asked). With
+``stream_options.include_usage`` the stream ends with a usage-only chunk. Like vLLM it
+answers ``POST /tokenize`` (at its root, beside ``/v1``): ``{"model", "messages", ...}`` or
+``{"model", "prompt"}`` -> ``{"count", "tokens", "max_model_len"}``, the very prompt ids the
+same request would get as ``prompt_token_ids``.
+
+Tokenizer: bytes. A chat is rendered as ``<|role|>\\ncontent\\n`` per message plus
+``<|assistant|>\\n`` (unless ``add_generation_prompt`` is false); a text prompt gets BOS
+unless ``add_special_tokens`` is false; token id = byte value + 3 (0 pad, 1 bos, 2 eos).
+Real enough that ids, counts, truncation by ``max_tokens`` and decoding are all exact. A tool call
+is sampled as the text ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
+
+Script file: ``{"responses": [{"label": str, "weight": float, "content": str,
+"tool_calls": [{"name": str, "arguments": str}]}, ...]}``. A response with tool calls
+is chosen only when the request offers tools and its last message is not a tool result.
+
+``Faults`` are knobs for tests and benchmarks: fixed latency, death mid-stream,
+malformed JSON, no token ids (like Ollama), no ``/tokenize`` (404, like Ollama), an
+error status.
+
+Run: ``python -m arena_stack.scripted_llm --script FILE --port 9093 [--latency-ms 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import codecs
+import hashlib
+import itertools
+import json
+import math
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+BOS, EOS, OFFSET = 1, 2, 3
+
+
+class ScriptedToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str = "{}"
+
+
+class ScriptedResponse(msgspec.Struct, frozen=True, kw_only=True):
+    label: str
+    content: str = ""
+    weight: float = 1.0
+    tool_calls: list[ScriptedToolCall] = []
+
+
+class Script(msgspec.Struct, frozen=True, kw_only=True):
+    responses: list[ScriptedResponse]
+
+
+class Faults(msgspec.Struct, frozen=True, kw_only=True):
+    """Misbehaviour on demand. Defaults: a healthy, instant backend."""
+
+    latency_s: float = 0.0  # before the response (or the first chunk)
+    chunk_delay_s: float = 0.0  # between streamed chunks
+    chunk_tokens: int = 1  # tokens per streamed chunk
+    die_after_chunks: int | None = None  # drop the connection after this many chunks
+    malformed_json: bool = False  # answer 200 with a body that is not JSON
+    no_token_ids: bool = False  # ignore return_token_ids, like Ollama
+    no_tokenize: bool = False  # answer /tokenize with 404, like Ollama
+    error_status: int | None = None  # answer every completion with this status
+
+
+def load_script(path: str | Path) -> Script:
+    script = msgspec.json.decode(Path(path).read_bytes(), type=Script)
+    if not script.responses or any(r.weight < 0 for r in script.responses):
+        raise ValueError(f"{path}: need at least one response, with non-negative weights")
+    return script
+
+
+def encode_text(text: str) -> list[int]:
+    return [b + OFFSET for b in text.encode("utf-8")]
+
+
+def decode_ids(ids: list[int]) -> str:
+    return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", errors="replace")
+
+
+def token_str(token_id: int) -> str:
+    if token_id < OFFSET:
+        return ["<pad>", "<s>", "</s>"][token_id]
+    b = token_id - OFFSET
+    return chr(b) if 32 <= b < 127 or b in (9, 10) else f"bytes:\\x{b:02x}"
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def render_chat(messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    parts = []
+    for m in messages:
+        text = _text_of(m.get("content"))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            text += tool_call_text(fn.get("name", ""), fn.get("arguments", ""))
+        parts.append(f"<|{m.get('role', 'user')}|>\n{text}\n")
+    if add_generation_prompt:
+        parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One sampled answer: what every response shape is built from."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str | None
+    tool_calls: list[dict[str, Any]]
+    finish: str
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]]  # (token id, logprob, top-k alternatives)
+
+
+class ScriptedLLM:
+    """The pure model: a request in, a vLLM-shaped response (or chunks) out."""
+
+    def __init__(self, script: Script, *, model: str = "scripted", seed: int = 0, policy_version: str = "0",
+                 faults: Faults = Faults(), max_model_len: int = 32768):
+        self.script = script
+        self.model = model
+        self.policy_version = policy_version
+        self.faults = faults
+        self.max_model_len = max_model_len  # reported by /tokenize; nothing is truncated to it
+        self._unseeded = itertools.count(seed * 1_000_003)
+
+    def choose(self, seed: int | None, *, wants_tool: bool = False) -> ScriptedResponse:
+        with_tools = [r for r in self.script.responses if r.tool_calls]
+        plain = [r for r in self.script.responses if not r.tool_calls]
+        candidates = (with_tools if wants_tool and with_tools else plain) or self.script.responses
+        rng = random.Random(seed if seed is not None else next(self._unseeded))
+        total = sum(r.weight for r in candidates)
+        x = rng.random() * total
+        for response in candidates:
+            x -= response.weight
+            if x < 0:
+                return response
+        return candidates[-1]
+
+    @staticmethod
+    def prompt_ids(body: dict[str, Any], *, chat: bool) -> list[int]:
+        """The prompt's token ids: what ``prompt_token_ids`` and ``/tokenize`` both say."""
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise ValueError("'messages' must be a non-empty list of objects")
+            text = render_chat(messages, add_generation_prompt=body.get("add_generation_prompt", True) is not False)
+            return [BOS, *encode_text(text)]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, str) and prompt:
+            special = [BOS] if body.get("add_special_tokens", True) is not False else []
+            return [*special, *encode_text(prompt)]
+        raise ValueError("'prompt' must be a non-empty string or list of token ids")
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: ``messages`` (chat) or ``prompt`` (a string) in; ``count``,
+        ``tokens`` and ``max_model_len`` out."""
+        if "messages" in body:
+            tokens = self.prompt_ids(body, chat=True)
+        elif isinstance(body.get("prompt"), str):
+            tokens = self.prompt_ids(body, chat=False)
+        else:
+            raise ValueError("/tokenize takes 'messages' (a chat) or 'prompt' (a string)")
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+
+    def sample(self, body: dict[str, Any], *, chat: bool) -> Sample:
+        seed = body.get("seed")
+        prompt_ids = self.prompt_ids(body, chat=chat)
+        messages = body.get("messages") if chat else None
+        wants_tool = bool(chat and body.get("tools")) and messages[-1].get("role") != "tool"
+        chosen = self.choose(seed, wants_tool=wants_tool)
+        calls = [{"id": f"call_{i}_{hashlib.sha256(c.name.encode()).hexdigest()[:8]}", "type": "function",
+                  "function": {"name": c.name, "arguments": c.arguments}}
+                 for i, c in enumerate(chosen.tool_calls)] if wants_tool else []
+        full = "".join(tool_call_text(c.name, c.arguments) for c in chosen.tool_calls) if calls else chosen.content
+        completion_ids = encode_text(full)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if not chat and max_tokens is None:
+            max_tokens = 16  # the OpenAI completions default
+        finish = "tool_calls" if calls else "stop"
+        if max_tokens is not None and len(completion_ids) > int(max_tokens):
+            completion_ids = completion_ids[: int(max_tokens)]
+            finish, calls = "length", []
+        text = decode_ids(completion_ids)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        rng = random.Random(f"{seed}:{chosen.label}:{digest}")
+        k = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
+        lps = []
+        for tid in completion_ids:
+            lp = -rng.expovariate(20.0)
+            alts = [(tid, lp)]
+            rest = 1.0 - math.exp(lp)
+            for j in range(1, k):
+                alts.append((OFFSET + (tid - OFFSET + 7 * j) % 256, math.log(max(rest / (2 ** j), 1e-12))))
+            lps.append((tid, lp, alts[:k]))
+        return Sample(prompt_ids=prompt_ids, completion_ids=completion_ids, text=None if calls else text,
+                      tool_calls=calls, finish=finish, logprobs=lps)
+
+    def _ids(self, body: dict[str, Any]) -> bool:
+        return bool(body.get("return_token_ids")) and not self.faults.no_token_ids
+
+    @staticmethod
+    def _chat_logprobs(items) -> list[dict[str, Any]]:
+        def entry(tid: int, lp: float) -> dict[str, Any]:
+            return {"token": token_str(tid), "logprob": lp, "bytes": [tid - OFFSET] if tid >= OFFSET else []}
+
+        return [{**entry(tid, lp), "top_logprobs": [entry(a, alp) for a, alp in alts]} for tid, lp, alts in items]
+
+    @staticmethod
+    def _completion_logprobs(items, offset: int) -> dict[str, Any]:
+        tokens = [token_str(tid) for tid, _, _ in items]
+        offsets = []
+        for tok in tokens:
+            offsets.append(offset)
+            offset += len(tok)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
+                "top_logprobs": [{token_str(a): alp for a, alp in alts} for _, _, alts in items] if items and
+                items[0][2] else None, "text_offset": offsets}
+
+    @staticmethod
+    def _usage(s: Sample) -> dict[str, int]:
+        return {"prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids),
+                "total_tokens": len(s.prompt_ids) + len(s.completion_ids)}
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A non-streaming ``chat.completion``."""
+        s = self.sample(body, chat=True)
+        ids = self._ids(body)
+        message: dict[str, Any] = {"role": "assistant", "content": s.text}
+        if s.tool_calls:
+            message["tool_calls"] = s.tool_calls
+        return {
+            "id": "chatcmpl-" + uuid.uuid4().hex[:24],
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": self._chat_logprobs(s.logprobs)} if body.get("logprobs") else None,
+                "finish_reason": s.finish,
+                "token_ids": s.completion_ids if ids else None,
+            }],
+            "usage": self._usage(s),
+            "prompt_token_ids": s.prompt_ids if ids else None,
+            "system_fingerprint": f"arena-scripted-v{self.policy_version}",
+        }
+
+    def text_complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A non-streaming ``text_completion`` (``/v1/completions``)."""
+        s = self.sample(body, chat=False)
+        ids = self._ids(body)
+        return {
+            "id": "cmpl-" + uuid.uuid4().hex[:24],
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model,
+            "choices": [{
+                "index": 0,
+                "text": s.text or "",
+                "logprobs": self._completion_logprobs(s.logprobs, 0) if body.get("logprobs") is not None else None,
+                "finish_reason": s.finish,
+                "token_ids": s.completion_ids if ids else None,
+                "prompt_token_ids": s.prompt_ids if ids else None,
+            }],
+            "usage": self._usage(s),
+        }
+
+    def chunks(self, body: dict[str, Any], *, chat: bool) -> list[dict[str, Any]]:
+        """The stream of a completion as vLLM sends it: one chunk per ``chunk_tokens`` tokens."""
+        s = self.sample(body, chat=chat)
+        ids, n = self._ids(body), max(1, self.faults.chunk_tokens)
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": body.get("model") or self.model}
+        out: list[dict[str, Any]] = []
+        if chat:
+            first: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                          "logprobs": None, "finish_reason": None}]}
+            if ids:
+                first["prompt_token_ids"] = s.prompt_ids
+            out.append(first)
+        want_lp = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        offset = 0
+        groups = [list(range(i, min(i + n, len(s.completion_ids)))) for i in range(0, len(s.completion_ids), n)]
+        if s.tool_calls:  # one chunk per tool call, carrying its tokens
+            groups, start = [], 0
+            for call in s.tool_calls:
+                length = len(encode_text(tool_call_text(call["function"]["name"], call["function"]["arguments"])))
+                groups.append(list(range(start, start + length)))
+                start += length
+        for gi, group in enumerate(groups):
+            gids = [s.completion_ids[i] for i in group]
+            items = [s.logprobs[i] for i in group]
+            last = gi == len(groups) - 1
+            choice: dict[str, Any] = {"index": 0, "finish_reason": s.finish if last else None}
+            if chat:
+                if s.tool_calls:
+                    call = s.tool_calls[gi]
+                    choice["delta"] = {"tool_calls": [{"index": gi, **call}]}
+                else:
+                    choice["delta"] = {"content": decoder.decode(bytes(t - OFFSET for t in gids), final=last)}
+                choice["logprobs"] = {"content": self._chat_logprobs(items)} if want_lp else None
+            else:
+                piece = decoder.decode(bytes(t - OFFSET for t in gids), final=last)
+                choice["text"] = piece
+                choice["logprobs"] = self._completion_logprobs(items, offset) if want_lp else None
+                offset += len(piece)
+                if gi == 0 and ids:
+                    choice["prompt_token_ids"] = s.prompt_ids
+            if ids:
+                choice["token_ids"] = gids
+            out.append({**head, "choices": [choice]})
+        if not groups:  # nothing sampled (max_tokens 0): still say why it stopped
+            choice = {"index": 0, "finish_reason": s.finish, **({"delta": {}} if chat else {"text": ""})}
+            out.append({**head, "choices": [choice]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            out.append({**head, "choices": [], "usage": self._usage(s)})
+        return out
+
+
+def create_app(llm: ScriptedLLM) -> FastAPI:
+    app = FastAPI(title="Arena scripted LLM")
+    faults = llm.faults
+
+    def error(status: int, message: str) -> Response:
+        body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+        return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "policy_version": llm.policy_version}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": llm.model, "object": "model", "owned_by": "arena",
+                                            "created": 0}]}
+
+    async def stream(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(chunks):
+            if faults.die_after_chunks is not None and i >= faults.die_after_chunks:
+                raise ConnectionAbortedError("scripted backend dies mid-stream (die_after_chunks)")
+            if i and faults.chunk_delay_s:
+                await asyncio.sleep(faults.chunk_delay_s)
+            yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def json_object(request: Request) -> dict | Response:
+        """The request's JSON object, or the 400 that says why it is not one."""
+        try:
+            body = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return error(400, f"invalid JSON: {exc}")
+        return body if isinstance(body, dict) else error(400, "body must be a JSON object")
+
+    async def handle(request: Request, *, chat: bool) -> Response:
+        body = await json_object(request)
+        if isinstance(body, Response):
+            return body
+        if faults.latency_s:
+            await asyncio.sleep(faults.latency_s)
+        if faults.error_status is not None:
+            return error(faults.error_status, "scripted backend failure (error_status)")
+        if faults.malformed_json:
+            return Response(b'{"id": "chatcmpl-broken", "choices": [', media_type="application/json")
+        try:
+            if body.get("stream"):
+                return StreamingResponse(stream(llm.chunks(body, chat=chat)), media_type="text/event-stream")
+            answer = llm.complete(body) if chat else llm.text_complete(body)
+        except (ValueError, TypeError) as exc:
+            return error(400, str(exc))
+        return Response(msgspec.json.encode(answer), media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, chat=False)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        if faults.no_tokenize:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        body = await json_object(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            answer = llm.tokenize(body)
+        except (ValueError, TypeError) as exc:
+            return error(400, str(exc))
+        return Response(msgspec.json.encode(answer), media_type="application/json")
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m arena_stack.scripted_llm", description=__doc__.splitlines()[0])
+    parser.add_argument("--script", required=True, help="script JSON file")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9093)
+    parser.add_argument("--model", default="scripted")
+    parser.add_argument("--policy-version", default="0")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="fixed delay before each answer")
+    parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")
+    parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per streamed chunk")
+    parser.add_argument("--no-token-ids", action="store_true", help="never return token ids (like Ollama)")
+    parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404 (like Ollama)")
+    args = parser.parse_args(argv)
+    try:
+        script = load_script(args.script)
+    except (OSError, ValueError, msgspec.DecodeError) as exc:
+        raise SystemExit(f"scripted_llm: cannot load script {args.script}: {exc}") from None
+    import uvicorn
+
+    faults = Faults(latency_s=args.latency_ms / 1000, chunk_delay_s=args.chunk_delay_ms / 1000,
+                    chunk_tokens=args.chunk_tokens, no_token_ids=args.no_token_ids, no_tokenize=args.no_tokenize)
+    app = create_app(ScriptedLLM(script, model=args.model, policy_version=args.policy_version, faults=faults))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

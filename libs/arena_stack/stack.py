@@ -1,0 +1,201 @@
+"""The embedded stack behind ``arena up``: nats-server, the four services, optionally the
+scripted LLM, each a child process, started in order, health-checked, stopped by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import msgspec
+
+from arena_core import subjects
+from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, wait_port
+from arena_core.settings import Settings
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Child pre-exec: receive SIGTERM if the supervisor dies, so nothing is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+SERVICES = (
+    ("trajectory", "arena_trajectory"),
+    ("verification", "arena_verification"),
+    ("sandbox", "arena_sandbox"),
+    ("rollout", "arena_rollout"),
+)
+
+
+class StackError(RuntimeError):
+    """A component did not start; the message names it and points at its log."""
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path):
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class Stack:
+    """Start with ``await stack.start()``, stop with ``stack.stop()`` (or ``async with``)."""
+
+    def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
+                 nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False):
+        if not settings.judge_key:  # one judge key per run, shared by rollout and verification
+            settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir).resolve()
+        self.llm_script = Path(llm_script).resolve() if llm_script else None
+        self.nats = NatsServer(self.data_dir / "nats", urlparse(settings.nats_url).port or 4222, sync=nats_sync)
+        self.children: list[Child] = []
+        self.log = log
+        #: each service its own data directory (``<data_dir>/services/<name>``), as on
+        #: separate machines: nothing passes between them but NATS and HTTP
+        self.separate_data_dirs = separate_data_dirs
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.settings.to_env())
+        env["ARENA_DATA_DIR"] = str(self.data_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    async def start(self, timeout: float = 60.0) -> Stack:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        logs = self.data_dir / "logs"
+        self.nats.log_file = logs / "nats-server.log"
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self.nats.start()
+            self.log(f"nats-server     {self.nats.url} (pid {self.nats.proc.pid}, JetStream in {self.nats.store_dir})")
+            if self.llm_script is not None:
+                backend = urlparse(self.settings.backend_url)
+                child = Child("scripted-llm", [sys.executable, "-m", "arena_stack.scripted_llm", "--script",
+                                               str(self.llm_script), "--host", backend.hostname or "127.0.0.1",
+                                               "--port", str(backend.port or 80)],
+                              self.env(), logs / "scripted-llm.log")
+                child.start()
+                self.children.append(child)
+                await asyncio.to_thread(self._wait_port, child, backend.hostname or "127.0.0.1", backend.port or 80,
+                                        timeout)
+                self.log(f"scripted LLM    {self.settings.backend_url} (pid {child.pid})")
+            for name, module in SERVICES:
+                env = self.env()
+                if self.separate_data_dirs:
+                    env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
+                child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
+                child.start()
+                self.children.append(child)
+            await self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_port(self, child: Child, host: str, port: int, timeout: float) -> None:
+        try:
+            wait_port(host, port, timeout, child.proc)
+        except (TimeoutError, RuntimeError) as exc:
+            raise StackError(f"{child.name} did not start: {exc}\n--- {child.log_path} ---\n{child.tail()}") from None
+
+    async def _wait_healthy(self, timeout: float) -> None:
+        from arena_core.bus import Bus
+
+        deadline = time.monotonic() + timeout
+        urls = {"rollout": f"{self.settings.rollout_url}/healthz",
+                "trajectory": f"{self.settings.trajectory_url}/healthz"}
+        first_provider = self.settings.sandbox_provider.split(",")[0].strip()  # "local,docker": one consumer each
+        durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=first_provider)),
+                    "verification": ("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)}
+        pending = {c.name for c in self.children if c.name in urls or c.name in durables}
+        bus = await Bus.connect(self.nats.url, "stack")
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as http:
+                while pending:
+                    for child in self.children:
+                        if not child.alive():
+                            raise StackError(f"{child.name} exited with code {child.proc.returncode}\n"
+                                             f"--- {child.log_path} ---\n{child.tail()}")
+                    for name in list(pending):
+                        try:
+                            if name in urls:
+                                ok = (await http.get(urls[name])).status_code == 200
+                            else:
+                                await bus.js.consumer_info(*durables[name])
+                                ok = True
+                        except Exception:  # noqa: BLE001 - not up yet
+                            ok = False
+                        if ok:
+                            pending.discard(name)
+                            child = next(c for c in self.children if c.name == name)
+                            where = urls.get(name, f"consumer {durables.get(name, ('', ''))[1]}").replace("/healthz", "")
+                            self.log(f"{name:<15} {where} (pid {child.pid})")
+                    if time.monotonic() > deadline:
+                        raise StackError(f"not healthy after {timeout}s: {', '.join(sorted(pending))}")
+                    if pending:
+                        await asyncio.sleep(0.1)
+        finally:
+            await bus.close()
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            code = child.stop()
+            if code not in (None, 0, -signal.SIGTERM):
+                self.log(f"{child.name} exited with code {code} (log: {child.log_path})")
+        self.children.clear()
+        self.nats.stop()
+
+    async def __aenter__(self) -> Stack:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()

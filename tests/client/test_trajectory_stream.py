@@ -1,0 +1,136 @@
+"""TrajectoryStream against a real nats-server: commit semantics, redelivery, staleness."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from arena_core import subjects
+from arena_core.schemas import GroupCompleted, RolloutState, Trajectory
+from arena.stream import TrajectoryStream, group_policy_version, is_stale
+
+
+def group(gid: str, *versions: str) -> GroupCompleted:
+    members = [Trajectory(rollout_id=f"{gid}-{i}", task_id="t", group_id=gid, group_index=i, group_size=2,
+                          final_state=RolloutState.COMPLETED, reward=float(i), policy_versions=[v])
+               for i, v in enumerate(versions or ("1", "1"))]
+    return GroupCompleted(group_id=gid, task_id="t", size=len(members), trajectories=members,
+                          rewards=[t.reward for t in members], advantages=[-1.0, 1.0], completed_at=1.0)
+
+
+async def publish(bus, g: GroupCompleted) -> None:
+    await bus.publish(subjects.group(g.group_id), g, msg_id=f"{g.group_id}:group:0")
+
+
+async def take(stream: TrajectoryStream, batch_size: int = 1, **kw):
+    async def first():
+        async for batch in stream.groups(batch_size=batch_size, **kw):
+            return batch
+    return await asyncio.wait_for(first(), timeout=10)
+
+
+async def nothing_within(stream: TrajectoryStream, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(take(stream), timeout=seconds)
+    except asyncio.TimeoutError:
+        return True
+    return False
+
+
+async def test_uncommitted_groups_come_back_committed_ones_do_not(nats_server, bus):
+    for gid in ("g1", "g2", "g3"):
+        await publish(bus, group(gid))
+    async with TrajectoryStream(nats_server.url, name="trainer-a") as stream:
+        batch = await take(stream, batch_size=2)
+        assert [g.group_id for g in batch] == ["g1", "g2"]
+        assert batch.groups[0].advantages == [-1.0, 1.0]
+        await batch.commit()
+        await batch.commit()  # idempotent
+        held = await take(stream)
+        assert [g.group_id for g in held] == ["g3"]
+        assert stream.stats.committed == 2 and stream.stats.yielded == 3
+        # never committed: g3 goes back when the stream closes
+
+    async with TrajectoryStream(nats_server.url, name="trainer-a") as stream:
+        batch = await take(stream)
+        assert [g.group_id for g in batch] == ["g3"]  # redelivered; g1, g2 are not
+        await batch.commit()
+        assert await nothing_within(stream, 1.5)
+
+    async with TrajectoryStream(nats_server.url, name="trainer-a") as stream:
+        assert await nothing_within(stream, 1.5)
+        await publish(bus, group("g4"))
+        assert [g.group_id for g in await take(stream)] == ["g4"]
+
+    # another trainer has its own cursor and sees everything
+    async with TrajectoryStream(nats_server.url, name="trainer-b") as stream:
+        batch = await take(stream, batch_size=4)
+        assert [g.group_id for g in batch] == ["g1", "g2", "g3", "g4"]
+
+
+async def test_heartbeats_keep_a_held_batch_from_being_redelivered(nats_server, bus):
+    await publish(bus, group("g1"))
+    async with TrajectoryStream(nats_server.url, name="slow", ack_wait=1.0) as stream:
+        batch = await take(stream)
+        await asyncio.sleep(2.5)  # a long training step: 2.5 x ack_wait
+        info = await stream._bus.js.consumer_info("ARENA_TRAJECTORIES", "trainer-slow")  # noqa: SLF001
+        assert info.num_redelivered == 0 and info.num_ack_pending == 1
+        await batch.commit()
+        info = await stream._bus.js.consumer_info("ARENA_TRAJECTORIES", "trainer-slow")  # noqa: SLF001
+        assert info.num_ack_pending == 0
+
+
+async def test_partial_batch_after_max_wait(nats_server, bus):
+    await publish(bus, group("g1"))
+    async with TrajectoryStream(nats_server.url, name="partial") as stream:
+        batch = await take(stream, batch_size=8, max_wait=0.3)
+        assert [g.group_id for g in batch] == ["g1"]
+
+
+async def test_duplicate_group_message_is_not_yielded_twice(nats_server, bus):
+    await publish(bus, group("g1"))
+    await bus.publish(subjects.group("g1"), group("g1"), msg_id="g1:group:republished")  # after the dedup window
+    await publish(bus, group("g2"))
+    async with TrajectoryStream(nats_server.url, name="dups") as stream:
+        a = await take(stream)
+        b = await take(stream)
+        assert [a.groups[0].group_id, b.groups[0].group_id] == ["g1", "g2"]
+        assert stream.stats.duplicates == 1
+
+
+async def test_stale_groups_are_dropped(nats_server, bus):
+    await publish(bus, group("old", "1", "4"))  # oldest step from policy 1
+    await publish(bus, group("fresh", "4", "5"))
+    await publish(bus, group("unversioned", "main", "main"))
+    policy = {"version": 6}
+    async with TrajectoryStream(nats_server.url, name="offpolicy", max_staleness=2,
+                                current_policy_version=lambda: policy["version"]) as stream:
+        batch = await take(stream, batch_size=2)
+        assert [g.group_id for g in batch] == ["fresh", "unversioned"]
+        assert stream.stats.dropped_stale == 1
+        await batch.commit()
+    async with TrajectoryStream(nats_server.url, name="offpolicy", max_staleness=2,
+                                current_policy_version=lambda: 6) as stream:
+        assert await nothing_within(stream, 1.2)  # the dropped group was acked, not handed back
+
+
+def test_staleness_rules():
+    assert group_policy_version(group("g", "7", "x", "5")) == 5
+    assert group_policy_version(group("g", "x", "y")) is None
+    assert is_stale(group("g", "3"), 6, 2)
+    assert not is_stale(group("g", "4"), "6", 2)
+    assert not is_stale(group("g", "3"), "v6", 2)
+    assert not is_stale(group("g", "3"), 6, None)
+
+
+async def test_bad_names_and_missing_stream(nats_server):
+    with pytest.raises(ValueError):
+        TrajectoryStream(nats_server.url, name="a.b")
+    with pytest.raises(ValueError):
+        TrajectoryStream(nats_server.url, name="x", max_staleness=1)
+    from arena_core.errors import Unavailable
+
+    with pytest.raises(Unavailable):
+        async with TrajectoryStream(nats_server.url, name="early"):
+            pass

@@ -1,0 +1,37 @@
+"""Settings fail fast on bad values; proto/ matches the schemas."""
+
+from __future__ import annotations
+
+import pytest
+
+from arena_core import proto
+from arena_core.settings import Settings, SettingsError
+
+
+def test_settings_from_env():
+    s = Settings.from_env({"ARENA_ROLLOUT_PORT": "9999", "ARENA_NATS_URL": "nats://10.0.0.1:4222"})
+    assert s.rollout_port == 9999 and s.nats_url == "nats://10.0.0.1:4222"
+    assert Settings.from_env(s.to_env()) == s
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ARENA_ROLLOUT_PORT": "x"}, "ARENA_ROLLOUT_PORT='x' is not an integer"),
+    ({"ARENA_ROLLOUT_PORT": "70000"}, "is not a TCP port"),
+    ({"ARENA_NATS_URL": "http://x"}, "ARENA_NATS_URL='http://x' must be a nats/tls URL"),
+    ({"ARENA_BACKEND_URL": "localhost:8000"}, "ARENA_BACKEND_URL"),
+    ({"ARENA_SANDBOX_CONCURRENCY": "0"}, "must be >= 1"),
+])
+def test_bad_settings_fail_fast_naming_the_variable(env, message):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Settings.from_env(env)
+
+
+def test_proto_is_generated_from_the_schemas():
+    assert proto.drift() == [], "proto/ is out of date: run `make proto`"
+
+
+def test_proto_check_detects_drift(tmp_path):
+    proto.write(tmp_path)
+    assert proto.drift(tmp_path) == []
+    (tmp_path / "schemas" / "Step.json").write_text("{}")
+    assert proto.drift(tmp_path) == ["stale schemas/Step.json"]

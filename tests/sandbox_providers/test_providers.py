@@ -1,0 +1,311 @@
+"""Provider lifecycle against real sandboxes: warm pool, orphan reaping after a crash
+(a new provider instance of the same owner, as after ``kill -9`` and restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from arena_core.schemas import AgentSpec, Budget, SandboxJob, SandboxOutcome, Task, TestsVerifier
+from arena_sandbox import runner
+from arena_sandbox_providers import local
+from arena_sandbox.pool import WarmPool
+from arena_sandbox_providers.provider import CreateSpec, Sandbox, SandboxError, SandboxProvider
+from arena_sandbox.runner import RunnerConfig
+from arena_sandbox_providers.testing import make_provider
+
+
+@pytest.fixture(params=["local", "docker", "mock"])
+def name_and_url(request):
+    if request.param == "local" and local.available() is not None:
+        pytest.skip(f"no bubblewrap: {local.available()}")
+    url = request.getfixturevalue("docker_url") if request.param == "docker" else ""
+    return request.param, url
+
+
+async def test_interface_exec_streams_and_files(tmp_path, name_and_url):
+    name, url = name_and_url
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    assert isinstance(provider, SandboxProvider)
+    assert await provider.health() is None
+    sandbox = await provider.create(CreateSpec())
+    assert isinstance(sandbox, Sandbox)
+    try:
+        await sandbox.put_files({"/sandbox/workspace/in.txt": b"hello"})
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["sh", "-c", "cat in.txt; echo; echo out > /sandbox/.arena/o"], env={},
+                                    timeout_s=30, on_output=chunks.append)
+        assert result.exit_code == 0
+        if name == "mock":
+            assert b"no process was run" in b"".join(chunks)
+        else:
+            assert b"hello" in b"".join(chunks)
+            assert await sandbox.read_file("/sandbox/.arena/o", max_bytes=100) == b"out\n"
+            assert not await sandbox.exists("/sandbox/.arena/nothing")
+    finally:
+        await sandbox.destroy()
+        await sandbox.destroy()  # idempotent
+    if name == "docker":  # the container is removed, not only stopped
+        assert not provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
+
+
+async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url):
+    name, url = name_and_url
+    if name == "mock":
+        pytest.skip("mock sandboxes run nothing")
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    sandbox = await provider.create(CreateSpec())
+    try:
+        first = asyncio.Event()
+        chunks: list[bytes] = []
+
+        def on_output(chunk: bytes) -> None:
+            chunks.append(chunk)
+            seen = b"".join(chunks)
+            if b"first" in seen and b"err" in seen:  # stdout and stderr travel apart: wait for both
+                first.set()
+
+        cancel = asyncio.Event()
+        running = asyncio.ensure_future(sandbox.exec(["sh", "-c", "echo first; echo err >&2; sleep 100"], env={},
+                                                     timeout_s=120, cancel=cancel, on_output=on_output))
+        await asyncio.wait_for(first.wait(), 30)
+        assert not running.done()  # the output came while the command still ran
+        cancel.set()
+        result = await asyncio.wait_for(running, 30)
+        assert result.killed and not result.timed_out and result.exit_code is None
+        assert b"first" in b"".join(chunks) and b"err" in b"".join(chunks)  # stdout and stderr
+    finally:
+        await sandbox.destroy()
+
+
+async def test_warm_pool_hands_out_ready_sandboxes(tmp_path, name_and_url):
+    name, url = name_and_url
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    pool = WarmPool(provider, size=1)
+    await pool.prefill(CreateSpec())
+    assert pool.idle(CreateSpec()) == 1
+    first = await pool.acquire(CreateSpec())
+    await first.destroy()
+    await pool.close()
+    assert pool.idle(CreateSpec()) == 0
+    if name != "mock":
+        assert list(provider.base.iterdir()) == []
+
+
+async def _until(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def _job(tmp_path: Path, *, image: str | None = None) -> SandboxJob:
+    repo, agent = tmp_path / "repo", tmp_path / "agent"
+    repo.mkdir(exist_ok=True)
+    agent.mkdir(exist_ok=True)
+    (repo / "a.txt").write_text("a\n")
+    (agent / "agent.py").write_text("open('a.txt', 'w').write('b\\n')\nopen('/sandbox/.arena/done', 'w')\n")
+    task = Task(id="t", repo=str(repo), instructions="-", verifier=TestsVerifier(), image=image,
+                agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent)),
+                budget=Budget(wall_clock_s=60))
+    return SandboxJob(rollout_id="rw", task=task, proxy_url="http://127.0.0.1:9/v1", api_key="k")
+
+
+async def test_jobs_take_warm_sandboxes_and_the_pool_refills(tmp_path, name_and_url):
+    """Acquiring from a full pool hands out a sandbox created ahead (no create on the
+    way); the pool refills in the background; a job's sandbox is destroyed, never reused."""
+    name, url = name_and_url
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    pool = WarmPool(provider, size=2)
+    spec = CreateSpec(limits=RunnerConfig().sandbox_limits)  # what run_job asks for
+    await pool.prefill(spec)
+    try:
+        # one pool per sandbox kind: local ignores images, docker's "" is its default image
+        other = "any/image:tag" if name != "docker" else provider.default_image
+        assert pool.idle(spec) == 2 and pool.idle(CreateSpec(image=other, limits=spec.limits)) == 2
+        ready = {p.name for p in provider.base.iterdir()} if name != "mock" else set()
+        started = time.perf_counter()
+        sandbox = await pool.acquire(spec)
+        took = time.perf_counter() - started
+        assert pool.idle(spec) == 1 and took < 0.05, took  # a list pop (a docker create is ~70 ms)
+        assert name == "mock" or sandbox.id in ready
+        await sandbox.destroy()
+        await _until(lambda: pool.idle(spec) == 2)  # refilled in the background
+        job = _job(tmp_path, image=other if name == "local" else None)
+        out = await runner.run_job(job, data_dir=tmp_path / "d", provider=pool)
+        assert out.done.outcome is SandboxOutcome.COMPLETED, out.done.reason
+        assert name == "mock" or "+b" in out.done.diff
+        if name == "mock":  # clearly labelled: nothing ran
+            assert out.done.reason.startswith("mock provider (no process was run)")
+            assert out.done.provider == "mock" and out.done.result == {"mock": True}
+        await _until(lambda: pool.idle(spec) == 2)
+        if name != "mock":  # the job's sandbox is gone: only the two idle ones are left
+            assert len(list(provider.base.iterdir())) == 2
+    finally:
+        await pool.close()
+    assert pool.idle(spec) == 0
+    if name != "mock":
+        assert list(provider.base.iterdir()) == []
+    if name == "docker":
+        assert not provider.client.api.containers(all=True, filters={"label": f"arena.owner={provider.owner}"})
+
+
+async def test_orphans_are_reaped_by_the_next_process(tmp_path, name_and_url):
+    name, url = name_and_url
+    if name == "mock":
+        pytest.skip("mock sandboxes hold no resources")
+    owner = f"crashy-{uuid.uuid4().hex[:8]}"
+    crashed = make_provider(name, tmp_path / "d", docker_url=url, owner=owner)
+    other = make_provider(name, tmp_path / "d", docker_url=url)
+    left = [await crashed.create(CreateSpec())]
+    kept = await other.create(CreateSpec())
+    restarted = make_provider(name, tmp_path / "d", docker_url=url, owner=owner)
+    assert await restarted.reap_orphans() == 1
+    assert list(restarted.base.iterdir()) == []
+    if name == "docker":
+        for sandbox in left:
+            assert not restarted.client.api.containers(all=True, filters={"id": sandbox.container_id})
+        assert restarted.client.api.containers(all=True, filters={"id": kept.container_id})
+    assert list(other.base.iterdir())  # another owner's sandbox is left alone
+    if name == "local" and restarted.use_cgroups:  # and the orphan's cgroups are gone, another owner's kept
+        for controller in ("pids", "memory", "cpu", ""):
+            root = Path("/sys/fs/cgroup", controller, "arena")
+            if (root / other.cgroup_owner).is_dir():
+                assert not (root / restarted.cgroup_owner / left[0].id).exists()
+                assert (root / other.cgroup_owner / kept.id).is_dir()
+    await kept.destroy()
+
+
+@pytest.fixture
+def docker_provider(tmp_path, request):
+    return make_provider("docker", tmp_path / "d", docker_url=request.getfixturevalue("docker_url"))
+
+
+async def test_docker_command_server_is_out_of_the_agents_reach(docker_provider):
+    """The container's init (the command server) runs as the sandbox user, like the
+    agent: it must not be traceable or readable by it, nor its socket reachable."""
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        chunks: list[bytes] = []
+        probe = ("import ctypes, os\n"
+                 "libc = ctypes.CDLL(None, use_errno=True)\n"
+                 "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH to PID 1
+                 "print('environ', os.access('/proc/1/environ', os.R_OK))\n"
+                 "print('socket', os.path.exists('/run/arena/ctl.sock'))\n"
+                 "os.kill(1, 9)\n"  # a container's init ignores signals from inside,
+                 "os.kill(1, 2)\n")  # and handles none (SIGINT ended Python's)
+        result = await sandbox.exec(["python3", "-c", probe], env={}, timeout_s=30, on_output=chunks.append)
+        assert result.exit_code == 0, b"".join(chunks)
+        out = b"".join(chunks).decode().split("\n")
+        assert out[0].startswith("ptrace -1 ") and out[1:4] == ["environ False", "socket False", ""]
+        assert (await sandbox.exec(["true"], env={}, timeout_s=30)).exit_code == 0  # still serving
+    finally:
+        await sandbox.destroy()
+
+
+async def test_docker_sandbox_survives_its_command_server_dying(docker_provider):
+    """If the server dies (here: the engine kills the container), the next command
+    starts the container again with a fresh server; the workspace is kept."""
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        await sandbox.put_files({"/sandbox/workspace/kept.txt": b"kept"})
+        docker_provider.client.api.kill(sandbox.container_id, signal="SIGKILL")
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["cat", "kept.txt"], env={}, timeout_s=60, on_output=chunks.append)
+        assert result.exit_code == 0 and b"".join(chunks) == b"kept"
+    finally:
+        await sandbox.destroy()
+    assert not docker_provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
+
+
+# A host process of the sandbox's uid (a user of the worker's host): it connects to the
+# control socket as soon as it exists and answers any command as if it had run it.
+IMPOSTOR = r"""
+import socket, struct, sys, time
+while True:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        s.close()
+        time.sleep(0.0002)
+        continue
+    s.settimeout(5)
+    try:
+        if s.recv(65536):
+            s.sendall(struct.pack(">cI", b"O", 6) + b"forged" + struct.pack(">cI", b"R", 1) + b"0")
+            time.sleep(5)
+    except OSError:
+        pass
+    s.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as the sandbox's uid")
+async def test_docker_control_socket_takes_only_the_containers_server(docker_provider):
+    sandbox = await docker_provider.create(CreateSpec())
+    impostor = None
+    try:
+        await sandbox.put_files({"/sandbox/workspace/kept.txt": b"kept"})
+        docker_provider.client.api.kill(sandbox.container_id, signal="SIGKILL")  # the next exec starts it again
+        impostor = subprocess.Popen(["/usr/bin/python3", "-I", "-c", IMPOSTOR, str(sandbox.run_dir / "ctl.sock")],
+                                    user=1000, group=1000, extra_groups=[])
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["cat", "kept.txt"], env={}, timeout_s=60, on_output=chunks.append)
+        assert b"".join(chunks) == b"kept" and result.exit_code == 0
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait()
+        await sandbox.destroy()
+
+
+async def test_docker_destroy_while_a_command_runs(docker_provider):
+    """destroy() does not wait for a running exec: it ends the command (the exec
+    raises SandboxError) and removes the container all the same."""
+    sandbox = await docker_provider.create(CreateSpec())
+    started = asyncio.Event()
+    running = asyncio.ensure_future(sandbox.exec(["sh", "-c", "echo started; sleep 100"], env={}, timeout_s=120,
+                                                 on_output=lambda chunk: started.set()))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.wait_for(sandbox.destroy(), 30)
+    with pytest.raises(SandboxError, match="destroyed"):
+        await asyncio.wait_for(running, 30)
+    assert not docker_provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
+    assert not sandbox.root.exists() and not sandbox.run_dir.exists()
+
+
+async def test_docker_create_cancelled_while_the_engine_creates_the_container(docker_provider):
+    """A cancelled create leaves nothing, even when it is cancelled while the engine is
+    creating the container (a thread that cannot be stopped)."""
+    from arena_sandbox_providers.docker_provider import run_dir_of
+
+    creating = asyncio.ensure_future(docker_provider.create(CreateSpec()))
+    deadline = asyncio.get_running_loop().time() + 30
+    while not any((run_dir_of(root) / "cmdserver.py").exists()  # the last step before the engine's create
+                  for root in (docker_provider.base.iterdir() if docker_provider.base.exists() else [])):
+        assert asyncio.get_running_loop().time() < deadline and not creating.done()
+        await asyncio.sleep(0.0005)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await asyncio.sleep(0.3)  # time for an engine call left running to show (it must not)
+    assert not docker_provider.client.api.containers(all=True, filters={"label": f"arena.owner={docker_provider.owner}"})
+    assert list(docker_provider.base.iterdir()) == []
+
+
+async def test_docker_commands_get_the_images_environment(docker_provider):
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        chunks: list[bytes] = []
+        result = await sandbox.exec(["sh", "-c", 'printf "%s|%s|%s" "$PATH" "$HOME" "$LANG"'], env={}, timeout_s=30,
+                                    on_output=chunks.append)
+        assert result.exit_code == 0 and b"".join(chunks) == b"/usr/local/bin:/usr/bin:/bin|/tmp|C.UTF-8"
+    finally:
+        await sandbox.destroy()
