@@ -53,16 +53,7 @@ async def _up(settings: Settings, llm_script: str | None) -> None:
     print(f"\nArena is up. Rollout API and proxy: {settings.rollout_url}  trajectories: {settings.trajectory_url}")
     print(f"Logs in {stack.data_dir / 'logs'}. Ctrl-C to stop.", flush=True)
     try:
-        while not stop.is_set():
-            for child in stack.children:
-                if not child.alive():
-                    print(f"{child.name} exited with code {child.proc.returncode}; stopping. "
-                          f"Last log lines:\n{child.tail()}", file=sys.stderr)
-                    stop.set()
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
+        await stack.supervise(stop)
     finally:
         print("stopping...", flush=True)
         stack.stop()

@@ -23,6 +23,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rollout_port: int = 9090
     dashboard_port: int = 9091
     trajectory_port: int = 9092
+    #: Health ports (``/healthz``, ``/readyz``) of the services with no API of their own;
+    #: 0 = none. ``arena up`` picks free ones (docs/reliability.md).
+    sandbox_health_port: int = 0
+    verification_health_port: int = 0
     #: Base URL of the rollout service as sandboxes on this host reach it (the proxy).
     public_url: str = "http://127.0.0.1:9090"
     #: OpenAI-compatible LLM backend the proxy forwards to (ends in ``/v1``).
@@ -96,9 +100,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return settings
 
     def validate(self) -> None:
-        for name in ("rollout_port", "dashboard_port", "trajectory_port"):
+        for name in ("rollout_port", "dashboard_port", "trajectory_port", "sandbox_health_port",
+                     "verification_health_port"):
             port = getattr(self, name)
-            if not 0 < port < 65536:
+            if not (0 < port < 65536 or (port == 0 and name.endswith("_health_port"))):
                 raise SettingsError(f"ARENA_{name.upper()}={port} is not a TCP port")
         for name, schemes in (
             ("nats_url", {"nats", "tls"}),

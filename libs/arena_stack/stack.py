@@ -19,8 +19,8 @@ import httpx
 import msgspec
 
 from arena_core import subjects
-from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, wait_port
 from arena_core.settings import Settings
+from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, free_port, wait_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -52,6 +52,9 @@ class Child:
         self.env = env
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        #: ``/healthz`` of the child, if it has one; the supervisor restarts it on a lasting 503
+        self.health_url: str | None = None
+        self.restarts = 0
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +95,10 @@ class Stack:
                  nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False):
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
+        if not settings.sandbox_health_port or not settings.verification_health_port:
+            settings = msgspec.structs.replace(
+                settings, sandbox_health_port=settings.sandbox_health_port or free_port(),
+                verification_health_port=settings.verification_health_port or free_port())
         self.settings = settings
         self.data_dir = Path(settings.data_dir).resolve()
         self.llm_script = Path(llm_script).resolve() if llm_script else None
@@ -133,6 +140,7 @@ class Stack:
                 if self.separate_data_dirs:
                     env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
                 child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
+                child.health_url = self.health_urls().get(name)
                 child.start()
                 self.children.append(child)
             await self._wait_healthy(timeout)
@@ -140,6 +148,65 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def health_urls(self) -> dict[str, str]:
+        host = f"http://{self.settings.host}"
+        return {"rollout": f"{self.settings.rollout_url}/healthz",
+                "trajectory": f"{self.settings.trajectory_url}/healthz",
+                "sandbox": f"{host}:{self.settings.sandbox_health_port}/healthz",
+                "verification": f"{host}:{self.settings.verification_health_port}/healthz"}
+
+    async def supervise(self, stop: asyncio.Event, *, interval: float = 1.0, unhealthy_after: float = 10.0,
+                        max_backoff: float = 30.0) -> None:
+        """Until ``stop``: restart nats-server (on the same store) or a child that exits, and a
+        child whose ``/healthz`` answers 503 for ``unhealthy_after`` seconds; each restart of
+        the same child waits twice as long as the one before (up to ``max_backoff``), and a
+        child that stayed up for a minute starts again from one second."""
+        unhealthy_since: dict[str, float] = {}
+        next_try: dict[str, float] = {}
+        started: dict[str, float] = {c.name: time.monotonic() for c in self.children}
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while not stop.is_set():
+                now = time.monotonic()
+                if self.nats.proc is not None and self.nats.proc.poll() is not None and now >= next_try.get("nats", 0):
+                    self.log(f"nats-server exited with code {self.nats.proc.returncode}; restarting on {self.nats.store_dir}")
+                    try:
+                        await asyncio.to_thread(self.nats.start)
+                    except Exception as exc:  # noqa: BLE001 - try again later
+                        self.log(f"nats-server did not start again: {exc}")
+                        next_try["nats"] = now + 5.0
+                for child in list(self.children):
+                    reason = None
+                    if not child.alive():
+                        reason = f"exited with code {child.proc.returncode if child.proc else None}"
+                    elif child.health_url is not None:
+                        try:
+                            bad = (await http.get(child.health_url)).status_code == 503
+                        except httpx.HTTPError:
+                            bad = False  # not answering at all: busy or starting; exits are caught above
+                        if bad:
+                            since = unhealthy_since.setdefault(child.name, now)
+                            if now - since >= unhealthy_after:
+                                reason = f"answered 503 on /healthz for {now - since:.0f} s"
+                        else:
+                            unhealthy_since.pop(child.name, None)
+                    if reason is None or now < next_try.get(child.name, 0):
+                        continue
+                    if now - started.get(child.name, now) > 60:
+                        child.restarts = 0
+                    delay = min(2.0 ** child.restarts, max_backoff)
+                    child.restarts += 1
+                    self.log(f"{child.name} {reason}; restarting (restart {child.restarts}; next no sooner "
+                             f"than {delay:.0f} s). Last log lines:\n{child.tail(5)}")
+                    await asyncio.to_thread(child.stop, 10.0)
+                    child.start()
+                    started[child.name] = time.monotonic()
+                    unhealthy_since.pop(child.name, None)
+                    next_try[child.name] = time.monotonic() + delay
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
 
     def _wait_port(self, child: Child, host: str, port: int, timeout: float) -> None:
         try:

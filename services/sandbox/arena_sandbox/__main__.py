@@ -6,6 +6,8 @@ import asyncio
 import sys
 
 from arena_core import logs, telemetry
+from arena_core.health import health_app
+from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
 from arena_core.runtime import serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
@@ -40,7 +42,20 @@ async def main(settings: Settings) -> int:
         workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop, reap_pending=not reaped))
         log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
                  provider.name, settings.sandbox_concurrency, settings.sandbox_pool_size)
-    code = await serve(stop, consumers=[w.consumer() for w in workers])
+    async def providers_work() -> str | None:
+        for provider in providers:
+            reason = await provider.health()
+            if reason is not None:
+                return f"sandbox provider {provider.name}: {reason}"
+        return None
+
+    health = health_app(bus, streams=["ARENA_SANDBOX_JOBS"], checks=[providers_work])
+    # no sandbox lives longer than the longest wall clock a task may ask for
+    bases = [p.base for p in providers if getattr(p, "base", None) is not None]
+    sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
+    code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper],
+                       app=health if settings.sandbox_health_port else None, host=settings.host,
+                       port=settings.sandbox_health_port)
     for pool in pools:
         await pool.close()
     for provider in providers:

@@ -20,6 +20,7 @@ Errors are ``{"error": {"code", "message"}}`` like every Arena API.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import msgspec
@@ -27,6 +28,8 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from arena_core import health
+from arena_core.bus import Bus
 from arena_core.errors import ArenaError, InvalidRequest, NotFound
 from arena_core.grpo import group_advantages
 from arena_core.schemas import (
@@ -123,7 +126,7 @@ def _error(exc: ArenaError) -> Response:
     return _json(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)), exc.status)
 
 
-def create_app(store: TrajectoryStore) -> FastAPI:
+def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     app = FastAPI(title="Arena trajectories", docs_url=None, redoc_url=None)
 
     @app.exception_handler(ArenaError)
@@ -137,8 +140,23 @@ def create_app(store: TrajectoryStore) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        await store.ping()
-        return _json({"status": "ok"})
+        """Liveness: 503 once the bus connection is closed for good (the supervisor restarts us)."""
+        problem = health.live(bus) if bus is not None else None
+        return _json(health.Health(status="ok" if problem is None else "unhealthy", problem=problem or ""),
+                     200 if problem is None else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: the store answers, NATS is connected and the plane's streams exist; else 503."""
+        problem = None
+        try:
+            await asyncio.wait_for(store.ping(), 2.0)
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            problem = f"store unreachable: {type(exc).__name__}"
+        if problem is None and bus is not None:
+            problem = await health.ready(bus, streams=["ARENA_STEPS", "ARENA_RESULTS", "ARENA_TRAJECTORIES"])
+        return _json(health.Health(status="ready" if problem is None else "not ready", problem=problem or ""),
+                     200 if problem is None else 503)
 
     @app.get("/v1/trajectories/{rollout_id}")
     async def get_trajectory(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:

@@ -8,7 +8,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from arena_core import logs, telemetry
+from arena_core import logs, subjects, telemetry
+from arena_core.health import health_app
+from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
 from arena_core.runtime import serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
@@ -40,7 +42,23 @@ async def main(settings: Settings) -> int:
                                     sandboxes=sandboxes, sources=sources)
         log.info("verification workers running (concurrency %d)", settings.verify_concurrency)
         try:
-            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency)])
+            async def verifiers_readable() -> str | None:
+                try:
+                    await bus.kv(subjects.KV_VERIFIERS)
+                except Exception as exc:  # noqa: BLE001 - any failure means not ready
+                    return f"verifier bucket unreachable: {type(exc).__name__}"
+                return None
+
+            async def sandboxes_work() -> str | None:
+                return await sandboxes.local.health()
+
+            health = health_app(bus, streams=["ARENA_VERIFY_JOBS"], checks=[verifiers_readable, sandboxes_work])
+            # a verification lives no longer than the rollout service lets a rollout verify
+            sweeper = Sweeper([scratch], older_than_s=(settings.verify_deadline_s or 86400) + 600,
+                              what="verification scratch")
+            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), sweeper],
+                               app=health if settings.verification_health_port else None, host=settings.host,
+                               port=settings.verification_health_port)
         finally:
             await worker.close()
     finally:
