@@ -36,10 +36,15 @@ async def client(tmp_path):
     await store.close()
 
 
-async def test_healthz(client):
-    c, _ = client
+async def test_health_and_readiness_without_a_bus_follow_the_store(client):
+    c, store = client
     r = await c.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200 and r.json() == {"status": "ok", "problem": ""}
+    r = await c.get("/readyz")
+    assert r.status_code == 200 and r.json()["status"] == "ready"
+    await store.close()  # the store is gone: alive, but not ready
+    r = await c.get("/readyz")
+    assert r.status_code == 503 and r.json()["problem"].startswith("store unreachable")
 
 
 async def test_get_one_trajectory(client):
