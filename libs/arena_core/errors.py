@@ -96,6 +96,18 @@ class Permanent(Exception):
     """Raised by a message handler: the message can never succeed; dead-letter it."""
 
 
+class Overloaded(ArenaError):
+    """The queue cannot take more work now: try again after ``retry_after`` seconds (HTTP 429
+    with ``Retry-After``). Nothing was created."""
+
+    code = "overloaded"
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 BY_CODE: dict[str, type[ArenaError]] = {
     cls.code: cls
     for cls in (
@@ -112,5 +124,7 @@ BY_CODE: dict[str, type[ArenaError]] = {
         Unavailable,
         SandboxError,
         VerificationError,
+        Overloaded,
     )
 }
+

@@ -73,6 +73,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     allow_host_paths: bool = False
     #: The longest wall-clock budget a submitted task may ask for, seconds.
     max_wall_clock_s: int = 86400
+    #: Seconds a rollout may wait for its sandbox to start its agent; past it the rollout ends
+    #: as an infrastructure outcome with no reward (its wall clock starts with its agent).
+    queue_timeout_s: int = 900
+    #: Rollouts that may wait at once; submissions beyond it, or beyond what the queue drains
+    #: within ``queue_timeout_s``, get 429 with Retry-After (docs/reliability.md).
+    max_queued: int = 10_000
     log_level: str = "INFO"
 
     @classmethod
@@ -129,6 +135,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_VERIFY_DEADLINE_S must be >= 0 (0 = no deadline)")
         if not 1 <= self.max_wall_clock_s <= 7 * 86400:
             raise SettingsError("ARENA_MAX_WALL_CLOCK_S must be between 1 and 604800")
+        if not 1 <= self.queue_timeout_s <= 7 * 86400:
+            raise SettingsError("ARENA_QUEUE_TIMEOUT_S must be between 1 and 604800")
+        if self.max_queued < 1:
+            raise SettingsError("ARENA_MAX_QUEUED must be >= 1")
         if self.rollout_cache_ended < 1:
             raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
 

@@ -1,6 +1,6 @@
-"""The reaper against a real nats-server: a rollout whose agent makes no LLM calls, or
-whose sandbox job no worker ever picks up, still ends ``timed_out`` when its wall-clock
-budget has passed, and one whose verify job no worker picks up ends ``failed`` at its
+"""The reaper against a real nats-server: a rollout whose agent makes no LLM calls ends
+``timed_out`` when its wall-clock budget since the agent started has passed, one whose
+sandbox job no worker ever picks up ends at its queue limit with no reward, and one whose verify job no worker picks up ends ``failed`` at its
 verification deadline, each with the reason and its final state event."""
 
 from __future__ import annotations
@@ -81,13 +81,14 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
     judged, _ = await submit(svc, tmp_path, 1.0)  # the agent finished in time: verifying is not reaped
     await svc.transition(judged, S.RUNNING, reason="sandbox s2 started")
     await svc.transition(judged, S.VERIFYING, reason="agent finished")
-    roomy, _ = await submit(svc, tmp_path, 600.0)
+    roomy, _ = await submit(svc, tmp_path, 600.0)  # running with time to spare
+    await svc.transition(roomy, S.RUNNING, reason="sandbox s3 started")
     await svc.authorize(idle, f"Bearer {idle_key}", None)  # the key works while the rollout runs
 
     async def reaped() -> bool:
         return [(await svc.store.get(rid))[0].state for rid in (stuck, idle)] == [S.TIMED_OUT, S.TIMED_OUT]
 
-    await reap_until(svc, reaped, tries=150)
+    await reap_until(svc, reaped, tries=150, queue_timeout_s=1.0)
 
     for rid, was in ((stuck, "provisioning"), (idle, "running")):
         record, _ = await svc.store.get(rid)
@@ -95,8 +96,12 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
         # a rollout whose agent never ran is an infrastructure outcome: no reward, not a 0
         never_ran = "infrastructure: the agent never ran: " if was == "provisioning" else ""
         assert record.infrastructure == bool(never_ran) and record.reward is None
-        assert record.reason.startswith(never_ran + "wall-clock budget exhausted: ") and record.reason.endswith(
-            f"s of 1 s used while {was}")
+        if never_ran:
+            assert record.reason.startswith(never_ran) and record.reason.endswith(
+                "s in the queue (limit 1 s) while provisioning")
+        else:
+            assert record.reason.startswith("wall-clock budget exhausted: ") and record.reason.endswith(
+                "s of 1 s used since the agent started")
         assert [h.to_state for h in record.history][-2:] == [S(was), S.TIMED_OUT]
         events = await fetch_all(bus, "ARENA_ROLLOUTS", subjects.rollout_state(rid), RolloutStateChanged)
         finals = [e for e in events if e.to_state.is_final]
@@ -106,7 +111,7 @@ async def test_over_time_rollouts_end_timed_out_without_llm_calls_or_a_sandbox_w
     # a reaper that decided on a stale record (still running) cannot end a rollout that has reached verifying
     assert await svc.transition(judged, S.TIMED_OUT, reason="stale", only_from=REAPED) is None
     assert (await svc.store.get(judged))[0].state == S.VERIFYING
-    assert (await svc.store.get(roomy))[0].state == S.PROVISIONING
+    assert (await svc.store.get(roomy))[0].state == S.RUNNING
     with pytest.raises(Unauthorized, match="timed_out"):  # the proxy key ended with the rollout
         await svc.authorize(idle, f"Bearer {idle_key}", None)
     # the job was never picked up; a worker that takes it later sees a final rollout and skips it

@@ -11,35 +11,49 @@ from arena_rollout.reaper import REAPED, Reaper, deadline, overdue
 S = RolloutState
 
 
-def rec(rid: str, state: RolloutState, created_at: float, wall_clock_s: float = 60.0) -> RolloutRecord:
+def rec(rid: str, state: RolloutState, created_at: float, wall_clock_s: float = 60.0,
+        started_at: float | None = None) -> RolloutRecord:
+    """A rollout; one in ``running`` started its agent at ``started_at`` (default: when created)."""
+    from arena_core.schemas import StateTransition
+
     task = Task(id="t", repo="/r", instructions="i", agent=AgentSpec(command=["a"]),
                 verifier=TestsVerifier(fail_to_pass=["x"]), budget=Budget(wall_clock_s=wall_clock_s))
+    history = []
+    if state == S.RUNNING:
+        at = created_at if started_at is None else started_at
+        history = [StateTransition(from_state=S.PROVISIONING, to_state=S.RUNNING, at=at, reason="agent started")]
     return RolloutRecord(rollout_id=rid, task=task, sampling=SamplingParams(), model="m", provider="local",
-                         api_key="k", state=state, created_at=created_at, updated_at=created_at)
+                         api_key="k", state=state, created_at=created_at, updated_at=created_at, history=history)
 
 
-def test_only_live_agent_states_past_budget_and_grace_are_overdue():
+def test_the_queue_limit_and_the_wall_clock_since_the_agent_started_decide_what_is_overdue():
     records = [
         rec("provisioning-late", S.PROVISIONING, created_at=0.0),  # job never picked up
         rec("pending-late", S.PENDING, created_at=-10.0),
         rec("running-late", S.RUNNING, created_at=1.0),  # agent makes no LLM calls
         rec("in-grace", S.RUNNING, created_at=4.0),  # 63 s of 60 s: still within the 5 s grace
         rec("on-time", S.PROVISIONING, created_at=50.0),
+        rec("queued-long-then-ran", S.RUNNING, created_at=-500.0, started_at=30.0),  # its clock began at 30
         rec("verifying", S.VERIFYING, created_at=0.0),  # the agent finished in time
         rec("done", S.COMPLETED, created_at=0.0),
         rec("short", S.RUNNING, created_at=60.0, wall_clock_s=1.0),
     ]
-    found = overdue(records, now=67.0, grace_s=5.0)
+    found = overdue(records, now=67.0, grace_s=5.0, queue_timeout_s=60.0)
     assert [o.rollout_id for o in found] == ["pending-late", "provisioning-late", "running-late", "short"]
     assert found[1].state == S.PROVISIONING
     # its agent never ran: an infrastructure outcome (no reward), not the policy's timeout
-    assert found[1].reason == ("infrastructure: the agent never ran: "
-                               "wall-clock budget exhausted: 67.0 s of 60 s used while provisioning")
+    assert found[1].reason == ("infrastructure: the agent never ran: 67.0 s in the queue (limit 60 s) "
+                               "while provisioning")
     assert found[1].infrastructure and not found[3].infrastructure
-    assert found[3].reason == "wall-clock budget exhausted: 7.0 s of 1 s used while running"
-    assert deadline(records[0], 5.0) == 65.0
+    assert found[3].reason == "wall-clock budget exhausted: 7.0 s of 1 s used since the agent started"
+    assert deadline(records[0], 5.0, 60.0) == 65.0
+    assert deadline(records[5], 5.0, 60.0) == 95.0  # time in the queue is not the agent's
     # the deadline itself is still on time: strictly after it is overdue
-    assert "provisioning-late" not in [o.rollout_id for o in overdue(records, now=65.0, grace_s=5.0)]
+    assert "provisioning-late" not in [o.rollout_id for o in overdue(records, now=65.0, grace_s=5.0,
+                                                                      queue_timeout_s=60.0)]
+    # a long queue limit: waiting is not a verdict
+    assert [o.rollout_id for o in overdue(records, now=67.0, grace_s=5.0, queue_timeout_s=900.0)] == [
+        "running-late", "short"]
 
 
 class FakeCache:
@@ -66,10 +80,10 @@ class Lifecycle:
 async def test_a_sweep_times_out_overdue_rollouts_only_from_the_agent_states():
     records = [rec("late", S.PROVISIONING, 0.0), rec("raced", S.RUNNING, 0.0), rec("fresh", S.RUNNING, 100.0)]
     life = Lifecycle(already_final={"raced"})  # another replica (or the sandbox) ended it first
-    reaper = Reaper(lifecycle=life, records=FakeCache(records), interval_s=0.1, grace_s=0.0)
+    reaper = Reaper(lifecycle=life, records=FakeCache(records), interval_s=0.1, grace_s=0.0, queue_timeout_s=60.0)
     assert await reaper.sweep(now=61.0) == ["late"]
     assert [(c[0], c[1], c[3]) for c in life.calls] == [("late", S.TIMED_OUT, REAPED), ("raced", S.TIMED_OUT, REAPED)]
-    assert life.calls[0][2].startswith("infrastructure: the agent never ran: wall-clock budget exhausted: 61.0 s")
+    assert life.calls[0][2].startswith("infrastructure: the agent never ran: 61.0 s in the queue")
     assert life.infrastructure == [True, False]  # "late" never ran; "raced" was running
     # the cache answers nothing before its watch caught up: nothing is reaped from a partial view
     idle = Reaper(lifecycle=Lifecycle(), records=FakeCache(records, watching=False), grace_s=0.0)
@@ -130,12 +144,14 @@ async def test_a_sweep_fails_rollouts_stuck_verifying_only_from_verifying():
 
     records = [verifying("stuck", 0.0, ExactVerifier(answers=["4"])), rec("late", S.PROVISIONING, 0.0)]
     life = Lifecycle()
-    reaper = Reaper(lifecycle=life, records=FakeCache(records), grace_s=0.0, verify_deadline_s=30.0)
+    reaper = Reaper(lifecycle=life, records=FakeCache(records), grace_s=0.0, verify_deadline_s=30.0,
+                    queue_timeout_s=60.0)
     assert await reaper.sweep(now=61.0) == ["stuck", "late"]
     assert [(c[0], c[1], c[3]) for c in life.calls] == [("stuck", S.FAILED, VERIFYING),
                                                         ("late", S.TIMED_OUT, REAPED)]
     assert life.calls[0][2].startswith("verification deadline passed: no verification result after 61.0 s")
-    off = Reaper(lifecycle=Lifecycle(), records=FakeCache(records), grace_s=0.0, verify_deadline_s=0)
+    off = Reaper(lifecycle=Lifecycle(), records=FakeCache(records), grace_s=0.0, verify_deadline_s=0,
+                 queue_timeout_s=60.0)
     assert await off.sweep(now=10_000.0) == ["late"]  # 0 disables the verification deadline
     with pytest.raises(ValueError, match="verify_deadline_s"):
         Reaper(lifecycle=life, records=FakeCache([]), verify_deadline_s=-1)

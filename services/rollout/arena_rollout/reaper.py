@@ -1,25 +1,8 @@
-"""The reaper: a rollout past its wall-clock budget, or stuck in ``verifying`` past its
-verification deadline, ends even when nothing else would end it.
+"""The reaper: ends a rollout past its wall-clock budget, or stuck in ``verifying`` past its
+verification deadline, that nothing else would end.
 
-The proxy refuses a late LLM call and the sandbox times out the run it started, but a
-rollout whose agent makes no LLM calls while its sandbox job is never picked up (no
-worker for its provider, every worker down), or whose sandbox service died with it,
-would otherwise wait forever. ``overdue`` (pure) picks the rollouts still ``pending``,
-``provisioning`` or ``running`` more than ``wall_clock_s + grace_s`` after they were
-created (-> ``timed_out``).
-
-``verifying`` is after the agent's time: the agent finished within its budget, so the
-wall clock does not apply. But a verify job that no verification worker ever picks up
-(all down, none deployed) would leave the rollout, and its group, waiting forever; a job
-that keeps failing is dead-lettered and fails the rollout already. So a rollout in
-``verifying`` for longer than its verification deadline -> ``failed`` with the reason:
-the deadline is ``ARENA_VERIFY_DEADLINE_S`` (``verify_deadline_s``, default 1800 s) from
-when it entered ``verifying``, or its verifier's own timeouts plus set-up time when those
-are longer (a test suite allowed an hour is not failed at 30 minutes).
-
-``Reaper.run`` checks the record cache's live rollouts every ``interval_s``. Several
-rollout-service replicas may reap at once: the transition is compare-and-set, only from
-the states above, and its event is de-duplicated by ``Nats-Msg-Id``.
+``overdue`` (pure) picks them; ``Reaper.run`` sweeps the record cache's live rollouts and moves
+them by compare-and-set. See docs/rollout.md ("The wall-clock reaper", "The verification deadline").
 """
 
 from __future__ import annotations
@@ -34,6 +17,7 @@ import msgspec
 
 from arena_core.runtime import every
 from arena_core.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
+from arena_rollout.state import agent_started
 
 log = logging.getLogger("arena.rollout.reaper")
 
@@ -41,6 +25,8 @@ S = RolloutState
 
 #: The states a wall-clock budget runs in (the agent's time); ``verifying`` is after it.
 REAPED = frozenset({S.PENDING, S.PROVISIONING, S.RUNNING})
+#: Seconds a rollout may wait for its sandbox (``ARENA_QUEUE_TIMEOUT_S``) when not given.
+DEFAULT_QUEUE_TIMEOUT_S = 900.0
 #: The state the verification deadline runs in.
 VERIFYING = frozenset({S.VERIFYING})
 #: Time a verification takes besides its verifier's own timeouts (a fresh sandbox, the
@@ -58,9 +44,13 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     infrastructure: bool = False
 
 
-def deadline(record: RolloutRecord, grace_s: float) -> float:
-    """When the reaper ends ``record``: its wall-clock budget since creation, plus grace."""
-    return record.created_at + record.task.budget.wall_clock_s + grace_s
+def deadline(record: RolloutRecord, grace_s: float, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> float:
+    """When the reaper ends ``record``: in the queue (``pending``, ``provisioning``) ``queue_timeout_s``
+    after it was created; once its agent runs, its wall-clock budget from then; plus grace."""
+    started = agent_started(record) if record.state == S.RUNNING else None
+    if started is None:
+        return record.created_at + queue_timeout_s + grace_s
+    return started + record.task.budget.wall_clock_s + grace_s
 
 
 def verifier_budget_s(verifier: object) -> float:
@@ -89,19 +79,22 @@ def verify_deadline_s(record: RolloutRecord, deadline_s: float) -> float:
 
 
 def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
-            verify_deadline: float = 0.0) -> list[Overdue]:
-    """The rollouts of ``records`` to end now, oldest first: past their wall clock (agent
-    states), or, when ``verify_deadline`` > 0, in ``verifying`` past their verification
-    deadline (``verify_deadline_s``)."""
+            verify_deadline: float = 0.0, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> list[Overdue]:
+    """The rollouts of ``records`` to end now, oldest first: past their queue limit (never ran:
+    an infrastructure outcome), past their wall clock since their agent started, or, when
+    ``verify_deadline`` > 0, in ``verifying`` past their verification deadline."""
     found: list[Overdue] = []
     for r in sorted(records, key=lambda r: r.created_at):
-        if r.state in REAPED and now > deadline(r, grace_s):
-            never_ran = r.state in (S.PENDING, S.PROVISIONING)
-            reason = (f"wall-clock budget exhausted: {now - r.created_at:.1f} s of "
-                      f"{r.task.budget.wall_clock_s:g} s used while {r.state.value}")
-            if never_ran:  # load, not the policy: an infrastructure outcome with no reward
-                reason = f"infrastructure: the agent never ran: {reason}"
-            found.append(Overdue(rollout_id=r.rollout_id, state=r.state, reason=reason, infrastructure=never_ran))
+        if r.state in REAPED and now > deadline(r, grace_s, queue_timeout_s):
+            started = agent_started(r) if r.state == S.RUNNING else None
+            if started is None:  # load, not the policy: an infrastructure outcome with no reward
+                reason = (f"infrastructure: the agent never ran: {now - r.created_at:.1f} s in the queue "
+                          f"(limit {queue_timeout_s:g} s) while {r.state.value}")
+            else:
+                reason = (f"wall-clock budget exhausted: {now - started:.1f} s of "
+                          f"{r.task.budget.wall_clock_s:g} s used since the agent started")
+            found.append(Overdue(rollout_id=r.rollout_id, state=r.state, reason=reason,
+                                 infrastructure=started is None))
         elif r.state == S.VERIFYING and verify_deadline > 0:
             since, allowed = verifying_since(r), verify_deadline_s(r, verify_deadline)
             if now > since + allowed:
@@ -126,9 +119,11 @@ class LiveRecords(Protocol):
 
 class Reaper:
     def __init__(self, *, lifecycle: Lifecycle, records: LiveRecords, interval_s: float = 1.0,
-                 grace_s: float = 5.0, verify_deadline_s: float = 1800.0):
-        if interval_s <= 0 or grace_s < 0 or verify_deadline_s < 0:
-            raise ValueError("reaper: interval_s must be > 0, grace_s and verify_deadline_s >= 0")
+                 grace_s: float = 5.0, verify_deadline_s: float = 1800.0,
+                 queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S):
+        if interval_s <= 0 or grace_s < 0 or verify_deadline_s < 0 or queue_timeout_s <= 0:
+            raise ValueError("reaper: interval_s and queue_timeout_s must be > 0, grace_s and verify_deadline_s >= 0")
+        self.queue_timeout_s = queue_timeout_s
         self.lifecycle = lifecycle
         self.records = records
         self.interval_s = interval_s
@@ -142,7 +137,7 @@ class Reaper:
             return []
         ended: list[str] = []
         items = overdue(self.records.live(), now=time.time() if now is None else now, grace_s=self.grace_s,
-                        verify_deadline=self.verify_deadline_s)
+                        verify_deadline=self.verify_deadline_s, queue_timeout_s=self.queue_timeout_s)
         for item in items:
             after = await self.lifecycle.transition(item.rollout_id, item.target, reason=item.reason,
                                                     only_from=REAPED if item.target == S.TIMED_OUT else VERIFYING,

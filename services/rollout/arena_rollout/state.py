@@ -47,3 +47,12 @@ def transition(
     if infrastructure:
         changes["infrastructure"] = True
     return msgspec.structs.replace(record, **changes)
+
+
+def agent_started(record: RolloutRecord) -> float | None:
+    """When the rollout's sandbox started its agent (its ``running`` transition), if it has:
+    the wall-clock budget counts from then; the time before is queueing."""
+    for entry in record.history:
+        if entry.to_state == S.RUNNING:
+            return entry.at
+    return None

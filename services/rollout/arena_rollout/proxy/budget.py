@@ -28,6 +28,7 @@ from arena_core.errors import BudgetExhausted, InvalidRequest, WallClockExceeded
 from arena_core.schemas import PromptCount, RolloutRecord, SamplingParams
 
 from arena_rollout.proxy.policy import Api, apply_sampling
+from arena_rollout.state import agent_started
 
 #: What an OpenAI-compatible ``/v1/completions`` generates when ``max_tokens`` is not
 #: sent (OpenAI, vLLM and SGLang alike); chat has no such default.
@@ -153,8 +154,8 @@ def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api
                  reserved: int = 0) -> Admission:
     """Refuse a call the budget cannot afford; cap ``max_tokens`` to what remains.
 
-    Raises ``WallClockExceeded`` once ``wall_clock_s`` has passed since the rollout was
-    created, ``BudgetExhausted`` when turns are spent, when no token remains, or when the
+    Raises ``WallClockExceeded`` once ``wall_clock_s`` has passed since the rollout's agent
+    started (its ``running`` transition; its creation if none), ``BudgetExhausted`` when turns are spent, when no token remains, or when the
     prompt alone leaves no token to generate. ``max_tokens`` (or, when the agent asked for
     nothing, ``default_max_tokens``: the API's own default) is lowered to what remains
     after the prompt when the call would not fit as asked. ``prompt``: the prompt's count
@@ -163,7 +164,8 @@ def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api
     rollout's calls in flight may still spend.
     """
     budget = record.task.budget
-    elapsed = now - record.created_at
+    started = agent_started(record)
+    elapsed = now - (record.created_at if started is None else started)
     if elapsed > budget.wall_clock_s:
         raise WallClockExceeded(f"wall-clock budget exhausted: {elapsed:.1f} s of {budget.wall_clock_s:g} s used")
     if budget.max_turns is not None and record.steps >= budget.max_turns:
