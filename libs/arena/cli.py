@@ -1,14 +1,6 @@
 """The ``arena`` command: run the embedded stack and talk to it.
 
-    arena up [--llm-script FILE]        start nats-server + the four services; Ctrl-C stops them
-    arena demo                          up + a group of 4 quickstart rollouts, printed, then down
-    arena submit TASK [--n N] [--wait]  submit a rollout (or a group) of a task file
-    arena status [ID]                   one rollout, or all of them
-    arena trajectory ID                 a stored trajectory as JSON
-    arena export --view grpo|dpo|sft|tokens --format parquet|jsonl --out PATH
-                                        training views of stored trajectories
-    arena verify ID --verifier SPEC     re-verify a stored rollout with another verifier
-    arena backend register|list|remove  LLM backend replicas in the arena_backends KV bucket
+``arena --help`` lists the subcommands; docs/deploy.md ("The ``arena`` command") has them at a glance.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Training views of stored trajectories: pure functions from groups of ``Trajectory`` to rows.
 
-No I/O and no pyarrow here (``arena.export_io`` reads and writes). Every view drops
-trajectories marked ``incomplete`` unless asked not to, and says what it skipped in
-``ExportStats``.
-
-- ``grpo``   one row per member of a group, with the group-normalised advantage
-- ``dpo``    chosen/rejected pairs from a group (best vs worst, or every pair)
-- ``sft``    the best member of each group if its reward reaches a threshold, as chat messages
-- ``tokens`` one row per token sequence of a member (a multi-turn rollout is usually one):
-             ``input_ids``, ``loss_mask``, ``logprobs``, ``advantage``, ready for a
-             PPO/GRPO token-level loss
+Views ``grpo``, ``dpo``, ``sft`` and ``tokens``; no I/O and no pyarrow here (``arena.export_io``).
+What a view skips is counted in ``ExportStats``. See docs/trajectory.md ("Exports: training data").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Reading trajectories for export and writing the views as Parquet or JSONL.
+"""Reading trajectories for export (``HttpSource``, ``StoreSource``) and writing the views
+(``ParquetWriter``, ``JsonlWriter``). pyarrow is the optional extra ``arena[export]``.
 
-Sources, both yielding trajectories with a group's members adjacent:
-
-- ``HttpSource(url)``: the trajectory service's ``GET /v1/export/trajectories`` pages;
-- ``StoreSource(path_or_url)``: the ClickHouse store directly — a chDB directory (with the
-  trajectory service stopped: chDB allows one process per directory) or a ClickHouse
-  server URL — through the trajectory plane's ``python -m arena_trajectory.dump`` process.
-
-Writers: ``ParquetWriter`` (pyarrow, one explicit schema per view, hive-style partitions
-``date=YYYY-MM-DD/task=<task>/part-NNNNN.parquet``; the ``date`` and ``task_id`` columns stay
-in the files, so ``datasets.load_dataset("parquet", data_files=...)`` sees them) and
-``JsonlWriter`` (one file). pyarrow is the optional extra ``arena[export]``.
+See docs/trajectory.md ("Exports: training data").
 """
 
 from __future__ import annotations

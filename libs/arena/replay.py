@@ -1,13 +1,8 @@
 """``arena verify``: re-verify a stored rollout with a new or changed verifier.
 
-The stored trajectory (trajectory API ``GET /v1/trajectories/{id}``) gives the agent's
-final diff and ``result.json``; the rollout record (KV bucket ``arena_rollouts``) gives
-the task. A ``VerifyJob`` with the task's verifier replaced and a result ``name`` goes to
-the verification workers like any other job; its result is published on
-``arena.verify.done.{rollout_id}`` under that name (message id
-``{rollout_id}:verify-done-{name}:0``), so the trajectory store keeps it beside the
-original verification -- keyed by ``(rollout_id, verifier)`` -- and the rollout, already
-final, is left alone.
+The stored diff and ``result.json`` go to the verification workers in a ``VerifyJob`` with the
+new verifier; its result is stored beside the original and the final rollout is left alone.
+See docs/verification.md ("Replay").
 """
 
 from __future__ import annotations

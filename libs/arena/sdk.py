@@ -1,15 +1,7 @@
 """The Python SDK: submit rollouts and groups, follow them, fetch their trajectories.
 
-    from arena.sdk import ArenaClient
-    from arena.tasks import load_task
-
-    with ArenaClient() as arena:
-        group = arena.submit_group(load_task("examples/quickstart"), n=4, seed=0)
-        for rid in group.rollout_ids:
-            print(arena.wait(rid).state)
-
 Server errors come back as the matching ``arena_core.errors`` class (``NotFound``,
-``InvalidRequest``...), carrying the server's code and message.
+``InvalidRequest``...), carrying the server's code and message. Example: README.md ("From Python").
 """
 
 from __future__ import annotations

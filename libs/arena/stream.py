@@ -1,15 +1,7 @@
-"""The trainer's end of Arena: completed groups from ``ARENA_TRAJECTORIES``, exactly as
-far as the trainer commits them.
+"""The trainer's end of Arena: ``TrajectoryStream`` yields completed groups from
+``ARENA_TRAJECTORIES``, acknowledged only when the trainer commits them.
 
-    async with TrajectoryStream("nats://127.0.0.1:4222", name="my-trainer") as stream:
-        async for batch in stream.groups(batch_size=8):
-            train_on(batch.groups)        # list[GroupCompleted], advantages included
-            await batch.commit()          # only now are these groups acknowledged
-
-A durable pull consumer ``trainer-{name}`` (filter ``arena.group.*``) remembers what was
-committed, so a restarted trainer resumes where it left off: committed groups are never
-yielded again, uncommitted ones are delivered again. While a batch is out, its messages
-are kept alive with ``in_progress`` heartbeats, however long the training step takes.
+A restarted trainer resumes where it left off. See docs/trajectory.md ("The trainer stream").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Every message Arena puts on the wire, as msgspec Structs.
+"""Every message Arena puts on the wire, as msgspec Structs: the contract between the planes.
 
-This module is the contract between the planes; ``proto/`` is generated from it
-(``python -m arena_core.proto``) and a test fails when the two drift.
-
-Evolution rules (see docs/schemas.md):
-- a new field always has a default, so old messages still decode;
-- a field never changes type or meaning; retire it and add a new one instead;
-- decoders of internal messages skip unknown fields, so newer producers can talk
-  to older consumers; the public HTTP request bodies (``Submit*``) forbid unknown
-  fields instead, so a user's typo is a 422 and not a silently ignored setting.
+``proto/`` is generated from it (``python -m arena_core.proto``) and a test fails when the two
+drift. The evolution rules (defaults, unknown fields) are in docs/schemas.md.
 """
 
 from __future__ import annotations

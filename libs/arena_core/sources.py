@@ -1,10 +1,8 @@
 """Task sources: where a task's repository comes from, and how any worker gets its files.
 
-A source is a content-addressed bundle in JetStream's object store, a git URL + commit, an
-image that holds the repository, or (embedded mode only) a directory on the worker's disk.
-:class:`SourceCache` turns one into a plain directory tree on this worker, cached by
-source; :func:`prepare_workspace` commits a tree as the only commit of a fresh repository.
-docs/tasks.md has the format and the rules.
+A bundle in JetStream's object store, a git URL + commit, an image, or (embedded only) a host
+directory; :class:`SourceCache` makes one a directory tree on this worker, :func:`prepare_workspace`
+commits a tree as a fresh repository's only commit. See docs/tasks.md (Sources).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A rollout's steps as token sequences with a loss mask, for trainers. Pure.
 
-Multi-turn chat re-sends the whole conversation each turn, so turn ``k``'s prompt
-token ids normally start with everything turn ``k-1`` saw and sampled. ``sequences``
-walks the steps in order and extends one sequence while that holds: the new prompt
-tokens (tool results, user turns, the chat template) get mask 0, the sampled
-completion tokens mask 1 with their logprobs. When a prompt does not extend the
-previous sequence (the agent rewrote its history, or the template re-tokenized it)
-a new sequence starts: nothing is re-tokenized or silently spliced.
+``sequences`` extends one sequence while each prompt extends the previous one (prompt tokens mask 0,
+sampled tokens mask 1 with their logprobs), else starts a new one: nothing is re-tokenized.
+See docs/schemas.md (the trajectory schema: the loss mask).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The GRPO loss: pure tensor math, no I/O.
 
-For each completion token ``t`` of sequence ``i`` with advantage ``A_i``::
-
-    ratio   = exp(logp_new - logp_old)                      # logp_old: captured at rollout
-    pg      = -min(ratio * A_i, clip(ratio, 1-eps_low, 1+eps_high) * A_i)
-    kl      = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1    # k3 estimator, >= 0
-    token   = pg + beta * kl
-
-``aggregation="sequence"`` (GRPO paper) averages tokens within a sequence, then
-sequences; ``"token"`` (DAPO / Dr. GRPO) averages over every token of the batch.
-Advantages come from :func:`arena_core.grpo.group_advantages` (group-normalised rewards).
+:func:`grpo_loss`: the clipped policy-gradient term plus an optional k3 KL to a reference,
+averaged per sequence or per token. The formula: docs/rl.md ("The GRPO loss").
 """
 
 from __future__ import annotations

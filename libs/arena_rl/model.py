@@ -1,13 +1,7 @@
 """A small decoder-only transformer policy, written from scratch, CPU-trainable in minutes.
 
-``PolicyModel(config)(ids, mask)`` returns next-token logits for every position.
-Sequences may be left-padded: ``mask`` is 1 on real tokens, positions count real tokens
-only, and a padded query attends to itself alone, so a padded row computes exactly the
-logits of its unpadded sequence.
-
-Weights travel as a *policy blob*: ``torch.save`` of ``{"config", "alphabet",
-"version", "state_dict"}``, loaded with ``weights_only=True`` (tensors and plain data
-only, never pickled code). The same blob is the checkpoint file.
+``PolicyModel`` (left-padding safe), ``completion_logprobs``, and policy blobs: how weights travel
+and checkpoints are stored. See docs/rl.md ("The policy model").
 """
 
 from __future__ import annotations

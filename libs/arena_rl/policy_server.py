@@ -1,25 +1,8 @@
 """The trainer's current policy behind an OpenAI-compatible HTTP API, shaped like vLLM's.
 
-Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (vLLM's
-``return_token_ids``: ``prompt_token_ids`` and ``choices[0].token_ids``; per-token
-``logprobs`` and ``top_logprobs``), ``GET /v1/models``, ``GET /health``, vLLM's
-``POST /tokenize`` (``messages`` or a ``prompt`` string -> ``count``, ``tokens``,
-``max_model_len``: the ids the same request gets as ``prompt_token_ids``), and
-``POST /v1/weights`` (body: a policy blob from :func:`arena_rl.model.to_blob`).
-
-Concurrent requests are batched: a batcher takes what is queued (up to ``max_batch``,
-waiting ``batch_wait_ms`` for more) and samples it in one batched loop. A weight push
-builds the new model off to the side and swaps one reference; each batch reads that
-reference once, so no request ever sees half-updated weights, and every response says
-which version produced it: top-level ``policy_version``, ``system_fingerprint``
-``arena-policy-v{N}`` and the ``X-Arena-Policy-Version`` header.
-
-With ``--nats-url`` the server registers itself as a ``BackendReplica`` in the
-``arena_backends`` KV bucket, re-puts the entry on every swap and every
-``heartbeat_s``, and deletes it on shutdown.
-
-Run: ``python -m arena_rl.policy_server --checkpoint ckpt.pt --port 9093 [--nats-url ...]``
-or ``--init-seed 0`` for a freshly initialised policy.
+Batched sampling, atomic weight swaps (``POST /v1/weights``), every answer tagged with its policy
+version, optional registration in ``arena_backends``. Run ``python -m arena_rl.policy_server
+--checkpoint ckpt.pt --port 9093``; endpoints and options: docs/rl.md ("Policy server").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The demo task family: the majority bit of an odd-length bit string.
 
-``"10110"`` is not odd; ``"1011011"`` -> ``"1"``. 170 strings of length 1, 3, 5 and 7;
-30 are held out (never trained on) so evaluation measures whether the policy learned the
-rule rather than the examples. The policy's alphabet is ``"01"``: a fresh policy answers
-``0``, ``1`` or ``</s>`` about equally, so the mean reward starts near 1/3.
-
-Each task is a real Arena task: the agent in ``examples/grpo-loop/agent`` answers through
-the proxy, and ``examples/grpo-loop/repo/tests/test_answer.py`` checks the answer in the
-verification plane (a ``tests`` verifier; the expected answer travels as its SHA-256 in
-the verifier command, so it is not in the task in plain text).
+170 strings of length 1, 3, 5 and 7, 30 of them held out; each is a real Arena task
+(``examples/grpo-loop``) graded by a ``tests`` verifier. See docs/rl.md ("The demo").
 """
 
 from __future__ import annotations

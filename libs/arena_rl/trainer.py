@@ -1,22 +1,8 @@
 """GRPO on Arena's trajectory stream: batches of complete groups in, new weights out.
 
-    trainer = GRPOTrainer(model, tokenizer, TrainerConfig(...), push_urls=["http://127.0.0.1:9093/v1"])
-    await trainer.run(stream, steps=20, metrics_path="metrics.jsonl")
-
-Each step: the captured token ids and logprobs of every step of every trajectory
-(``Step.prompt_token_ids`` / ``completion_token_ids`` / ``logprobs``) and the group's
-advantage (:func:`arena_core.grpo.group_advantages` of its rewards) feed
-:func:`arena_rl.loss.grpo_loss` for ``epochs`` optimiser passes; then the version is
-bumped and the weights are pushed to every policy server (``POST /v1/weights``) and,
-through :mod:`arena_rl.vllm_sync`, to vLLM replicas.
-
-Modes: ``sync`` trains on exactly ``batch_groups`` groups and the rollout driver waits
-for the new version before submitting more (on-policy); ``async`` never blocks the
-rollouts: the stream drops groups more than ``max_staleness`` versions behind
-(``TrajectoryStream(max_staleness=...)``), and the staleness of what is trained on is
-reported per step. Metrics go to a JSONL file, one line per step, and, with
-``metrics_url`` (the trajectory service), to ``POST /v1/trainer-metrics`` for the
-dashboard (``GET /v1/trainer-metrics?run=NAME`` reads them back).
+``GRPOTrainer`` trains on the captured token ids and logprobs of each batch, bumps the version and
+pushes the weights to policy servers (and, through :mod:`arena_rl.vllm_sync`, vLLM replicas);
+``sync`` or ``async`` mode, metrics per step. See docs/rl.md (Trainer).
 """
 
 from __future__ import annotations

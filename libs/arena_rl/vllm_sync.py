@@ -1,20 +1,7 @@
 """Weight sync to vLLM replicas by LoRA adapter, through vLLM's documented runtime API.
 
-For each new policy version the trainer writes a PEFT-format LoRA adapter directory
-(``adapter_config.json`` + ``adapter_model.safetensors``) where the replicas can read it,
-then :meth:`VLLMLoraSync.sync` on every replica:
-
-1. ``POST {base}/v1/load_lora_adapter`` ``{"lora_name": "policy-v{N}", "lora_path": dir}``
-   (vLLM started with ``--enable-lora --max-lora-rank R`` and
-   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``);
-2. re-registers the replica in ``arena_backends`` with ``policy_version=N`` and
-   ``models=["policy-v{N}"]``, so the proxy routes the next calls to the new adapter;
-3. ``POST {base}/v1/unload_lora_adapter`` ``{"lora_name": "policy-v{N-keep}"}`` for
-   adapters older than ``keep`` versions (in-flight calls on them finish first: vLLM
-   unloads an adapter only between requests).
-
-Agents then call the model ``policy-v{N}`` (or Arena's rollout ``model`` setting). No GPU
-here: tests run it against a local stand-in that speaks these endpoints (docs/rl.md).
+:class:`VLLMLoraSync` loads each new version's adapter on every replica, re-registers the replica
+in ``arena_backends`` and unloads old adapters. See docs/rl.md ("vLLM replicas").
 """
 
 from __future__ import annotations

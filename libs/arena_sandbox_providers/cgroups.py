@@ -1,11 +1,7 @@
-"""Per-sandbox cgroups for the local provider: pids, memory (and CPU) limits.
+"""Per-sandbox cgroups (v1 or v2) for the local provider: pids, memory and CPU limits.
 
-Supports the v1 hierarchies (``/sys/fs/cgroup/{pids,memory,cpu}``) and the v2 unified
-tree (``/sys/fs/cgroup`` with ``cgroup.controllers``), when they are writable (the
-service runs as root or owns a delegated subtree). Groups live under
-``arena/<owner>/<sandbox id>`` so an owner's leftovers can be found and reaped.
-When cgroups are not writable, :func:`available` says why and the local provider
-falls back to per-process rlimits only (stated in ``docs/sandbox.md``).
+When cgroups are not writable, :func:`available` says why and the local provider falls back to
+per-process rlimits only. See docs/sandbox.md (Providers).
 """
 
 from __future__ import annotations

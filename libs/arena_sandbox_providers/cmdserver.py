@@ -1,36 +1,8 @@
-"""In-sandbox command server: the ``docker`` provider's container init (PID 1).
+"""In-sandbox command server: the ``docker`` provider's container init (PID 1). Stdlib only.
 
-Runs INSIDE the sandbox as the sandbox user (stdlib only, no Arena imports, so that it
-starts in a few tens of milliseconds with any Python 3 in the image)::
-
-    python3 -I -S cmdserver.py SOCKET
-
-It connects to the Unix socket SOCKET, on which the provider on the host accepts this
-one connection and then stops listening, and runs the commands sent over it, one at a
-time, as children in their own session, streaming their output back. Running a
-command this way costs a ``fork`` + ``exec`` instead of an engine ``exec`` (conmon +
-``runc exec``, 50-100 ms through Podman).
-
-Frames, both ways: kind (1 byte) + payload length (4 bytes, big-endian) + payload.
-
-host -> server
-    ``X``  run: NUL-separated ``cwd``, ``argc``, the ``argc`` arguments, then
-           ``NAME=VALUE`` entries added to the server's own environment (the image's)
-    ``K``  SIGKILL every process in the sandbox but the server; the running
-           command's ``R`` follows as usual
-    ``Q``  SIGKILL everything and exit (the container stops); so does end of input
-server -> host
-    ``O`` / ``E``  a chunk of the command's stdout / stderr
-    ``R``  the command ended: exit code in ASCII (``128 + N`` if killed by signal N;
-           127 or 126 with a message on ``E`` when it could not be started)
-
-Every command inherits the server's seccomp filter: no new user namespaces.
-
-A command ends when its first process has exited: every other process then left in
-the sandbox is killed (as PID 1, ``kill(-1)`` reaches every process in the sandbox's
-PID namespace but the server), the output is drained, and ``R`` is sent. So after
-``R`` nothing of the command runs any more, and after ``Q`` (or the host's end of the
-socket closing, e.g. the service was killed) nothing runs at all.
+Run as ``python3 -I -S cmdserver.py SOCKET`` by the sandbox user, it connects to SOCKET and runs
+the commands the provider sends, one at a time, streaming their output back. The frame table
+and what it guarantees: docs/sandbox.md ("The command server").
 """
 
 import signal

@@ -1,26 +1,8 @@
-"""The ``docker`` provider: one container per sandbox, through the docker SDK against
+"""The ``docker`` provider: one hardened container per sandbox, through the docker SDK against
 any Docker-API engine (Docker, or Podman's compatible service).
 
-A container is hardened: uid 1000, every capability dropped, ``no-new-privileges``,
-read-only root, a ``/tmp`` tmpfs, memory (= memory+swap), CPU, pids,
-``nofile``/``nproc``/``fsize`` limits, ``network_mode=none`` and no new user
-namespaces (the command server's seccomp filter, whatever the engine's profile). Its
-``/sandbox/{workspace,.arena,agent}`` and ``/run/arena`` are bind mounts of
-``<data_dir>/docker/<owner>/<id>/`` (so the engine must run on the worker's host); the
-LLM proxy is reached through the same Unix-socket relay as the local provider
-(:mod:`arena_sandbox_providers.shim`, run by the image's ``python3``).
-
-The container's init is the in-sandbox command server (:mod:`arena_sandbox_providers.cmdserver`,
-``python3`` as the sandbox user), connected to the provider over a Unix socket in
-``/run/arena`` (:mod:`arena_sandbox_providers.channel`): ``exec`` is a fork + exec inside the
-sandbox instead of an engine ``exec`` (50-100 ms through Podman). On timeout or cancel
-the server SIGKILLs every other process in the sandbox (so the diff can still run); if
-it does not answer, the container's init is SIGKILLed through the engine. ``destroy``
-tells the server to kill everything and exit, then removes the stopped container.
-
-Containers are labelled ``arena.sandbox=1`` and ``arena.owner=<owner>``; start-up
-removes the owner's leftovers. A container whose provider died stops by itself: its
-server sees the socket close, kills everything and exits.
+Commands run through the in-sandbox command server (:mod:`arena_sandbox_providers.cmdserver`),
+not an engine ``exec``. Hardening, mounts, kill and clean-up: docs/sandbox.md (Providers).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""The local sandbox provider: one bubblewrap (``bwrap``) sandbox per run.
+"""The bubblewrap primitive: one ``bwrap`` sandbox per run.
 
-What a sandbox sees:
-
-- ``/usr`` (and the ``/bin``, ``/lib*`` links), the Python installation(s) this
-  service runs on (the venv first on ``PATH``, so ``python3`` has pytest), a few
-  generated files in ``/etc`` (``passwd``, ``group``, ``hosts``) and the linker cache;
-  all read-only, the root itself too;
-- ``/sandbox/workspace`` (read-write, the working directory), optionally
-  ``/sandbox/.arena`` (read-write) and ``/sandbox/agent`` (read-only);
-- a private ``/tmp`` (tmpfs, ``HOME=/tmp``), ``/proc`` and a minimal ``/dev``;
-- its own user, PID, IPC, UTS and network namespaces (and, with bwrap 0.8+, no way
-  to create another user namespace): no network at all, except,
-  when ``proxy`` is set, ``127.0.0.1:<proxy.inside_port>`` which is relayed to the proxy on
-  the host (in-sandbox :mod:`arena_sandbox_providers.shim` -> Unix socket -> host forwarder ->
-  TCP).
-
-The sandbox runs as uid/gid 1000, in a new session, with resource limits (open
-files, address space, file size, no core dumps) and a wall-clock timeout; on timeout
-or cancel the whole process tree is killed and :func:`run` returns only after it is
-gone.
+:func:`run` runs one command in a fresh sandbox (host ``/usr`` read-only, ``/sandbox/*``, no network
+but the relay to the LLM proxy, uid 1000, limits, a wall clock) and returns only once every process
+of it is gone. What a sandbox sees and may do: docs/sandbox.md ("The sandbox").
 """
 
 from __future__ import annotations

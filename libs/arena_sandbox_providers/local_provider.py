@@ -1,11 +1,7 @@
 """The ``local`` provider: bubblewrap sandboxes (see :mod:`arena_sandbox_providers.local`).
 
-A sandbox is a directory ``<data_dir>/sandboxes/<owner>/<id>/`` plus, where cgroups
-are writable, a cgroup with the pids/memory/CPU limits; each ``exec`` is a fresh
-``bwrap`` over that directory (with a relay directory ``<tmp>/arena-run-<installation>-*``
-while it runs). Creating one is a few ``mkdir``s, so a warm pool is
-cheap. Limits: pids, memory (no swap), CPU by cgroup; open files, file size,
-address space by rlimit; ``/tmp`` size by tmpfs.
+A sandbox is a directory ``<data_dir>/sandboxes/<owner>/<id>/`` plus, where cgroups are writable,
+a cgroup; each ``exec`` is a fresh ``bwrap`` over that directory. See docs/sandbox.md (Providers).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The sandbox provider interface, shared by ``local`` (bubblewrap), ``docker`` and ``mock``.
 
-A provider creates sandboxes; a :class:`Sandbox` is one isolated machine with a
-writable ``/sandbox`` (``workspace/``, ``.arena/``, ``agent/``) that the job runner
-fills, runs commands in, reads back and destroys. Every real provider applies
-:class:`SandboxLimits` and lets the sandbox reach only the LLM proxy
-(:class:`~arena_sandbox_providers.local.ProxyForward`), through the same Unix-socket relay.
-
-Sandboxes carry an owner (``ARENA_SANDBOX_OWNER``): at start-up a provider reaps
-every sandbox its owner left behind (a crash, ``kill -9``), so none outlives a
-restart.
+A provider creates sandboxes (:class:`Sandbox`: put files, exec, read, diff, destroy) under
+:class:`SandboxLimits`, each reaching only the LLM proxy, and reaps its owner's leftovers at
+start-up. See docs/sandbox.md (Providers).
 """
 
 from __future__ import annotations

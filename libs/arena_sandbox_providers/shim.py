@@ -1,13 +1,7 @@
 """In-sandbox entry point that makes the LLM proxy reachable on the sandbox's loopback.
 
-Runs INSIDE the sandbox (stdlib only, no Arena imports)::
-
-    python3 -I -S shim.py PORT SOCKET -- COMMAND [ARG...]
-
-It listens on ``127.0.0.1:PORT`` (and ``[::1]:PORT``) in the sandbox's own network namespace and relays
-every connection, byte for byte, to the Unix socket ``SOCKET``; on the host side of
-that socket the sandbox provider forwards to the proxy's TCP address. Then it runs
-COMMAND as a child and exits with its exit code (``128 + N`` if killed by signal N).
+``python3 -I -S shim.py PORT SOCKET -- COMMAND [ARG...]`` (stdlib only) relays ``127.0.0.1:PORT``
+to the Unix socket SOCKET, runs COMMAND and exits with its code. See docs/sandbox.md ("The sandbox").
 """
 
 from __future__ import annotations

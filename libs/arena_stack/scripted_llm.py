@@ -1,31 +1,8 @@
 """A scripted, seeded LLM behind an OpenAI-compatible HTTP API, shaped like vLLM's.
 
-For demos, tests and benchmarks: no weights, no GPU. It answers ``/v1/chat/completions``
-and ``/v1/completions`` (streaming and not) with a response drawn from a script file,
-chosen by the request's ``seed`` so a group of rollouts with seeds ``s, s+1, ...`` gets a
-reproducible mix of answers. Like vLLM with ``return_token_ids``, it returns
-``prompt_token_ids`` and ``choices[0].token_ids`` (per chunk when streaming), and
-per-token ``logprobs`` (with ``top_logprobs`` alternatives when asked). With
-``stream_options.include_usage`` the stream ends with a usage-only chunk. Like vLLM it
-answers ``POST /tokenize`` (at its root, beside ``/v1``): ``{"model", "messages", ...}`` or
-``{"model", "prompt"}`` -> ``{"count", "tokens", "max_model_len"}``, the very prompt ids the
-same request would get as ``prompt_token_ids``.
-
-Tokenizer: bytes. A chat is rendered as ``<|role|>\\ncontent\\n`` per message plus
-``<|assistant|>\\n`` (unless ``add_generation_prompt`` is false); a text prompt gets BOS
-unless ``add_special_tokens`` is false; token id = byte value + 3 (0 pad, 1 bos, 2 eos).
-Real enough that ids, counts, truncation by ``max_tokens`` and decoding are all exact. A tool call
-is sampled as the text ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
-
-Script file: ``{"responses": [{"label": str, "weight": float, "content": str,
-"tool_calls": [{"name": str, "arguments": str}]}, ...]}``. A response with tool calls
-is chosen only when the request offers tools and its last message is not a tool result.
-
-``Faults`` are knobs for tests and benchmarks: fixed latency, death mid-stream,
-malformed JSON, no token ids (like Ollama), no ``/tokenize`` (404, like Ollama), an
-error status.
-
-Run: ``python -m arena_stack.scripted_llm --script FILE --port 9093 [--latency-ms 20]``.
+For demos, tests and benchmarks: no weights, no GPU. Answers come from a script file, chosen by
+the request's seed; token ids are bytes; ``Faults`` are knobs for tests. Run
+``python -m arena_stack.scripted_llm --script FILE --port 9093``. See docs/deploy.md ("The scripted LLM").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The reaper: ends a rollout past its wall-clock budget, or stuck in ``verifying`` past its
-verification deadline, that nothing else would end.
+"""The reaper: ends the rollouts nothing else would end.
 
-``overdue`` (pure) picks them; ``Reaper.run`` sweeps the record cache's live rollouts and moves
-them by compare-and-set. See docs/rollout.md ("The wall-clock reaper", "The verification deadline").
+One past its queue limit (the agent never ran: an infrastructure outcome), past its wall-clock
+budget since its agent started, or in ``verifying`` past its verification deadline. ``overdue``
+(pure) picks them; ``Reaper.run`` moves them by compare-and-set. See docs/rollout.md (State machine).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A warm pool per image: sandboxes created ahead so acquiring one is near-instant.
+"""A warm pool per kind of sandbox: sandboxes created ahead so acquiring one is near-instant.
 
-``acquire(spec)`` hands out a ready sandbox for ``spec`` if one is waiting, else
-creates one; either way a refill to ``size`` starts in the background. Sandboxes are
-never reused: the caller destroys what it acquired. ``close`` destroys the idle ones.
-Specs are keyed by :meth:`SandboxProvider.pool_key`, so one pool serves every spec that
-gives the same sandbox (``local``: any image; ``docker``: ``""`` = the default image).
+Sandboxes are never reused: the caller destroys what it acquired. See docs/sandbox.md (**Warm pool**).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""One sandbox job, start to finish, without the bus.
+"""One sandbox job, start to finish, without the bus (``run_job``).
 
-``run_job`` commits the task repository as the base in ``{data_dir}/staging/``, takes
-a sandbox from a provider (or its warm pool), puts the workspace, the agent and
-``task.json`` in, runs the agent under the sandbox contract with its output streamed
-into a bounded buffer, decides the outcome, reads the optional ``result.json``,
-extracts the final diff inside the sandbox (except for a cancelled one) and always
-destroys the sandbox. The small functions it is made of are pure and unit-tested.
+Prepare the workspace, run the agent under the sandbox contract, decide the outcome, read
+``result.json``, extract the diff, always destroy the sandbox. See docs/sandbox.md ("One job").
 """
 
 from __future__ import annotations

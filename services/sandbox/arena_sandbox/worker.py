@@ -1,14 +1,7 @@
-"""Wiring: sandbox jobs from ``arena.sandbox.run.local`` in, sandbox results out.
+"""Wiring: sandbox jobs from ``arena.sandbox.run.{provider}`` in, sandbox results out.
 
-Per job: skip it if the rollout is already past the sandbox (final or verifying),
-publish ``SandboxStarted``, watch ``arena.rollout.state.{id}`` to kill the sandbox
-when the rollout reaches a final state (cancel, budget), run the job
-(:func:`arena_sandbox.runner.run_job`), store the full log in the object store,
-publish ``SandboxDone`` and, for a completed sandbox, the ``VerifyJob``.
-
-Orphans: the service reaps its owner's leftovers at start-up (:func:`reap_orphans`);
-where the provider cannot be reached then (a docker engine that is down), the worker
-reaps them before it creates its first sandbox instead of crashing at start.
+Skips rollouts already past the sandbox, kills a sandbox whose rollout ended, publishes
+``SandboxStarted`` / ``SandboxDone`` / ``VerifyJob``, reaps orphans. See docs/sandbox.md (Messages).
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """The trajectory query API: thin routes over ``TrajectoryStore``, msgspec-encoded JSON.
 
-- ``GET /healthz``
-- ``GET /v1/trajectories/{rollout_id}``               -> ``Trajectory``
-- ``GET /v1/trajectories?task_id=&group_id=&state=&limit=`` -> ``{"trajectories": [TrajectorySummary]}``
-- ``GET /v1/groups/{group_id}``                       -> ``GroupView``
-- ``GET /v1/stats/rewards?by=task|policy_version``     -> ``{"rows": [RewardRow]}``
-- ``GET /v1/stats/pass-rates``                         -> ``{"rows": [PassRateRow]}``
-- ``GET /v1/stats/tokens``                             -> ``TokenStats``
-- ``GET /v1/stats/latency``                            -> ``LatencyStats``
-- ``GET /v1/export/trajectories?after_group=&after_rollout=&limit=`` -> ``ExportPage``
-- ``GET /v1/counts[?table=...][&final=false]``         -> rows per table as queries see them (or as
-                                                           stored, duplicates included: cheap to poll)
-
-Every listing, stats and export route takes the same filters: ``task_id``, ``group_id``,
-``state``, ``policy_version``, ``min_reward``, ``max_reward``, ``since``, ``until``.
-
-Errors are ``{"error": {"code", "message"}}`` like every Arena API.
+Trajectories, groups, statistics, export pages, row counts and trainer metrics, with shared
+filters; errors are ``{"error": {"code", "message"}}``. Routes: docs/trajectory.md (HTTP API).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""``python -m arena_trajectory.dump``: stored trajectories as JSON lines on stdout, read from the
-store itself (a chDB directory, with the service stopped, or a ClickHouse server URL).
+"""Print stored trajectories as JSON lines, read from the store itself (what arena export --store runs).
 
-``arena export --store`` runs this as a process. The first line is ``{"total": N}``, then one
-trajectory per line, a group's members adjacent; an error is one ``{"error": {...}}`` line and
-exit status 1. See docs/trajectory.md.
+The store is a chDB directory (with the service stopped) or a ClickHouse server URL. The first
+line is ``{"total": N}``, then one trajectory per line, a group's members adjacent; an error is
+one ``{"error": {...}}`` line and exit status 1. See docs/trajectory.md (Exports).
 """
 
 from __future__ import annotations

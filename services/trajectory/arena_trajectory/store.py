@@ -1,13 +1,7 @@
 """Trajectory storage in ClickHouse: embedded chDB or a ClickHouse server, same SQL for both.
 
-Tables and rows are in ``arena_trajectory.tables``; analytics queries in
-``arena_trajectory.analytics``. Writes come in batches (one ``INSERT`` per fetch batch) and
-reads of many rollouts at once take an ``Array(String)`` parameter, so the worker's cost
-per message is a fraction of one statement.
-
-Values never go into SQL text: reads bind ``{name:Type}`` query parameters and inserts
-send ``RowBinary`` (steps: the hot table) or ``JSONEachRow`` data (the rest, whose JSON
-string escaping is done by msgspec).
+Batch inserts and batch reads; values never go into SQL text. Tables and rows are in
+``arena_trajectory.tables``, analytics in ``arena_trajectory.analytics``. See docs/trajectory.md (Storage).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""The ClickHouse tables of the trajectory plane and the rows written to them.
+"""The ClickHouse tables of the trajectory plane (DDL, ``MIGRATIONS``, ``TUNING``) and their rows.
 
-Every table is a ``ReplacingMergeTree`` whose sort key is the identity of the message it
-stores, so a redelivered message replaces its own row; every read uses ``FINAL``, so a
-duplicate is never visible. Rows keep the columns analytics need and the whole message as
-JSON in ``body`` (the source of truth). Day partitions keep old data cheap to drop or move.
-
-A trajectory row's ``body`` is the ``Trajectory`` without its steps and ``step_indexes``
-says which stored steps belong to it: steps are stored once, in ``steps``, and joined
-back on read (a step that arrives after the trajectory was given up on stays out).
-
-``MIGRATIONS`` adds columns introduced after a table was first created (idempotent
-``ADD COLUMN IF NOT EXISTS``), so an existing data directory keeps working.
+Every table is a ``ReplacingMergeTree`` keyed by the identity of the message it stores and read
+with ``FINAL``, so a redelivery is never seen twice. See docs/trajectory.md (Storage).
 """
 
 from __future__ import annotations

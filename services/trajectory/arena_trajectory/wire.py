@@ -1,13 +1,7 @@
-"""Encode ``Trajectory`` and ``GroupCompleted`` with their steps as already-encoded JSON.
+"""Encode ``Trajectory`` and ``GroupCompleted`` with their steps as the JSON they arrived as.
 
-A step arrives as JSON, is stored as that JSON, and goes out again inside its
-``Trajectory`` and inside its ``GroupCompleted``: re-encoding it from the decoded
-``Step`` each time (thousands of ints and floats per step) is most of what publishing
-costs. The structs here mirror ``Trajectory`` and ``GroupCompleted`` field for field
-(same order, defaults and options, built from them at import) except that a step may
-be a ``msgspec.Raw``, so the encoded message decodes to the same values as
-``encode(trajectory)``; for a step that reached us as canonical JSON it is the same bytes.
-A step without its JSON at hand is encoded from the ``Step`` as usual.
+Same message, same values, without re-encoding every step's token ids and logprobs.
+See docs/trajectory.md (Assembly, step 6).
 """
 
 from __future__ import annotations

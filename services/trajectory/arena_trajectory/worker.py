@@ -1,24 +1,7 @@
 """Wiring of the trajectory plane: three batch consumers, store first, then publish, then ack.
 
-- ``trajectory-steps``   ARENA_STEPS    ``arena.step.*``           -> one INSERT per fetch batch
-- ``trajectory-results`` ARENA_RESULTS  ``arena.sandbox.done.*``,
-                                        ``arena.verify.done.*``    -> one INSERT per table per batch
-- ``trajectory-states``  ARENA_ROLLOUTS ``arena.rollout.state.*``  -> store every transition; for the
-  final ones: assemble, store and publish the ``Trajectory``s, then publish each
-  ``GroupCompleted`` that became whole.
-- ``GroupTimeouts`` (no consumer): publishes a ``partial`` group once a group has waited
-  ``group_timeout`` seconds for its last members.
-
-Every batch is acked only after its effect is stored, so the ack means "stored"; a
-redelivered batch rewrites the same rows (ReplacingMergeTree). The three streams are read
-independently, so a final state can overtake the last steps or results: it first waits
-(up to ``wait_for_parts`` s, while this process keeps storing) for them to be stored here,
-then is retried until they are stored anywhere, and after ``give_up_after`` deliveries
-assembled with what is there (``Trajectory.incomplete`` says what is missing).
-
-What this process stored is kept at hand (``caches``) until it is assembled or published,
-so the hot path reads nothing back from ClickHouse, and steps are published inside their
-trajectory and group as the JSON they arrived as (``wire``).
+``trajectory-steps``, ``trajectory-results`` and ``trajectory-states`` (assembly and publishing
+on a final state), and ``GroupTimeouts`` for partial groups. See docs/trajectory.md (Messages, Assembly).
 """
 
 from __future__ import annotations

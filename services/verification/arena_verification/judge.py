@@ -1,15 +1,7 @@
 """The ``llm_judge`` verifier: a judge model grades the answer against a rubric.
 
-By default the judge is called through Arena's LLM proxy, on the rollout service's judge
-route ``{ARENA_PUBLIC_URL}/judge/{rollout_id}/v1`` with the verification service's
-``ARENA_JUDGE_KEY`` -- never the rollout's key -- so it uses the same backend replicas
-but is never captured as a policy step nor counted against the rollout's budgets. An
-explicit endpoint (the verifier's ``base_url``, else ``ARENA_JUDGE_BASE_URL``, with the
-bearer key ``ARENA_JUDGE_API_KEY``) sends it to any OpenAI-compatible server instead.
-Either way the call is recorded on the result as a :class:`~arena_core.schemas.JudgeCall`. The judge must end its answer with ``SCORE: <x>``,
-``x`` between 0 and 1; the last such line counts. A judge that answers without a score
-gives reward 0 and the flag ``judge_unparseable``; a judge that cannot be reached (HTTP
-error, timeout) is an error, so the job is retried and finally dead-lettered.
+One OpenAI-compatible call (through Arena's proxy by default), recorded as a ``JudgeCall``;
+the judge's last ``SCORE: x`` line is the reward. See docs/verification.md (Verifiers).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""What a test log says about its tests: the one result type every parser returns.
+"""What a test log says about its tests: ``ParsedOutput``, the one result type of every parser.
 
-Pure. Shared rules (docs/verification.md, "Parsers"):
-
-- one result per canonical test id; when an id is reported twice (a pass followed by a
-  teardown error, a fake "ok" printed by a failing test and then the real failure) the
-  *worse* outcome wins, so printing a pass can never hide a real failure;
-- ``complete`` only when the runner's own end-of-run summary follows the results; a
-  crashed, killed or timed-out run yields the tests seen so far and ``complete=False``;
-- ``suspect`` when the log names more tests than the runner's own total counts: some
-  result line was printed by a test. The verdict of a suspect log is not trusted.
+Pure. The shared rules (worse wins, ``complete``, ``suspect``) are in docs/verification.md (Parsers).
 """
 
 from __future__ import annotations

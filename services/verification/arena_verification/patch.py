@@ -1,10 +1,6 @@
 """Which files does a diff touch? Pure: diff text in, repository paths out.
 
-Reads the same headers ``git apply`` reads: ``diff --git a/X b/Y``, ``--- X`` / ``+++ Y``
-(with ``-p1``: the first path component is dropped, as git apply does by default),
-``rename from/to``, ``copy from/to``; C-quoted names (``"a/caf\\303\\251.py"``) are
-unquoted. Hunk bodies are skipped by their line counts, so a removed line that happens to
-start with ``-- `` is not mistaken for a file header.
+Reads the file headers ``git apply`` reads. See docs/verification.md ("Reading the diff; pristine files").
 """
 
 from __future__ import annotations

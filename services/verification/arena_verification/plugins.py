@@ -1,15 +1,7 @@
 """The ``python`` verifier: a plug-in found by entry point in group ``arena.verifiers``.
 
-A plug-in is a callable ``verify(request: PluginRequest) -> float | PluginVerdict``
-(sync or async), registered by any installed package::
-
-    [project.entry-points."arena.verifiers"]
-    my_check = "my_pkg.checks:verify"
-
-It runs in the verification worker's process, on the agent's diff and answer (not in a
-sandbox: it never executes the agent's code unless it chooses to). A missing plug-in or a
-bad return value fails loudly (``InvalidPlugin``: the job is dead-lettered); an exception
-inside the plug-in is an error, retried then dead-lettered.
+A plug-in is a callable ``verify(request: PluginRequest) -> float | PluginVerdict`` (sync or
+async), run in the worker's process. See docs/verification.md (Verifiers, **python**).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Paths through which a diff could change how the tests run or are scored. Pure.
 
-Besides the task's own test files, a verification restores (removes, if the pristine
-task does not have them) every path the diff touched that:
-
-- configures the runner's collection or reporting (``conftest.py``, ``pytest.ini``,
-  ``jest.config.js``, ``.mocharc.yml``, ``.cargo/config.toml`` ...): flag
-  ``test_config_touched``;
-- shadows the runner itself (``pytest.py``, ``_pytest/``, ``unittest/``,
-  ``node_modules/``, ``sitecustomize.py``, compiled ``__pycache__/*.pyc`` ...): flag
-  ``runner_tampered``;
-- looks like a reward or a completion marker (``.arena/``, ``reward.json``,
-  ``result.json``): flag ``reward_file_written``. Arena never reads such files for a
-  reward; they are removed so that no test can read them either.
-
-Project files that configure the runner among other things (``pyproject.toml``,
-``setup.cfg``, ``package.json``, ``Cargo.toml``, ``go.mod``, ``pom.xml``,
-``build.gradle``) are restored too (flag ``test_config_touched``): through them a diff could
-load a plug-in that rewrites every report (``addopts = "-p hack"``, a jest ``setupFiles``,
-a cargo ``harness = false`` test). A fix that needs a change there is not gradable by
-test runs anyway (the verification sandbox installs nothing).
+``classify`` sorts the touched paths that a verification restores by the flag they raise
+(``test_config_touched``, ``runner_tampered``, ``reward_file_written``), per runner family.
+See docs/verification.md ("One ``tests`` verification", step 3).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Parse pytest's terminal output into per-test results. Pure: text in, results out.
 
-Two trusted places in a pytest log carry test ids and outcomes:
-
-- the *short test summary info* section (``-r`` flags; ``-rA`` lists every outcome):
-  ``PASSED tests/x.py::test_a``, ``FAILED tests/x.py::test_b - AssertionError...``,
-  ``ERROR ...``, ``XFAIL ...``, ``XPASS ...``. Skips appear as
-  ``SKIPPED [1] tests/x.py:12: reason`` without a test id; they are counted in
-  ``unattributed_skips`` and attributed only when ``-v`` lines name them;
-- the progress section with ``-v``: ``tests/x.py::test_a PASSED    [ 50%]``.
-
-Everything else is ignored, so a test cannot report itself as passed by printing result
-lines: lines must start at column 0 with a status word or a node id of the right shape,
-only the *last* summary header counts (pytest prints the real one after all captured
-output), and the progress section ends at the first ``=== ... ===`` header. When the
-summary lists passes (``-rA``), progress lines may only add skips the summary cannot name.
-
-The log is ``complete`` when pytest's final ``=== N passed, M failed in Xs ===`` line comes
-after the results; a killed or timed-out run lacks it.
+Only the short test summary info and the ``-v`` progress section are read, so a test cannot
+report itself passed by printing result lines. See docs/verification.md ("The pytest parser").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Put the task's test files back exactly as they were in the pristine repository.
+"""Pristine files of the task repository: snapshot them, put them back, scrub bytecode.
 
-Runs on the host over a workspace an agent's diff has just changed, so it never follows a
-path the diff controls: every parent directory on the way is checked with ``lstat`` and
-replaced by a real directory if the diff turned it into a symlink or a file, and files
-are created with ``O_EXCL | O_NOFOLLOW``. Nothing runs in the workspace meanwhile (the
-sandbox that applied the diff has exited), so the checks cannot be raced.
+``restore`` never follows a path the diff controls. Also the task's path checks (``repo_path``,
+``check_workdir``) and ``InvalidTask``. See docs/verification.md ("Reading the diff; pristine files").
 """
 
 from __future__ import annotations

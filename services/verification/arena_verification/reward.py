@@ -1,16 +1,7 @@
-"""Score a test run against a ``TestsVerifier``. Pure: spec and results in, score out.
+"""Score a test run against a ``TestsVerifier`` by SWE-bench's rules. Pure: spec and results in, score out.
 
-SWE-bench rules:
-
-- a listed test *passes* when pytest reports it ``passed`` or ``xfailed`` (an expected
-  failure behaving as expected); ``failed``, ``error``, ``skipped``, ``xpassed`` and
-  *missing from the results* all count as failed;
-- reward is 1.0 only when every FAIL_TO_PASS and every PASS_TO_PASS test passed, else 0.0;
-- ``partial`` is the fraction of the listed tests (deduplicated) that passed: a shaping
-  signal, never the reward.
-
-A task that lists no tests at all is scored on the whole run: reward 1.0 when at least one
-test ran and none failed or errored.
+Reward 1.0 only when every FAIL_TO_PASS and PASS_TO_PASS test passed; ``partial`` is a shaping
+signal, never the reward. See docs/verification.md ("Reward (SWE-bench rules)").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Verify one job: pick the verifier, run it, compose the parts into one result.
+"""Verify one job: pick the verifier by type, run it, compose the parts into one result.
 
-``verify(job)`` runs the task's verifier (or, for a replay, the one in the job's task):
-
-- ``tests``: :mod:`arena_verification.tests_verifier` (real sandboxes);
-- ``rubric`` / ``exact``: :mod:`arena_verification.answers` on the agent's answer or diff;
-- ``llm_judge``: :mod:`arena_verification.judge` (its call is kept on ``judge_calls``);
-- ``python``: :mod:`arena_verification.plugins` (entry point group ``arena.verifiers``);
-- ``composite``: each part above, reward = the weighted mean of the parts' rewards, one
-  component per part (``<name>``) plus the part's own components (``<name>.<key>``).
-
-A failing verdict is a result. An exception means Arena could not verify: the worker
-lets the bus retry it and finally dead-letter it (at once for an invalid task).
+A failing verdict is a result; an exception means Arena could not verify (the worker retries,
+then dead-letters). See docs/verification.md (Verifiers; Messages for the ack policy).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The ``tests`` verifier: the agent's diff on the pristine task, tests in the task's own environment.
 
-``verify_tests(job, spec, root, started, sandboxes=...)``, SWE-bench's order, in ONE fresh
-sandbox from the sandbox plane's provider interface (the task's image; network off):
-
-1. on the host, the pristine source committed as the base (:func:`arena_core.sources.prepare_workspace`)
-   and the pristine copies of every file to reset (the named test files, the files the
-   hidden test patch touches, the protected paths the diff touches);
-2. in the sandbox, ``git apply`` the agent's diff (flag ``patch_failed`` if it does not apply);
-3. reset every named test file to its base version, apply the hidden ``test_patch``, copy the
-   ``hidden_files``, add the canary tests, remove compiled bytecode: all before any code of
-   the agent's has run;
-4. run the verifier's command; parse the report or the log; cross-check with the exit code and
-   the canaries (flag ``runner_tampered``); score.
-
-A failing test is a result, never an exception. An exception means Arena could not verify
-(no sandbox, a task whose hidden tests do not apply): the caller reports it with no reward.
-docs/verification.md has every flag.
+``verify_tests`` runs SWE-bench's order in ONE fresh sandbox: apply the diff, reset the test files,
+apply the hidden tests, add the canaries, run, parse, score. See docs/verification.md
+("One ``tests`` verification", Flags).
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """``cargo test`` output (libtest's text and JSON formats) -> per-test results. Pure.
 
-Canonical id: the test's path inside its crate as libtest names it (``tests::adds``,
-``integration_adds``); a doctest by libtest's name for it, ``src/lib.rs - add (line 3)``
-(the `` - compile`` / `` - compile fail`` / `` - should panic`` kind that the text format
-appends is not part of the name, as in the JSON format).
-
-Text (``cargo``): each test binary prints ``running N tests``, one ``test <name> ... ok|
-FAILED|ignored`` line per test, then (on failure) a ``failures:`` list of the failed names,
-and finally ``test result: ok|FAILED. P passed; F failed; I ignored; M measured; ...``. A
-binary's section ends only at a ``test result:`` line whose P + F + I + M equals its N, so a
-summary printed by a test (``--nocapture``) with other counts does not end it. A failure is
-taken from anywhere after the first ``running`` line -- a ``FAILED`` result line, the
-``failures:`` list, quiet mode's ``name --- FAILED`` -- since printing one can only hurt; a
-pass or skip only inside its binary's section. Each binary's own ``running N`` bounds how
-many results it may have: more means a test printed result lines (``--nocapture``), and the
-log is ``suspect``. With ``--nocapture`` a test's output sits between ``... `` and its status:
-while a test is pending only a bare status word is read. Result lines inside
-``---- <test> stdout ----`` blocks are never read. ``cargo test -q`` names only failures.
-
-JSON (``cargo_json``; ``cargo test -- -Z unstable-options --format json``, which needs
-``RUSTC_BOOTSTRAP=1`` on a stable toolchain): one event per line, ``{"type": "suite",
-"event": "started", "test_count": N}``, ``{"type": "test", "event": "started"|"ok"|
-"failed"|"ignored", "name": ...}``, ``{"type": "suite", "event": "ok"|"failed", ...}``;
-cargo's own lines and (with ``--nocapture``) the tests' output are plain text around them.
-A pass or skip counts only for a test that has a ``started`` event in its suite; complete
-when every started suite has its closing event; ``test_count`` bounds the results.
+Parsers ``cargo`` and ``cargo_json``. Ids and trusted lines: docs/verification.md (Parsers,
+"The other parsers, runner by runner").
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """``go test -v`` text and ``go test -json`` output -> per-test results. Pure.
 
-Canonical id: ``<import path>::<TestName>`` with subtests as go names them
-(``example.com/calc::TestSub/two_words``: spaces become ``_``, a repeated name gets
-``#01``); ``TestName`` alone when the package is unknown (a truncated text log).
-
-A test's own output is interleaved with the result lines and Go's ``test2json`` (behind
-``-json``, Go < 1.20) trusts the text too, so both parsers keep a pass or skip only for a
-test that was announced by ``=== RUN`` (a ``run`` event), take a failure from anywhere
-(printing one can only hurt) and let the worse of two reports win: a test printing
-``--- PASS: TestX`` cannot hide TestX's real failure or invent a test that never ran
-(but a printed ``=== RUN TestY`` + ``--- PASS: TestY`` can: prefer ``-json`` on Go >= 1.20,
-whose test2json is not fooled by printed lines). A package is complete when its final
-``ok``/``FAIL`` line (a package-level ``pass`` or ``fail`` event) is seen; a test announced
-but never resolved in a package that FAILed (``os.Exit``, a panic in a goroutine,
-``-timeout``) is failed. Without ``-v`` go prints only the failures.
+Parsers ``go_test`` and ``go_test_json``. Ids and trusted lines: docs/verification.md (Parsers,
+"The other parsers, runner by runner").
 """
 
 from __future__ import annotations

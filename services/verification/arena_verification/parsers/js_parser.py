@@ -1,20 +1,7 @@
 """jest (``--verbose``), vitest (``--reporter=verbose``) and mocha (spec) output -> results. Pure.
 
-Canonical id: the test file (when the runner prints it), the describe blocks and the test
-name, joined by `` > ``: ``t/calc.test.js > calc > adds`` (jest, vitest) or
-``calc > nested > deep passes`` (mocha's spec reporter does not name files).
-
-None of these reporters escapes what tests print, so each parser reads the runner's
-failure section as authoritative (worse wins) and bounds the count by the runner's own
-total (``Tests: ... N total``, vitest's ``Tests ... (N)``, mocha's passing + failing +
-pending): a log naming more tests is ``suspect``. jest is complete only when its
-``Test Suites:`` + ``Tests:`` lines follow the last file block and mocha's counts are the
-last block of counts in the log (a test may print such lines before them).
-
-JSON reports (``jest_json``, ``vitest_json``, ``mocha_json``): the last JSON object of the
-report's shape in the text -- a report file, or a log that holds it among other lines. jest
-and vitest name files by absolute path, made relative to ``SANDBOX_ROOT`` (the repository
-inside the verification sandbox); mocha names a test by its ``fullTitle``.
+Also their JSON reports (``jest_json``, ``vitest_json``, ``mocha_json``). Ids and trusted lines:
+docs/verification.md (Parsers, "The other parsers, runner by runner").
 """
 
 from __future__ import annotations

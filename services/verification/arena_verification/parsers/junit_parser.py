@@ -1,23 +1,7 @@
 """JUnit XML (Maven Surefire, Gradle, ``pytest --junitxml``) -> per-test results. Pure.
 
-Canonical ids:
-
-- ``junit``: ``<classname>#<name>`` (Maven's ``-Dtest=Class#method`` syntax),
-  e.g. ``calc.CalcTest#adds``;
-- ``node_junit`` (``node --test --test-reporter=junit``): the enclosing ``<testsuite>``
-  names (``describe`` blocks and tests with subtests) and the case name joined by
-  `` > `` -- the ``node_tap`` / ``node_spec`` id (``suite > deeper > deep passes``);
-- ``pytest_junit``: the pytest node id rebuilt from ``classname`` + ``name``: the
-  trailing capitalised parts of ``classname`` are classes, the rest the module path
-  (``tests.test_x.TestGroup`` + ``test_a[1]`` -> ``tests/test_x.py::TestGroup::test_a[1]``).
-
-A ``<testcase>`` with ``<failure>`` is failed, with ``<error>`` errored, with ``<skipped>``
-skipped (``xfailed`` for pytest's ``<skipped type="pytest.xfail">``), else passed. What tests print is inside ``<system-out>`` as text, so it cannot
-add a test case. The XML is read incrementally: a truncated file yields the test cases
-before the cut and ``complete=False``; a ``<testsuite tests="N">`` holding more than N
-cases makes the result ``suspect``. Several XML documents (one per test class, as
-Surefire writes them) may be concatenated: each is parsed on its own. Expat resolves no
-external entities.
+Parsers ``junit``, ``node_junit`` and ``pytest_junit``; read incrementally with expat. Ids and
+outcomes: docs/verification.md (Parsers, "The other parsers, runner by runner").
 """
 
 from __future__ import annotations

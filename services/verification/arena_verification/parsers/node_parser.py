@@ -1,17 +1,7 @@
 """Node's built-in test runner (``node --test``), spec and TAP reporters -> results. Pure.
 
-Canonical id: the names from the outermost suite down, joined by `` > ``
-(``suite > inner fails``). Only leaf tests are results; a suite's own line is not.
-
-- **TAP** (``--test-reporter=tap``): ``# Subtest: name`` opens a test at its indentation
-  (4 spaces per level), ``ok N - name`` / ``not ok N - name`` closes it, ``# SKIP`` and
-  ``# TODO`` mean skipped. What tests print is escaped as ``# ...`` comments by the runner,
-  so it cannot look like a result. Complete when the top-level plan ``1..N`` and
-  ``# tests N`` follow.
-- **spec** (the default on a terminal, ``--test-reporter=spec``): ``✔ name (1ms)``,
-  ``✖ name``, ``﹣ name # SKIP``, ``▶ suite`` opening a suite two spaces per level. What
-  tests print is *not* escaped, so the ``✖ failing tests:`` section is authoritative for
-  failures and ``ℹ tests N`` bounds the count (more: ``suspect``). Prefer TAP.
+Parsers ``node_spec`` and ``node_tap`` (prefer TAP: spec does not escape test output). Ids and
+trusted lines: docs/verification.md (Parsers, "The other parsers, runner by runner").
 """
 
 from __future__ import annotations

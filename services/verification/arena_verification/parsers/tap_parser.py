@@ -1,21 +1,7 @@
 """Generic TAP (Test Anything Protocol) -> per-test results. Pure.
 
-For runners other than node's (``node_tap`` reads node's ``# Subtest:`` layout): mocha's
-``--reporter tap``, vitest's ``--reporter=tap-flat`` and ``--reporter=tap`` (blocks in
-``{ ... }``), tape, ``prove``-style output.
-
-Canonical id: the test point's description without its number, the leading ``- `` and the
-trailing directive (``# SKIP``, ``# TODO``, vitest's ``# time=1.2ms``); inside vitest's
-``{ ... }`` blocks the enclosing points' descriptions come first, joined by `` > ``
-(``test/calc.test.js > calc > adds``, as vitest names it and as ``tap-flat`` prints it).
-A point opening a block is a file or suite, not a result. ``\\#`` and ``\\\\`` are
-unescaped. Mocha names a test by its full title (``calc adds``) and drops ``#`` from it.
-
-``not ok`` is failed, ``# SKIP`` and ``# TODO`` are skipped, else passed. Complete when the
-top-level plan ``1..N`` is there and N top-level points were seen (a plan printed first, as
-vitest does, does not make a killed run complete) and no ``Bail out!``; more top-level
-points than the plan means a test printed TAP lines: ``suspect``. Lines that are not TAP
-(a test's own output, the runner's other lines) are ignored.
+Parser ``tap``, for runners other than node's (mocha, vitest, tape, ``prove``). Ids and
+completeness: docs/verification.md (Parsers, "The other parsers, runner by runner").
 """
 
 from __future__ import annotations

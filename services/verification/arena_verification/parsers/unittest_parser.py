@@ -1,15 +1,7 @@
 """``python -m unittest -v`` output -> per-test results. Pure.
 
-Canonical id: the dotted id unittest prints in parentheses (``pkg.test_mod.TestCls.test_x``),
-which ``python -m unittest <id>`` accepts. Subtests fold into their test (worse wins).
-
-Trusted places: progress lines ``name (id) ... <status>`` at column 0, the
-``FAIL: name (id)`` / ``ERROR: name (id)`` headers after a ``=====`` rule (authoritative
-for failures), and the final ``Ran N tests`` + ``OK`` / ``FAILED (...)`` lines. A test's
-output lands between its ``... `` and its status, so while a test is running (its line
-has no status yet) progress-shaped lines are ignored; a printed ``ok`` can still resolve
-it, but the real ``FAIL:`` header overrides that. Run with ``-b`` to keep test output out
-of the log entirely.
+Parser ``unittest``. Ids and trusted lines: docs/verification.md (Parsers, "The other parsers,
+runner by runner").
 """
 
 from __future__ import annotations
