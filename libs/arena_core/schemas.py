@@ -758,11 +758,11 @@ class TrainerMetrics(Base, kw_only=True):
     ``(run, step)`` is the key: posting a step again replaces it.
     """
 
-    run: str
-    step: int
-    at: float
-    policy_version: str = ""
-    metrics: dict[str, float] = {}
+    run: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    step: Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+    at: Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+    policy_version: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    metrics: Annotated[dict[Annotated[str, msgspec.Meta(max_length=256)], float], msgspec.Meta(max_length=1024)] = {}
 
 
 class DeadLetter(Base, kw_only=True):

@@ -14,7 +14,8 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from arena_core import health
+from arena_core import health, openapi
+from arena_core.bodies import decode_body
 from arena_core.bus import Bus
 from arena_core.errors import ArenaError, InvalidRequest, NotFound
 from arena_core.grpo import group_advantages
@@ -51,10 +52,10 @@ class ExportPage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def trajectory_filter(
-    task_id: str | None = None,
-    group_id: str | None = None,
+    task_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
+    group_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
     state: RolloutState | None = None,
-    policy_version: str | None = None,
+    policy_version: str | None = Query(None, max_length=256),
     min_reward: float | None = Query(None, ge=-1e9, le=1e9),
     max_reward: float | None = Query(None, ge=-1e9, le=1e9),
     since: float | None = Query(None, ge=0, le=MAX_TIME, description="completed_at >= since (unix seconds)"),
@@ -113,7 +114,9 @@ def _error(exc: ArenaError) -> Response:
 
 
 def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
-    app = FastAPI(title="Arena trajectories", docs_url=None, redoc_url=None)
+    app = FastAPI(title="Arena trajectories", docs_url=None, redoc_url=None, responses=openapi.errors(422, 503))
+    openapi.install(app, [Trajectory, TrajectoryList, ExportPage, GroupView, TrainerMetrics, health.Health])
+    obj = {"type": "object"}
 
     @app.exception_handler(ArenaError)
     async def on_arena_error(request, exc: ArenaError) -> Response:
@@ -124,14 +127,14 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return _error(InvalidRequest(problems))
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: openapi.answer(health.Health), 503: openapi.answer(health.Health, "unhealthy")})
     async def healthz() -> Response:
         """Liveness: 503 once the bus connection is closed for good (the supervisor restarts us)."""
         problem = health.live(bus) if bus is not None else None
         return _json(health.Health(status="ok" if problem is None else "unhealthy", problem=problem or ""),
                      200 if problem is None else 503)
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={200: openapi.answer(health.Health), 503: openapi.answer(health.Health, "not ready")})
     async def readyz() -> Response:
         """Readiness: the store answers, NATS is connected and the plane's streams exist; else 503."""
         problem = None
@@ -144,14 +147,14 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         return _json(health.Health(status="ready" if problem is None else "not ready", problem=problem or ""),
                      200 if problem is None else 503)
 
-    @app.get("/v1/trajectories/{rollout_id}")
+    @app.get("/v1/trajectories/{rollout_id}", responses={200: openapi.answer(Trajectory), **openapi.errors(404)})
     async def get_trajectory(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
         trajectory = await store.trajectory(rollout_id)
         if trajectory is None:
             raise NotFound(f"no trajectory for rollout {rollout_id!r}")
         return _json(trajectory)
 
-    @app.get("/v1/trajectories")
+    @app.get("/v1/trajectories", responses={200: openapi.answer(TrajectoryList)})
     async def list_trajectories(
         f: TrajectoryFilter = Depends(trajectory_filter),
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
@@ -160,65 +163,60 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         rows = await store.list_trajectories(filter=f, limit=limit, offset=offset)
         return _json(TrajectoryList(trajectories=rows))
 
-    @app.get("/v1/stats/rewards")
+    @app.get("/v1/stats/rewards", responses={200: openapi.answer(obj)})
     async def reward_stats(f: TrajectoryFilter = Depends(trajectory_filter),
                            by: Literal["task", "policy_version"] = "task") -> Response:
         return _json({"by": by, "rows": await analytics.rewards(store, f, by=by)})
 
-    @app.get("/v1/stats/pass-rates")
+    @app.get("/v1/stats/pass-rates", responses={200: openapi.answer(obj)})
     async def pass_rate_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
         return _json({"rows": await analytics.pass_rates(store, f)})
 
-    @app.get("/v1/stats/tokens")
+    @app.get("/v1/stats/tokens", responses={200: openapi.answer(obj)})
     async def token_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
         return _json(await analytics.token_stats(store, f))
 
-    @app.get("/v1/stats/latency")
+    @app.get("/v1/stats/latency", responses={200: openapi.answer(obj)})
     async def latency_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
         return _json(await analytics.latency(store, f))
 
-    @app.get("/v1/counts")
-    async def counts(table: list[str] = Query([]), final: bool = True) -> Response:
+    @app.get("/v1/counts", responses={200: openapi.answer(obj)})
+    async def counts(table: list[Literal[TABLES]] = Query([]), final: bool = True) -> Response:  # type: ignore[valid-type]
         try:
             return _json(await store.count_all(table or TABLES, final=final))
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
-    @app.get("/v1/export/trajectories")
+    @app.get("/v1/export/trajectories", responses={200: openapi.answer(ExportPage)})
     async def export_trajectories(
         f: TrajectoryFilter = Depends(trajectory_filter),
-        after_group: str | None = None,
-        after_rollout: str | None = None,
+        after_group: str | None = Query(None, max_length=128),
+        after_rollout: str | None = Query(None, max_length=128),
         limit: int = Query(500, ge=1, le=MAX_EXPORT_PAGE),
     ) -> Response:
-        if (after_group is None) != (after_rollout is None):
-            raise InvalidRequest("after_group and after_rollout go together")
-        after = (after_group, after_rollout) if after_group is not None else None
+        # a solo rollout's group is "": one half of the keyset alone means the other is ""
+        after = (after_group or "", after_rollout or "") if (after_group, after_rollout) != (None, None) else None
         page = await store.export_page(f, after=after, limit=limit)
         nxt = [page[-1].group_id or "", page[-1].rollout_id] if len(page) == limit else None
         total = await store.count_filtered(f) if after is None else None
         return _json(ExportPage(trajectories=page, next=nxt, total=total))
 
-    @app.post("/v1/trainer-metrics")
+    @app.post("/v1/trainer-metrics", status_code=201, openapi_extra=openapi.request_body(TrainerMetrics),
+              responses={201: openapi.answer(obj, "stored")})
     async def post_trainer_metrics(request: Request) -> Response:
         """One trainer step's metrics, for the dashboard (``TrainerMetrics``)."""
         body = await request.body()
         if len(body) > MAX_METRICS_BODY:
             raise InvalidRequest(f"trainer metrics body over {MAX_METRICS_BODY} bytes")
-        try:
-            metrics = msgspec.json.decode(body, type=TrainerMetrics)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise InvalidRequest(f"invalid trainer metrics: {exc}") from None
-        if not metrics.run or metrics.step < 0:
-            raise InvalidRequest("trainer metrics need a non-empty run and a step >= 0")
+        metrics = decode_body(body, TrainerMetrics, what="trainer metrics")
         await store.insert_trainer_metrics(metrics)
         return _json({"stored": True}, 201)
 
-    @app.get("/v1/trainer-metrics")
-    async def get_trainer_metrics(run: str, limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
+    @app.get("/v1/trainer-metrics", responses={200: openapi.answer(obj)})
+    async def get_trainer_metrics(run: str = Query(..., min_length=1, max_length=256), limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
         return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit)})
 
-    @app.get("/v1/groups/{group_id}")
+    @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
     async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
         return _json(group_view(group_id, await store.group(group_id)))
 
