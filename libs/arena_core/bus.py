@@ -1,4 +1,4 @@
-"""NATS JetStream helpers: connect, declare the topology, publish idempotently, consume.
+"""NATS JetStream helpers on nats-py: connect, declare the topology, publish idempotently, consume.
 
 The ack policy lives here and only here:
 
@@ -16,23 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
+from urllib.parse import unquote, urlparse
 
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import AuthorizationError, ConnectionClosedError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.api import PubAck
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from arena_core import subjects, telemetry
 from arena_core.errors import Permanent, Retryable, Unavailable
-from arena_core.jetlink import JsMsg, JsPublisher, NoResponders, PubAck, PublishTimeout
-from arena_core.natslink import LinkClosed, LinkError, NatsLink
 from arena_core.schemas import DeadLetter, encode
 
 log = logging.getLogger("arena_core.bus")
@@ -44,93 +46,111 @@ T = TypeVar("T")
 DUPLICATE_WINDOW_S = 120.0
 
 
+#: Seconds a JetStream publish waits for its ``PubAck`` before ``Bus.publish`` tries again.
+PUBLISH_TIMEOUT_S = 5.0
+
+
+class PublishRefused(Permanent):
+    """JetStream refused a publish: no stream takes the subject, or a check the message
+    asked for failed (``Nats-Expected-*``); ``code``: JetStream's error code (0 for no stream).
+    Publishing again cannot help, so ``Bus.publish`` raises it at once."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
+
+
 class Bus:
-    """A connection to NATS with JetStream, owned by one service."""
+    """A connection to NATS with JetStream (nats-py), owned by one service.
+
+    ``nc`` reconnects for ever after a drop; what it publishes meanwhile is buffered (up to
+    nats-py's ``pending_size``) and sent once it is back."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, service: str, *, url: str):
         self.nc = nc
         self.js = js
         self.service = service
-        self.url = url  # the link (``link()``) connects here too
+        self.url = url
         self._kv: dict[str, Any] = {}
         self.closing = False
-        self._link: NatsLink | None = None
-        self._publisher: JsPublisher | None = None
-        self._link_lock = asyncio.Lock()
+        self.publish_timeout = PUBLISH_TIMEOUT_S  # per attempt of ``publish``
 
     @classmethod
-    async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0) -> Bus:
+    async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0,
+                      tls: ssl.SSLContext | None = None) -> Bus:
+        """Connect to ``url`` (comma-separated servers; ``tls://`` or a server that requires
+        TLS: verified with ``tls``, else the system's CAs), trying for up to
+        ``connect_timeout`` seconds while no server answers. A refusal that trying again
+        cannot cure (authorization, a certificate that does not verify) fails at once.
+        Raises ``Unavailable`` with the reason (never the URL's credentials)."""
+        holder: list[Bus] = []
+        loop = asyncio.get_running_loop()
+        fatal: asyncio.Future = loop.create_future()  # a refusal during the first connect
+        errors: list[BaseException] = []
+
         async def on_error(exc: Exception) -> None:
+            if not holder:  # still connecting
+                errors.append(exc)
+                if _refused(exc) and not fatal.done():
+                    fatal.set_result(exc)
+                return
             log.warning("nats error: %s", exc)
 
-        holder: list[Bus] = []
-
         async def on_disconnect() -> None:
-            if not (holder and holder[0].closing):
+            if holder and not holder[0].closing:
                 log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
-        deadline = time.monotonic() + connect_timeout
-        while True:
+        servers, credentials = split_url(url)
+        nc = NATS()
+        connecting = asyncio.ensure_future(nc.connect(
+            servers,
+            **credentials,
+            name=f"arena-{service}",
+            max_reconnect_attempts=-1,  # for ever, the first connection too: bounded by the wait below
+            reconnect_time_wait=0.5,
+            connect_timeout=2,
+            tls=tls,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        ))
+        await asyncio.wait({connecting, fatal}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done() or connecting.exception() is not None:
+            reason = fatal.result() if fatal.done() else (
+                connecting.exception() if connecting.done() else (errors[-1] if errors else "timed out"))
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
             try:
-                nc = await nats.connect(
-                    url,
-                    name=f"arena-{service}",
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    connect_timeout=2,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                )
-                break
-            except Exception as exc:  # noqa: BLE001 - nats raises several unrelated types
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
-                await asyncio.sleep(0.2)
+                await nc.close()
+            except Exception:  # noqa: BLE001 - never connected: nothing to flush
+                pass
+            what = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else reason
+            raise Unavailable(f"cannot connect to NATS at {redact(url)}: {what}")
+        fatal.cancel()
         bus = cls(nc, nc.jetstream(timeout=10), service, url=url)
         holder.append(bus)
         return bus
 
-    async def link(self, *, timeout: float = 10.0) -> NatsLink:
-        """The bus's lean connection (``arena_core.natslink``) for the high-rate paths: pull
-        feeds, acks and publishes. Opened on first use and again after it dropped (e.g. a
-        NATS restart), retrying for up to ``timeout`` seconds; then ``Unavailable``."""
-        async with self._link_lock:
-            if self.closing:
-                raise Unavailable(f"the {self.service} bus is closed")
-            if self._link is None or self._link.closed:
-                deadline = time.monotonic() + timeout
-                while True:
-                    try:
-                        self._link = await NatsLink.open(self.url, name=f"arena-{self.service}-link")
-                        break
-                    except LinkError as exc:
-                        if self.closing or time.monotonic() > deadline:
-                            raise Unavailable(str(exc)) from exc
-                        await asyncio.sleep(0.2)
-                self._publisher = JsPublisher(self._link)
-            return self._link
-
-    async def publisher(self) -> JsPublisher:
-        await self.link()
-        assert self._publisher is not None
-        return self._publisher
+    async def publisher(self) -> JetStreamContext:
+        """The JetStream context ``publish`` goes through (nats-py's ``self.js``)."""
+        return self.js
 
     async def close(self) -> None:
         """Flush what was published and close. (Acks are explicit, so nothing in flight
         is lost: an unacked message is redelivered to the next worker.)"""
         self.closing = True
-        if self._link is not None:
-            await self._link.close()
         if not self.nc.is_closed:
             try:
                 await asyncio.wait_for(self.nc.flush(), 2)
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except OSError as exc:  # the server is gone (nats-py drains the socket on close)
+                log.debug("closing the %s bus: %s", self.service, exc)
 
     # ----------------------------------------------------------------- topology
 
@@ -188,34 +208,61 @@ class Bus:
         headers: dict[str, str] | None = None,
         attempts: int = 20,
     ) -> PubAck:
-        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context, on the
-        bus's link (``arena_core.jetlink.JsPublisher``), and wait for the stream's ``PubAck``.
+        """Publish ``message`` with ``Nats-Msg-Id`` and the current trace context and wait
+        for the stream's ``PubAck`` (nats-py's ``js.publish``).
 
-        Retries while the server is unreachable (a restart: the link is opened again); a
-        duplicate inside the de-duplication window is acknowledged by the server and
-        dropped (``PubAck.duplicate``). A message over the server's ``max_payload`` raises
-        ``PayloadTooLarge`` at once; a refusal by JetStream raises ``PublishRefused``.
+        A publish that gets no answer (a NATS restart: the connection reconnects and sends
+        what it buffered) is tried again, up to ``attempts`` times in all, then
+        ``Unavailable``; a duplicate inside the de-duplication window is acknowledged by the
+        server and dropped (``PubAck.duplicate``), so trying again is safe. A body over the
+        server's ``max_payload`` goes to the object store first. A refusal by JetStream (no
+        stream takes the subject, a failed ``Nats-Expected-*`` check) raises
+        ``PublishRefused`` at once.
         """
         data = message if isinstance(message, bytes) else encode(message)
         hdrs = telemetry.inject(dict(headers or {}))
+        hdrs["Nats-Msg-Id"] = msg_id
         delay = 0.1
         for attempt in range(1, attempts + 1):
             try:
-                publisher = await self.publisher()
-                if len(data) > publisher.link.max_payload - BODY_HEADROOM:
+                if len(data) > self.nc.max_payload - BODY_HEADROOM:
                     # too big for one message: the body goes to the object store first,
                     # the message carries its name (readers: ``Bus.body``)
                     name = body_object_name(msg_id)
                     await self._put_body(name, data)
-                    return await publisher.publish(subject, b"", msg_id=msg_id,
-                                                   headers={**hdrs, BODY_OBJECT_HEADER: name})
-                return await publisher.publish(subject, data, msg_id=msg_id, headers=hdrs)
-            except (NoResponders, PublishTimeout, LinkClosed, Unavailable) as exc:
-                if attempt == attempts or self.closing:
-                    raise Unavailable(f"publish to {subject} failed after {attempts} attempts: {exc}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                    return await self.js.publish(subject, b"", timeout=self.publish_timeout,
+                                                 headers={**hdrs, BODY_OBJECT_HEADER: name})
+                return await self.js.publish(subject, data, timeout=self.publish_timeout, headers=hdrs)
+            except NoStreamResponseError as exc:
+                # no stream answered: none takes the subject, or one is between leaders
+                if await self._no_stream_takes(subject):
+                    raise PublishRefused(f"cannot publish to {subject}: no stream takes this subject") from exc
+                error: Exception = exc
+            except ServiceUnavailableError as exc:  # JetStream is there but not ready (e.g. starting)
+                error = exc
+            except APIError as exc:
+                raise PublishRefused(f"JetStream refused the publish to {subject}: "
+                                     f"{exc.description or exc} (error {exc.err_code})", exc.err_code or 0) from exc
+            except ConnectionClosedError as exc:
+                raise Unavailable(f"publish to {subject}: the {self.service} bus's NATS connection is closed") from exc
+            except (NatsTimeout, asyncio.TimeoutError, OutboundBufferLimitError, Unavailable) as exc:
+                error = exc
+            if attempt == attempts or self.closing:
+                raise Unavailable(f"publish to {subject} failed after {attempt} attempts: "
+                                  f"{type(error).__name__}: {error}") from error
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
+
+    async def _no_stream_takes(self, subject: str) -> bool:
+        """Whether JetStream says that no stream takes ``subject`` (``False`` when it cannot say now)."""
+        try:
+            await self.js.find_stream_name_by_subject(subject)
+        except NotFoundError:
+            return True
+        except Exception:  # noqa: BLE001 - no answer now: treat it as a passing outage
+            return False
+        return False
 
     async def _put_body(self, name: str, data: bytes) -> None:
         try:
@@ -225,8 +272,8 @@ class Bus:
             raise Unavailable(f"cannot store a {len(data)}-byte message body as {name}: {exc}") from exc
 
     async def body(self, msg: Any) -> bytes:
-        """The body of a consumed message (a ``JsMsg``, a nats-py ``Msg`` or a stream
-        message read by sequence): its data, or, when the publisher stored it in the
+        """The body of a consumed message (a nats-py ``Msg`` or a stream message read by
+        sequence): its data, or, when the publisher stored it in the
         object store because it was over ``max_payload``, that object. Raises
         ``BodyMissing`` if the object is gone, ``Unavailable`` if it cannot be read now."""
         name = body_object(msg)
@@ -262,7 +309,6 @@ class Bus:
 #: A message whose body is in the ``arena_artifacts`` object store names it in this header
 #: and has an empty payload (bodies over the server's ``max_payload``).
 BODY_OBJECT_HEADER = "Arena-Body-Object"
-_BODY_OBJECT_HEADER_BYTES = BODY_OBJECT_HEADER.encode()
 #: Room left in a message for its headers before the body goes to the object store.
 BODY_HEADROOM = 16 * 1024
 
@@ -271,16 +317,52 @@ class BodyMissing(Permanent):
     """A message names a body in the object store that is not there (deleted)."""
 
 
+def split_url(url: str) -> tuple[list[str], dict[str, str]]:
+    """``url``'s servers (comma-separated) and the credentials they carry, decoded
+    (``nats://user:p%40ss@host``): ``user``/``password`` or ``token`` for nats-py, which
+    takes a URL's user info as it is. Servers with different credentials keep their own."""
+    servers, found = [], set()
+    for one in (u.strip() for u in url.split(",")):
+        if not one:
+            continue
+        parsed = urlparse(one if "://" in one else f"nats://{one}")
+        if parsed.username is not None:
+            found.add((unquote(parsed.username), None if parsed.password is None else unquote(parsed.password)))
+        servers.append(one)
+    if len(found) != 1:
+        return servers, {}
+    (user, password), = found
+    credentials = {"token": user} if password is None else {"user": user, "password": password}
+    return [redact(one) for one in servers], credentials
+
+
+def _refused(exc: BaseException) -> bool:
+    """A connect error that trying again cannot cure: the server refused the credentials,
+    or its certificate does not verify."""
+    return (isinstance(exc, (AuthorizationError, ssl.SSLCertVerificationError))
+            or "authorization violation" in str(exc).lower())
+
+
+def redact(url: str) -> str:
+    """``url`` (comma-separated servers) without credentials, for messages and logs."""
+    out = []
+    for one in url.split(","):
+        one = one.strip()
+        parsed = urlparse(one if "://" in one else f"nats://{one}")
+        if parsed.username is None and parsed.password is None:
+            out.append(one)
+            continue
+        host = f"{parsed.hostname}:{parsed.port}" if parsed.port else str(parsed.hostname)
+        out.append(parsed._replace(netloc=host).geturl())
+    return ",".join(out)
+
+
 def body_object_name(msg_id: str) -> str:
     return f"bodies/{msg_id}"
 
 
 def body_object(msg: Any) -> str | None:
     """The object-store name of ``msg``'s body, if the publisher put it there."""
-    if type(msg) is JsMsg:
-        raw = msg.raw_headers
-        if raw is None or _BODY_OBJECT_HEADER_BYTES not in raw:  # the hot path: no header parsing
-            return None
     headers = msg.headers
     return headers.get(BODY_OBJECT_HEADER) if headers else None
 
@@ -290,7 +372,7 @@ class Delivery:
 
     __slots__ = ("subject", "_msg")
 
-    def __init__(self, msg: Msg | JsMsg):
+    def __init__(self, msg: Msg):
         self.subject: str = msg.subject
         self._msg = msg
 
@@ -304,7 +386,7 @@ class Delivery:
 
     @property
     def headers(self) -> dict[str, str]:
-        """The message's headers (parsed on first use: most handlers never read them)."""
+        """A copy of the message's headers."""
         return dict(self._msg.headers or {})
 
 

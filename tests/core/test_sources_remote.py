@@ -368,7 +368,7 @@ MAX_BUNDLE = 256 * 1024
 async def rollout(bus):
     settings = Settings(allow_host_paths=False, nats_url="nats://127.0.0.1:1", backend_url="http://127.0.0.1:9/v1",
                         public_url="http://arena:9090", max_bundle_bytes=MAX_BUNDLE)
-    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS), publisher=bus.publisher)
+    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS))
     http = httpx.AsyncClient()
     service = RolloutService(bus=bus, store=store, settings=settings, http=http)
     api = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)), base_url="http://arena")
@@ -505,7 +505,7 @@ async def test_sdk_uploads_local_directories_as_bundles(bus, tmp_path):
     """ArenaClient.submit against a real server that takes no host paths: ``repo`` and
     ``agent.path`` go up as bundles, and the submission names them."""
     settings = Settings(allow_host_paths=False, nats_url="nats://127.0.0.1:1", backend_url="http://127.0.0.1:9/v1")
-    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS), publisher=bus.publisher)
+    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS))
     http = httpx.AsyncClient()
     service = RolloutService(bus=bus, store=store, settings=settings, http=http)
     port, stop = free_port(), asyncio.Event()

@@ -59,7 +59,7 @@ async def rollout(bus, tmp_path):
             await asyncio.sleep(0.02)
     settings = Settings(allow_host_paths=True, nats_url="nats://127.0.0.1:1", backend_url=f"http://127.0.0.1:{port}/v1",
                         public_url="http://arena:9090", backend_policy_version="3", max_body_bytes=64 * 1024)
-    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS), publisher=bus.publisher)  # as the service runs it
+    store = RolloutStore(await bus.kv(subjects.KV_ROLLOUTS))  # as the service runs it
     service = RolloutService(bus=bus, store=store, settings=settings, http=backend)
     runner = asyncio.create_task(serve(stop, consumers=consumers(bus, service)))
     api = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)), base_url="http://arena")
@@ -256,15 +256,15 @@ async def test_a_task_with_a_non_test_verifier_is_accepted(rollout, tmp_path):
     assert resp.json()["state"] == "provisioning"
 
 
-async def test_compare_and_set_through_the_link_loses_races_and_retries(bus, tmp_path):
-    """Two stores (two service replicas) on one bucket, writing through the bus's link:
+async def test_compare_and_set_loses_races_and_retries(bus, tmp_path):
+    """Two stores (two service replicas) on one bucket, writing with nats-py's ``kv.update``:
     a write from a stale revision is refused, ``update`` retries it, nothing is lost."""
     from nats.js.errors import KeyWrongLastSequenceError
 
     from arena_core.schemas import RolloutRecord, RolloutState, SamplingParams
 
     kv = await bus.kv(subjects.KV_ROLLOUTS)
-    a, b = RolloutStore(kv, publisher=bus.publisher), RolloutStore(kv, publisher=bus.publisher)
+    a, b = RolloutStore(kv), RolloutStore(kv)
     task = msgspec.convert(task_json(tmp_path), Task)
     revision = await a.create(RolloutRecord(rollout_id="cas", task=task, sampling=SamplingParams(), model="m",
                                             provider="local", api_key="k", state=RolloutState.RUNNING,

@@ -19,18 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from arena_core.bus import follow_kv
-from arena_core.jetlink import JsPublisher, PublishRefused
 from arena_core.errors import ArenaError, Conflict, InvalidRequest, NotFound
 from arena_core.schemas import ID_PATTERN, valid_id, RolloutRecord
-
-#: JetStream's error code for a publish whose ``Nats-Expected-Last-Subject-Sequence`` lost.
-_WRONG_LAST_SEQUENCE = 10071
 
 log = logging.getLogger("arena.rollout.store")
 
@@ -121,16 +117,13 @@ class RecordCache:
 
 
 class RolloutStore:
-    def __init__(self, kv, *, cache: RecordCache | None = None,
-                 publisher: Callable[[], Awaitable[JsPublisher]] | None = None):
-        """``publisher`` (``Bus.publisher``): compare-and-set writes go through the bus's lean
-        link as a publish to ``$KV.{bucket}.{key}`` with ``Nats-Expected-Last-Subject-Sequence``
-        (what nats-py's ``kv.update`` sends, at about half its CPU: every proxied call
-        updates its rollout's counters). Without it, through nats-py."""
+    def __init__(self, kv, *, cache: RecordCache | None = None, publisher: object = None):
+        """Compare-and-set writes are nats-py's ``kv.update`` (a JetStream publish with
+        ``Nats-Expected-Last-Subject-Sequence``). ``publisher`` is accepted and not used:
+        callers written for the bus's former lean connection still pass ``Bus.publisher``."""
+        del publisher
         self.kv = kv
         self.cache = cache if cache is not None else RecordCache()
-        self.publisher = publisher
-        self._subject_prefix = f"$KV.{kv._name}."  # noqa: SLF001 - nats-py's bucket name
 
     async def create(self, record: RolloutRecord) -> int:
         try:
@@ -194,17 +187,7 @@ class RolloutStore:
     async def _compare_and_set(self, rollout_id: str, data: bytes, revision: int) -> int:
         """Write ``data`` if the key is still at ``revision``; the new revision. Raises
         ``KeyWrongLastSequenceError`` when another writer got there first."""
-        if self.publisher is None:
-            return await self.kv.update(rollout_id, data, last=revision)
-        publisher = await self.publisher()
-        try:
-            ack = await publisher.publish(self._subject_prefix + rollout_id, data,
-                                          headers={"Nats-Expected-Last-Subject-Sequence": str(revision)})
-        except PublishRefused as exc:
-            if exc.code == _WRONG_LAST_SEQUENCE:
-                raise KeyWrongLastSequenceError(description=str(exc)) from exc
-            raise
-        return ack.seq
+        return await self.kv.update(rollout_id, data, last=revision)
 
     async def list(self, *, state: str | None = None, limit: int = 1000) -> list[RolloutRecord]:
         try:

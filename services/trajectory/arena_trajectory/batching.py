@@ -13,12 +13,14 @@ statement, then settles every message with the verdict the handler returned:
 So an ack still means "stored", and a redelivered batch is harmless because every table
 it writes is idempotent (ReplacingMergeTree).
 
-Batches come from a ``PullFeed`` on the bus's lean connection (``arena_core.jetlink``: one
-pull request and one wait per batch, not per message, and the batch's acks in one
-write); after the first message arrives the fetch lingers up to ``linger`` seconds for
-more, so a steady flow makes a few large inserts instead of many small ones (a ClickHouse
-insert has a fixed cost however few rows it carries). With ``concurrency`` > 1 the next
-batch is fetched and decoded while the previous one is being stored.
+Batches come from a nats-py pull subscription bound to the durable consumer
+(``fetch(batch, timeout)``); after the first messages arrive the consumer lingers up to
+``linger`` seconds fetching more, so a steady flow makes a few large inserts instead of
+many small ones (a ClickHouse insert has a fixed cost however few rows it carries). Acks
+are published without waiting for a flush each (nats-py writes them out together). A
+fetch that fails for anything but a timeout (a NATS restart) binds the subscription again.
+With ``concurrency`` > 1 the next batch is fetched and decoded while the previous one is
+being stored.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
 
 from arena_core.bus import BodyMissing, Bus, Delivery, PullConsumer, body_object, settle
 from arena_core.errors import Unavailable
-from arena_core.jetlink import FetchTimeout, JsMsg, PullFeed, ack_all
 
 log = logging.getLogger("arena.trajectory")
 
@@ -59,6 +62,12 @@ class Dead:
 Verdict = Retry | Dead | None
 Item = tuple[Any, Delivery]
 BatchHandler = Callable[[list[Item]], Awaitable[Sequence[Verdict] | None]]
+
+#: A batch that is not full after its first fetch waits for more in this many pauses of
+#: ``linger / LINGER_STEPS``, each followed by a fetch that returns at once with what came.
+LINGER_STEPS = 4
+#: How long such a fetch waits when nothing came during its pause (then the batch goes as it is).
+LINGER_FETCH_TIMEOUT = 0.005
 
 
 class BatchConsumer(PullConsumer, Generic[T]):
@@ -98,7 +107,7 @@ class BatchConsumer(PullConsumer, Generic[T]):
         """Fetch, handle and settle batches until ``stop`` is set (the batches in hand are
         finished). With ``concurrency`` > 1, the next batch is fetched and decoded while
         earlier ones are still being stored (their order does not matter to the handler)."""
-        feed: PullFeed | None = None
+        sub = None
         slots = asyncio.Semaphore(self.concurrency)
         in_flight: set[asyncio.Task] = set()
         try:
@@ -108,11 +117,10 @@ class BatchConsumer(PullConsumer, Generic[T]):
                     slots.release()
                     break
                 try:
-                    if feed is None or feed.link.closed:
-                        await self.declare()
-                        feed = PullFeed(await self.bus.link(), self.stream, self.durable).start()
-                    msgs = await feed.fetch(self.batch_size, timeout=self.fetch_timeout, linger=self.linger)
-                except FetchTimeout:
+                    if sub is None:
+                        sub = await self._subscribe()
+                    msgs = await self.fetch(sub)
+                except (NatsTimeout, asyncio.TimeoutError):
                     slots.release()
                     continue
                 except Exception as exc:  # noqa: BLE001 - a server restart surfaces as many types
@@ -121,9 +129,9 @@ class BatchConsumer(PullConsumer, Generic[T]):
                         break
                     log.warning("fetch on %s failed, retrying: %s", self.durable, exc,
                                 extra={"consumer": self.durable})
-                    if feed is not None:  # re-bind: a pull consumer can go silent after a server restart
-                        await feed.stop()
-                        feed = None
+                    if sub is not None:  # bind again: a pull consumer can go silent after a server restart
+                        await _unsubscribe(sub)
+                        sub = None
                     await asyncio.sleep(0.5)
                     continue
                 if self.concurrency == 1:
@@ -139,12 +147,33 @@ class BatchConsumer(PullConsumer, Generic[T]):
         finally:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
-            if feed is not None:
-                await feed.stop()
+            if sub is not None:
+                await _unsubscribe(sub)
 
-    async def process(self, msgs: list[JsMsg]) -> None:
+    async def fetch(self, sub) -> list[Msg]:
+        """Up to ``batch_size`` messages: waits up to ``fetch_timeout`` for the first (else
+        nats-py's ``TimeoutError``), then, while fewer than ``batch_size`` are in, lets more
+        gather for up to ``linger`` seconds (a few pauses, each followed by a fetch of what
+        came: a fetch per message that trickles in would cost more than the messages)."""
+        msgs = await sub.fetch(self.batch_size, timeout=self.fetch_timeout)
+        if len(msgs) >= self.batch_size or self.linger <= 0:
+            return msgs
+        deadline = time.monotonic() + self.linger
+        pause = self.linger / LINGER_STEPS
+        while len(msgs) < self.batch_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(pause, left))
+            try:
+                msgs += await sub.fetch(self.batch_size - len(msgs), timeout=LINGER_FETCH_TIMEOUT)
+            except Exception:  # noqa: BLE001 - a timeout, or trouble the next fetch meets again
+                break
+        return msgs
+
+    async def process(self, msgs: list[Msg]) -> None:
         items: list[Item] = []
-        kept: list[JsMsg] = []
+        kept: list[Msg] = []
         for msg in msgs:
             try:
                 data = msg.data if body_object(msg) is None else await self.bus.body(msg)
@@ -178,8 +207,9 @@ class BatchConsumer(PullConsumer, Generic[T]):
             raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(kept)} messages")
         stored = [msg for msg, verdict in zip(kept, verdicts) if verdict is None]
         try:
-            ack_all(stored)
-        except Exception as exc:  # noqa: BLE001 - the link is gone: they are redelivered, and stored idempotently
+            for msg in stored:  # queued on the connection, written out together (no flush awaited per ack)
+                await msg.ack()
+        except Exception as exc:  # noqa: BLE001 - the connection is gone: they are redelivered, and stored idempotently
             log.warning("%s: could not ack %d messages: %s", self.durable, len(stored), exc)
         for msg, verdict in zip(kept, verdicts):
             if verdict is None:
@@ -190,9 +220,15 @@ class BatchConsumer(PullConsumer, Generic[T]):
                 log.error("dead-lettering %s: %s", msg.subject, verdict.reason, extra={"consumer": self.durable})
                 await self._dead(msg, verdict.reason)
 
-    async def _fail(self, msg: JsMsg, error: str) -> None:
+    async def _fail(self, msg: Msg, error: str) -> None:
         if self.last_delivery(msg):
             await self._dead(msg, error)
         else:
             await settle(msg.nak(delay=self.backoff(msg.metadata.num_delivered)))
 
+
+async def _unsubscribe(sub) -> None:
+    try:
+        await sub.unsubscribe()
+    except Exception:  # noqa: BLE001 - the connection may be gone: nothing to undo then
+        pass
