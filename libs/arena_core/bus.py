@@ -74,6 +74,9 @@ class Bus:
         self._kv: dict[str, Any] = {}
         self.closing = False
         self.publish_timeout = PUBLISH_TIMEOUT_S  # per attempt of ``publish``
+        #: Set when nats-py closed the connection for good without ``close`` (a protocol error
+        #: from the server is final to it): the service must exit non-zero for its supervisor.
+        self.lost = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, service: str, *, connect_timeout: float = 10.0,
@@ -103,6 +106,12 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
+        async def on_closed() -> None:
+            if holder and not holder[0].closing:
+                log.error("the NATS connection is closed for good (%s); the %s service must restart",
+                          nc.last_error or "no error given", service)
+                holder[0].lost.set()
+
         servers, credentials = split_url(url)
         nc = NATS()
         connecting = asyncio.ensure_future(nc.connect(
@@ -112,10 +121,14 @@ class Bus:
             max_reconnect_attempts=-1,  # for ever, the first connection too: bounded by the wait below
             reconnect_time_wait=0.5,
             connect_timeout=2,
+            # a partition (nothing arrives, the socket stays open) is found within ~15 s
+            ping_interval=5,
+            max_outstanding_pings=3,
             tls=tls,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            closed_cb=on_closed,
         ))
         await asyncio.wait({connecting, fatal}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
         if not connecting.done() or connecting.exception() is not None:
@@ -133,6 +146,11 @@ class Bus:
         bus = cls(nc, nc.jetstream(timeout=10), service, url=url)
         holder.append(bus)
         return bus
+
+    def watch(self) -> LostWatch:
+        """A runner for ``arena_core.runtime.serve`` that fails once the connection is lost for
+        good, so the service exits non-zero and its supervisor restarts it."""
+        return LostWatch(self)
 
     async def publisher(self) -> JetStreamContext:
         """The JetStream context ``publish`` goes through (nats-py's ``self.js``)."""
@@ -304,6 +322,26 @@ class Bus:
             letter,
             msg_id=f"dead:{stream}:{consumer}:{meta.sequence.stream}",
         )
+
+
+class LostWatch:
+    """Ends with ``Unavailable`` when the bus's connection is closed for good; quietly on ``stop``."""
+
+    durable = "nats connection"
+
+    def __init__(self, bus: Bus):
+        self.bus = bus
+
+    async def run(self, stop: asyncio.Event) -> None:
+        waits = {asyncio.create_task(self.bus.lost.wait()), asyncio.create_task(stop.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        if self.bus.lost.is_set() and not stop.is_set():
+            raise Unavailable(f"the {self.bus.service} bus's NATS connection is closed for good "
+                              f"({self.bus.nc.last_error or 'no error given'})")
 
 
 #: A message whose body is in the ``arena_artifacts`` object store names it in this header

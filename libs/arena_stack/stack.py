@@ -92,7 +92,10 @@ class Stack:
     """Start with ``await stack.start()``, stop with ``stack.stop()`` (or ``async with``)."""
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
-                 nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False):
+                 nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False,
+                 nats_port: int | None = None):
+        """``nats_port``: where nats-server listens when the services reach it elsewhere
+        (``settings.nats_url`` through a proxy or relay); default the port of that URL."""
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         if not settings.sandbox_health_port or not settings.verification_health_port:
@@ -102,7 +105,8 @@ class Stack:
         self.settings = settings
         self.data_dir = Path(settings.data_dir).resolve()
         self.llm_script = Path(llm_script).resolve() if llm_script else None
-        self.nats = NatsServer(self.data_dir / "nats", urlparse(settings.nats_url).port or 4222, sync=nats_sync)
+        self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
+                               sync=nats_sync)
         self.children: list[Child] = []
         self.log = log
         #: each service its own data directory (``<data_dir>/services/<name>``), as on

@@ -53,7 +53,7 @@ async def main(settings: Settings) -> int:
     # no sandbox lives longer than the longest wall clock a task may ask for
     bases = [p.base for p in providers if getattr(p, "base", None) is not None]
     sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
-    code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper],
+    code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch()],
                        app=health if settings.sandbox_health_port else None, host=settings.host,
                        port=settings.sandbox_health_port)
     for pool in pools:

@@ -42,7 +42,7 @@ async def serve(settings: Settings, bus: Bus, store: TrajectoryStore) -> int:
     worker = TrajectoryWorker(bus, store, group_timeout=settings.trajectory_group_timeout_s)
     stop = stop_on_signals()
     log.info("trajectory service on %s", settings.trajectory_url)
-    code = await runtime.serve(stop, consumers=[*worker.consumers(), CycleCollector()], app=create_app(store, bus),
+    code = await runtime.serve(stop, consumers=[*worker.consumers(), CycleCollector(), bus.watch()], app=create_app(store, bus),
                                host=settings.host, port=settings.trajectory_port)
     log.info("stopped")
     return code

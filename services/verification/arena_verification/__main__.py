@@ -56,7 +56,7 @@ async def main(settings: Settings) -> int:
             # a verification lives no longer than the rollout service lets a rollout verify
             sweeper = Sweeper([scratch], older_than_s=(settings.verify_deadline_s or 86400) + 600,
                               what="verification scratch")
-            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), sweeper],
+            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), sweeper, bus.watch()],
                                app=health if settings.verification_health_port else None, host=settings.host,
                                port=settings.verification_health_port)
         finally:
