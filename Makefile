@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo demo-rl test test-pkg proto proto-check clean bench
+.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -25,9 +25,17 @@ demo-rl: venv
 test: venv
 	$(VENV)/bin/pytest -q
 
-## one package's tests, e.g. `make test-pkg PKG=rollout` (tests/ mirrors the packages)
+## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv
 	$(VENV)/bin/pytest -q tests/$(PKG)
+
+## schemathesis for minutes against both APIs, with the stateful phase (submit -> get -> wait -> cancel)
+fuzz: venv
+	ARENA_FUZZ_SECONDS=$${ARENA_FUZZ_SECONDS:-300} $(VENV)/bin/pytest -q -s tests/e2e/test_api_fuzz.py
+
+## 100 rollouts while every service and nats-server are killed with SIGKILL and restarted; prints figures
+test-chaos: venv
+	ARENA_CHAOS=1 $(VENV)/bin/pytest -q -s tests/e2e/test_chaos.py
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv

@@ -15,7 +15,7 @@ import httpx
 import msgspec
 
 from arena_core import sources
-from arena_core.errors import BY_CODE, ArenaError, NotFound, Unavailable
+from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
 from arena_core.schemas import (
     BundleSource,
     PathSource,
@@ -35,7 +35,10 @@ T = TypeVar("T")
 
 class ArenaClient:
     def __init__(self, url: str = "http://127.0.0.1:9090", trajectory_url: str = "http://127.0.0.1:9092", *,
-                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
+                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None, overload_wait: float = 600.0):
+        """``overload_wait``: seconds a submission keeps retrying while the server answers 429
+        ``overloaded`` (after each ``Retry-After``) before raising ``Overloaded``; 0 raises at once."""
+        self.overload_wait = overload_wait
         self._http = httpx.Client(base_url=url, timeout=timeout, transport=transport)
         self._traj = httpx.Client(base_url=trajectory_url, timeout=timeout, transport=transport)
 
@@ -60,6 +63,8 @@ class ArenaClient:
             cls = BY_CODE.get(err["code"], ArenaError)
             exc = cls(err["message"])
             exc.status = resp.status_code
+            if isinstance(exc, Overloaded):
+                exc.retry_after = float(resp.headers.get("retry-after", "1") or 1)
         except Exception:  # noqa: BLE001 - not one of our error bodies
             exc = ArenaError(f"HTTP {resp.status_code}: {resp.text[:300]}")
             exc.status = resp.status_code
@@ -72,6 +77,19 @@ class ArenaClient:
             raise Unavailable(f"cannot reach {client.base_url}: {exc}") from exc
         data = self._check(resp)
         return msgspec.json.decode(data, type=type_) if type_ is not None else msgspec.json.decode(data)
+
+    def _submit_call(self, path: str, type_: type[T], body: bytes) -> T:
+        """POST a submission, waiting out 429 ``overloaded`` answers for up to ``overload_wait``."""
+        deadline = time.monotonic() + self.overload_wait
+        while True:
+            try:
+                return self._call(self._http, "POST", path, type_, content=body,
+                                  headers={"content-type": "application/json"})
+            except Overloaded as exc:
+                left = deadline - time.monotonic()
+                if exc.retry_after <= 0 or left <= 0:
+                    raise
+                time.sleep(min(max(exc.retry_after, 0.1), left))
 
     # ------------------------------------------------------------------ bundles
 
@@ -106,8 +124,7 @@ class ArenaClient:
         task = self.prepare(task)
         req = SubmitRolloutRequest(task=task, sampling=sampling or SamplingParams(), model=model,
                                    metadata=metadata or {})
-        return self._call(self._http, "POST", "/v1/rollouts", RolloutView, content=encode(req),
-                          headers={"content-type": "application/json"})
+        return self._submit_call("/v1/rollouts", RolloutView, encode(req))
 
     def submit_group(self, task: Task, *, n: int, seed: int | None = None, sampling: SamplingParams | None = None,
                      model: str = "default", metadata: dict[str, str] | None = None) -> GroupSubmitted:
@@ -116,8 +133,7 @@ class ArenaClient:
             sampling = msgspec.structs.replace(sampling, seed=seed)
         task = self.prepare(task)
         req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {})
-        return self._call(self._http, "POST", "/v1/rollout-groups", GroupSubmitted, content=encode(req),
-                          headers={"content-type": "application/json"})
+        return self._submit_call("/v1/rollout-groups", GroupSubmitted, encode(req))
 
     def get(self, rollout_id: str) -> RolloutView:
         return self._call(self._http, "GET", f"/v1/rollouts/{rollout_id}", RolloutView)

@@ -51,6 +51,11 @@ def request_body(struct: type, *, media_type: str = "application/json") -> dict[
     return {"requestBody": {"required": True, "content": {media_type: {"schema": ref(struct)}}}}
 
 
+def request_body_schema(schema: Mapping[str, Any], *, media_type: str = "application/json") -> dict[str, Any]:
+    """``openapi_extra`` for a route whose JSON body is any ``schema`` (e.g. a proxied LLM call)."""
+    return {"requestBody": {"required": True, "content": {media_type: {"schema": dict(schema)}}}}
+
+
 def add_components(document: dict[str, Any], structs: Iterable[type]) -> dict[str, Any]:
     """``document`` with the JSON Schemas of ``structs`` (and those they use) as components."""
     _, components = msgspec.json.schema_components([ErrorResponse, *structs], ref_template=REF)

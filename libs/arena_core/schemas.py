@@ -7,6 +7,7 @@ drift. The evolution rules (defaults, unknown fields) are in docs/schemas.md.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -15,10 +16,12 @@ SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/sc
 
 
 #: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
-#: trajectory, key ids; subject tokens): 1-128 characters, ASCII letters and digits first,
-#: then letters, digits, ``.``, ``_`` and ``-`` (docs/reliability.md).
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-ID_RE = __import__("re").compile(ID_PATTERN)
+#: trajectory, key ids; subject tokens): 1-128 characters, an ASCII letter or digit first, then
+#: letters, digits, ``_`` and ``-``, with single dots between non-empty parts (an id becomes a
+#: NATS subject token and a KV key: no empty token). No look-around: FastAPI's validator lacks it.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$"
+ID_MAX = 128
+ID_RE = re.compile(ID_PATTERN)
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=128)]
 #: Submitters' labels: at most 64, keys 1-128 characters, values up to 4 KiB.
 Labels = Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)],
@@ -797,7 +800,7 @@ ENCODER = msgspec.json.Encoder()
 
 def valid_id(value: str) -> bool:
     """Whether ``value`` follows the identifier grammar (:data:`ID_PATTERN`)."""
-    return ID_RE.fullmatch(value) is not None
+    return len(value) <= ID_MAX and ID_RE.fullmatch(value) is not None
 
 
 def encode(obj: Any) -> bytes:

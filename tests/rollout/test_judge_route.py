@@ -23,7 +23,7 @@ from arena_stack.scripted_llm import create_app as create_llm_app
 from arena_core.settings import Settings
 from arena_rollout.app import create_app
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 from arena_verification import judge
@@ -56,7 +56,7 @@ async def start(app, stops: list) -> str:
 async def arena(bus, tmp_path):
     stops: list = []
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
-    pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)
+    pool = UpstreamClient(connect_timeout=2.0, read_timeout=30.0)
     backend = await start(create_llm_app(ScriptedLLM(SCRIPT, policy_version="v1")), stops)
     replica = BackendReplica(replica_id="r0", url=backend + "/v1", policy_version="v1")
     settings = Settings(

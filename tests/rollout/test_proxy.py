@@ -233,25 +233,3 @@ def test_sse_events_are_read_whole_however_the_reads_cut_them():
     buffer = bytearray()
     assert sse_events(buffer, b'data: {"partial"') == []
     assert sse_events(buffer, b': 1}\n\n') == [b'{"partial": 1}']
-
-
-def test_the_proxy_routes_the_server_protocol_answers():
-    from types import SimpleNamespace
-
-    from arena_rollout.app import _ProxyRoutes
-
-    async def fast(exchange, *, rollout_id, api):  # what a match is bound to; never run here
-        raise AssertionError("not called")
-
-    routes = _ProxyRoutes(SimpleNamespace(limit=1234, _fast=fast))
-    assert routes.body_limit == 1234
-    for target, api in ((b"/proxy/r-1/v1/chat/completions", "openai.chat"),
-                        (b"/proxy/r-1/v1/completions?x=1", "openai.completions"),
-                        (b"/proxy/r-1/v1/messages", "anthropic.messages")):
-        handler = routes.match(b"POST", target)
-        assert handler is not None and handler.keywords == {"rollout_id": "r-1", "api": api}
-    # everything else is the ASGI app's: other methods, other paths, a percent-encoded id (decoded there)
-    for method, target in ((b"GET", b"/proxy/r-1/v1/chat/completions"), (b"POST", b"/proxy/r-1/v1/models"),
-                           (b"POST", b"/proxy/r%2D1/v1/messages"), (b"POST", b"/v1/rollouts"),
-                           (b"POST", b"/proxy/r-1/v1/chat/completions/extra")):
-        assert routes.match(method, target) is None

@@ -25,7 +25,7 @@ from arena_core.settings import Settings
 from arena_core.tokens import single_sequence
 from arena_rollout.app import create_app
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 
@@ -167,7 +167,7 @@ class Stack:
 @pytest.fixture
 async def stack(bus, tmp_path):
     stops: list = []
-    pools: list[Http1Client] = []
+    pools: list[UpstreamClient] = []
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
 
     async def build(**faults_by_replica: Faults) -> Stack:
@@ -181,7 +181,7 @@ async def stack(bus, tmp_path):
         allow_host_paths=True, nats_url="nats://127.0.0.1:1", backend_url=replicas[0].url, max_body_bytes=64 * 1024)
         kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(kv)
-        pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)
+        pool = UpstreamClient(connect_timeout=2.0, read_timeout=30.0)
         pools.append(pool)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=Router(replicas),
                                  upstream=pool)
@@ -313,7 +313,9 @@ async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):
     assert len(s.backends["default"].bodies) == 2  # the refused calls never reached the backend
 
     rid, key = await s.rollout(tmp_path, wall_clock_s=30)
-    await s.service.store.update(rid, lambda r: msgspec.structs.replace(r, created_at=r.created_at - 31))
+    # 31 s since its agent started (the wall clock counts from there, not from the submission)
+    await s.service.store.update(rid, lambda r: msgspec.structs.replace(
+        r, created_at=r.created_at - 31, history=[msgspec.structs.replace(h, at=h.at - 31) for h in r.history]))
     with pytest.raises(openai.RateLimitError) as late:
         await s.openai(rid, key).chat.completions.create(model="default", messages=msgs)
     assert late.value.body["code"] == "wall_clock_exceeded"
@@ -384,7 +386,7 @@ async def test_replica_dying_mid_stream_and_a_dead_replica_fail_over(stack, tmp_
     assert after.failovers[0].replica == "dying" and "died mid-stream" in after.failovers[0].error
     (moved,) = await s.steps(rid2, 1)
     assert moved.backend_replica == "healthy"
-    assert moved.failovers[0].replica == "dead" and "ConnectError" in moved.failovers[0].error
+    assert moved.failovers[0].replica == "dead" and "ClientConnectorError" in moved.failovers[0].error
 
 
 async def test_malformed_backend_json_is_a_clear_502_and_no_step(stack, tmp_path):

@@ -21,7 +21,7 @@ from arena_stack.scripted_llm import Faults
 from arena_core.settings import Settings
 from arena_rollout.app import create_app
 from arena_rollout.proxy.budget import prompt_upper_bound
-from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.proxy.routing import Router
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
@@ -190,7 +190,7 @@ async def test_the_policy_server_counts_its_prompts_for_the_budget(bus, tmp_path
     await server.start()
     stops: list = []
     http = httpx.AsyncClient(timeout=10)
-    pool = Http1Client(connect_timeout=2.0, read_timeout=30.0)
+    pool = UpstreamClient(connect_timeout=2.0, read_timeout=30.0)
     try:
         url = await start(create_policy_app(server), stops)
         body = {"model": "policy", "messages": [{"role": "user", "content": "12+30=?"}]}
@@ -252,5 +252,5 @@ async def test_the_prompt_is_counted_on_the_replica_that_serves_the_call(stack, 
     assert [(f.replica, f.error) for f in steps[2].failovers] == [(first, "not used: probe failed")]
     assert steps[3].prompt_count.replica == steps[3].backend_replica == other
     assert [f.replica for f in steps[3].failovers] == ["dead"]
-    assert steps[3].failovers[0].error.startswith("/tokenize: ConnectError")
+    assert steps[3].failovers[0].error.startswith("/tokenize: ClientConnectorError")
     assert not router.replicas["dead"].healthy

@@ -15,7 +15,7 @@ from arena_core.settings import Settings, SettingsError
 from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.reaper import Reaper
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RecordCache, RolloutStore
@@ -35,7 +35,7 @@ async def main(settings: Settings) -> int:
         rollouts_kv = await bus.kv(subjects.KV_ROLLOUTS)
         store = RolloutStore(rollouts_kv, cache=RecordCache(max_ended=settings.rollout_cache_ended),
                              publisher=bus.publisher)
-        upstream = Http1Client(connect_timeout=5.0, read_timeout=600.0)
+        upstream = UpstreamClient(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
                                  upstream=upstream)
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
@@ -44,9 +44,10 @@ async def main(settings: Settings) -> int:
                       # ends over-time rollouts nothing else would end (no LLM call, job never picked up),
                       # and fails rollouts stuck verifying past their deadline (no verification worker)
                       asyncio.create_task(Reaper(lifecycle=service, records=store.cache,
-                                                 verify_deadline_s=settings.verify_deadline_s).run(stop))]
+                                                 verify_deadline_s=settings.verify_deadline_s,
+                                                 queue_timeout_s=settings.queue_timeout_s).run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
-        code = await serve(stop, consumers=consumers(bus, service), app=create_app(service),
+        code = await serve(stop, consumers=[*consumers(bus, service), bus.watch()], app=create_app(service),
                            host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -15,18 +16,20 @@ from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from arena_core import sources, subjects
-from arena_core.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
-from arena_core.fastroutes import BodyTooLarge, ClientGone, Exchange
+from arena_core import health, openapi, sources, subjects
+from arena_core.bodies import decode_body
+from arena_core.errors import ArenaError, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
 from arena_core.schemas import (
     ID_PATTERN,
     ErrorBody,
     ErrorResponse,
+    GroupSubmitted,
     RolloutState,
+    RolloutView,
     SubmitGroupRequest,
     SubmitRolloutRequest,
     encode,
@@ -40,7 +43,6 @@ from arena_rollout.service import RolloutService, view
 log = logging.getLogger("arena.rollout.http")
 
 T = TypeVar("T")
-_STATES = {s.value for s in RolloutState}
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -48,7 +50,10 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def error_response(exc: ArenaError) -> Response:
-    return json_response(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)), exc.status)
+    response = json_response(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)), exc.status)
+    if isinstance(exc, Overloaded):
+        response.headers["retry-after"] = str(int(exc.retry_after))
+    return response
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -76,19 +81,19 @@ class RelayResponse(StreamingResponse):
 
 
 def decode(data: bytes, type_: type[T]) -> T:
-    if not data:
-        raise InvalidRequest("request body is empty; send a JSON object")
-    try:
-        return msgspec.json.decode(data, type=type_)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    return decode_body(data, type_)
 
 
 def create_app(service: RolloutService) -> RolloutApp:
-    app = FastAPI(title="Arena rollout API", version="0.1.0")
+    app = FastAPI(title="Arena rollout API", version="0.1.0", responses=openapi.errors(422, 503))
+    openapi.install(app, [SubmitRolloutRequest, SubmitGroupRequest, RolloutView, GroupSubmitted, health.Health])
     limit = service.settings.max_body_bytes
+    obj = {"type": "object"}
+    rid = Path(..., pattern=ID_PATTERN, max_length=128)
+    one = {200: openapi.answer(RolloutView), **openapi.errors(404)}
+    llm = {200: {"description": "the backend's answer, as JSON or as server-sent events",
+                 "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": {"type": "string"}}}},
+           **openapi.errors(400, 401, 404, 413, 429, 502)}
 
     @app.exception_handler(ArenaError)
     async def on_arena_error(_request: Request, exc: ArenaError) -> Response:
@@ -113,39 +118,48 @@ def create_app(service: RolloutService) -> RolloutApp:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return json_response(ErrorResponse(error=ErrorBody(code="internal", message=f"internal error: {type(exc).__name__}")), 500)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: openapi.answer(health.Health), 503: openapi.answer(health.Health, "unhealthy")})
     async def healthz() -> Response:
         """Liveness: 503 once the bus connection is gone for good (the supervisor restarts us)."""
-        connected = service.bus.nc.is_connected or service.bus.nc.is_reconnecting
-        return json_response({"status": "ok" if connected else "unhealthy", "nats": service.bus.nc.is_connected},
-                             200 if connected else 503)
+        problem = health.live(service.bus)
+        return json_response(health.Health(status="ok" if problem is None else "unhealthy", problem=problem or ""),
+                             200 if problem is None else 503)
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={200: openapi.answer(health.Health), 503: openapi.answer(health.Health, "not ready")})
     async def readyz() -> Response:
-        """Readiness: NATS connected and the rollout bucket reachable, else 503."""
-        problem = ""
-        if not service.bus.nc.is_connected:
-            problem = "not connected to NATS"
-        else:
+        """Readiness: NATS connected, the rollout streams present and the rollout bucket reachable, else 503."""
+
+        async def bucket() -> str | None:
             try:
-                await asyncio.wait_for(service.bus.kv(subjects.KV_ROLLOUTS), 2.0)
+                await service.bus.kv(subjects.KV_ROLLOUTS)
             except Exception as exc:  # noqa: BLE001 - any failure means not ready
-                problem = f"rollout bucket unreachable: {type(exc).__name__}"
-        return json_response({"status": "ready" if not problem else "not ready", "problem": problem},
+                return f"rollout bucket unreachable: {type(exc).__name__}"
+            return None
+
+        problem = await health.ready(service.bus, streams=["ARENA_ROLLOUTS", "ARENA_SANDBOX_JOBS"], checks=[bucket])
+        return json_response(health.Health(status="ready" if problem is None else "not ready", problem=problem or ""),
                              503 if problem else 200)
 
-    @app.post("/v1/rollouts")
+    @app.post("/v1/rollouts", status_code=201, openapi_extra=openapi.request_body(SubmitRolloutRequest),
+              responses={201: {**openapi.answer(RolloutView, "created"), "links": {
+                  name: {"operationId": name, "parameters": {"rollout_id": "$response.body#/rollout_id"}}
+                  for name in ("get_rollout", "wait_rollout", "cancel_rollout", "rollout_events")}},
+                  **openapi.errors(413, 429)})
     async def submit_rollout(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitRolloutRequest)
         record = await service.submit(req)
         return json_response(view(record), 201)
 
-    @app.post("/v1/rollout-groups")
+    @app.post("/v1/rollout-groups", status_code=201, openapi_extra=openapi.request_body(SubmitGroupRequest),
+              responses={201: openapi.answer(GroupSubmitted, "created"), **openapi.errors(413, 429)})
     async def submit_group(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitGroupRequest)
         return json_response(await service.submit_group(req), 201)
 
-    @app.post("/v1/bundles")
+    @app.post("/v1/bundles", status_code=201,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+              responses={201: openapi.answer(obj, "stored"), **openapi.errors(413)})
     async def push_bundle(request: Request) -> Response:
         """A task bundle (a tar, gzipped or not) into the object store under its sha256;
         the answer's ``digest`` is what a task's ``source``/``agent.bundle`` names."""
@@ -159,45 +173,47 @@ def create_app(service: RolloutService) -> RolloutApp:
         digest = await sources.push_bundle(service.bus, data)
         return json_response({"digest": digest, "size": len(data)}, 201)
 
-    @app.get("/v1/bundles/{digest}")
-    async def bundle_info(digest: str) -> Response:
+    @app.get("/v1/bundles/{digest}", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def bundle_info(digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
         if not sources.DIGEST.fullmatch(digest):
             raise InvalidRequest("a bundle digest is sha256: followed by 64 lower-case hex digits")
         if not await sources.bundle_exists(service.bus, digest):
             raise NotFound(f"bundle {digest} is not stored")
         return json_response({"digest": digest})
 
-    @app.get("/v1/rollouts")
-    async def list_rollouts(state: str | None = None, group_id: str | None = None, limit_: int = 1000) -> Response:
+    @app.get("/v1/rollouts", responses={200: openapi.answer(obj)})
+    async def list_rollouts(state: RolloutState | None = None,
+                            group_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
+                            limit_: int = Query(1000, ge=1, le=100_000)) -> Response:
         if group_id is not None and not valid_id(group_id):
             raise InvalidRequest(f"group_id must match {ID_PATTERN}")
         if not 1 <= limit_ <= 100_000:
             raise InvalidRequest("limit_ must be between 1 and 100000")
-        if state is not None and state not in _STATES:
-            raise InvalidRequest(f"unknown state {state!r}; one of {', '.join(sorted(_STATES))}")
-        records = await service.store.list(state=state, limit=limit_)
+        records = await service.store.list(state=state.value if state is not None else None, limit=limit_)
         if group_id is not None:
             records = [r for r in records if r.group_id == group_id]
         return json_response({"rollouts": [view(r) for r in records]})
 
-    @app.get("/v1/rollouts/{rollout_id}")
-    async def get_rollout(rollout_id: str) -> Response:
+    @app.get("/v1/rollouts/{rollout_id}", responses=one, operation_id="get_rollout")
+    async def get_rollout(rollout_id: str = rid) -> Response:
         record, _ = await service.store.get(rollout_id)
         return json_response(view(record))
 
-    @app.get("/v1/rollouts/{rollout_id}/wait")
-    async def wait_rollout(rollout_id: str, timeout: float = 30.0) -> Response:
+    @app.get("/v1/rollouts/{rollout_id}/wait", responses=one, operation_id="wait_rollout")
+    async def wait_rollout(rollout_id: str = rid, timeout: float = Query(30.0, ge=0, le=300)) -> Response:
         if not 0 <= timeout <= 300:
             raise InvalidRequest("timeout must be between 0 and 300 seconds")
         record = await service.wait(rollout_id, timeout)
         return json_response(view(record))
 
-    @app.post("/v1/rollouts/{rollout_id}/cancel")
-    async def cancel_rollout(rollout_id: str) -> Response:
+    @app.post("/v1/rollouts/{rollout_id}/cancel", responses=one, operation_id="cancel_rollout")
+    async def cancel_rollout(rollout_id: str = rid) -> Response:
         return json_response(view(await service.cancel(rollout_id)))
 
-    @app.get("/v1/rollouts/{rollout_id}/events")
-    async def rollout_events(rollout_id: str) -> StreamingResponse:
+    @app.get("/v1/rollouts/{rollout_id}/events", operation_id="rollout_events", responses={
+        200: {"description": "state changes as server-sent events",
+              "content": {"text/event-stream": {"schema": {"type": "string"}}}}, **openapi.errors(404)})
+    async def rollout_events(rollout_id: str = rid) -> StreamingResponse:
         await service.store.get(rollout_id)  # 404 before the stream starts
 
         async def sse():
@@ -212,29 +228,29 @@ def create_app(service: RolloutService) -> RolloutApp:
 
     # -------------------------------------------------------------- the proxy
 
-    @app.get("/proxy/{rollout_id}/v1/models")
-    async def proxy_models(rollout_id: str, request: Request) -> Response:
+    @app.get("/proxy/{rollout_id}/v1/models", responses={200: openapi.answer(obj), **openapi.errors(401, 404)})
+    async def proxy_models(request: Request, rollout_id: str = rid) -> Response:
         record = await service.authorize(rollout_id, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
         return json_response(models_answer(record.model, record.created_at))
 
     # documented here; served by ``RolloutApp`` before FastAPI routing (the hot path)
-    @app.post("/proxy/{rollout_id}/v1/chat/completions")
-    async def proxy_chat(rollout_id: str, request: Request) -> Response:
+    @app.post("/proxy/{rollout_id}/v1/chat/completions", responses=llm, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_chat(request: Request, rollout_id: str = rid) -> Response:
         return await proxied(service, rollout_id, request, "openai.chat")
 
-    @app.post("/proxy/{rollout_id}/v1/completions")
-    async def proxy_completions(rollout_id: str, request: Request) -> Response:
+    @app.post("/proxy/{rollout_id}/v1/completions", responses=llm, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_completions(request: Request, rollout_id: str = rid) -> Response:
         return await proxied(service, rollout_id, request, "openai.completions")
 
-    @app.post("/proxy/{rollout_id}/v1/messages")
-    async def proxy_messages(rollout_id: str, request: Request) -> Response:
+    @app.post("/proxy/{rollout_id}/v1/messages", responses=llm, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_messages(request: Request, rollout_id: str = rid) -> Response:
         return await proxied(service, rollout_id, request, "anthropic.messages")
 
     # -------------------------------------------------------------- the judge route
 
-    @app.post("/judge/{rollout_id}/v1/chat/completions")
-    async def judge_chat(rollout_id: str, request: Request) -> Response:
+    @app.post("/judge/{rollout_id}/v1/chat/completions", responses=llm, openapi_extra=openapi.request_body_schema(obj))
+    async def judge_chat(request: Request, rollout_id: str = rid) -> Response:
         """A verifier's judge call about a rollout: the verification service's key, routed like
         the agent's calls, never a step of the rollout nor counted against its budgets."""
         record = await service.authorize_judge(rollout_id, request.headers.get("authorization"),
@@ -278,27 +294,24 @@ def _payload(body: bytes) -> Any:
 
 
 _PROXY_PATH = re.compile(r"^/proxy/([^/]+)/v1/(chat/completions|completions|messages)$")
-#: the same routes as sent on the wire (a percent-encoded target is left to ASGI, which decodes it)
-_PROXY_TARGET = re.compile(rb"^/proxy/([^/%?]+)/v1/(chat/completions|completions|messages)(?:\?[^#]*)?$")
 _APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
                          "messages": "anthropic.messages"}
 _JSON_HEAD = [(b"content-type", b"application/json")]
 _SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
              (b"x-accel-buffering", b"no")]
+#: after an answer's last write, give the CPU to the client it woke (see ``_answered``)
+_YIELD = hasattr(os, "sched_yield")
 
 
 class RolloutApp:
-    """The ASGI app. The proxy's POST routes are served here in plain ASGI (no routing,
-    request objects, dependency solving or middleware on every LLM call); everything
-    else goes to FastAPI. Under ``arena_core.runtime.serve`` the server's protocol answers
-    the proxy's routes itself (``fast_routes``, no ASGI cycle at all); both ways run
-    ``_answer``."""
+    """The ASGI app. The proxy's POST routes (every LLM call of every agent) are served
+    here in plain ASGI: no routing, request objects, dependency solving or middleware.
+    Everything else goes to FastAPI."""
 
     def __init__(self, service: RolloutService, api: FastAPI):
         self.service = service
         self.api = api
         self.limit = service.settings.max_body_bytes
-        self.fast_routes = _ProxyRoutes(self)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -353,77 +366,31 @@ class RolloutApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        return _nonempty(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-
-    async def _fast(self, exchange: Exchange, rollout_id: str, api: Api) -> None:
-        answer = await self._answer(rollout_id, api, exchange.header(b"authorization"), exchange.header(b"x-api-key"),
-                                    partial(self._exchange_body, exchange))
-        if isinstance(answer, Relay):
-            await _fast_stream(exchange, answer)
-        else:
-            await exchange.respond(answer[0], answer[1])
-
-    @staticmethod
-    async def _exchange_body(exchange: Exchange) -> bytes:
-        try:
-            return _nonempty(await exchange.read())
-        except BodyTooLarge as exc:
-            raise PayloadTooLarge(str(exc)) from None
-        except ClientGone as exc:
-            raise InvalidRequest(str(exc)) from None
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not body:
+            raise InvalidRequest("request body is empty; send a JSON object")
+        return body
 
 
-class _ProxyRoutes:
-    """The proxy's POST routes, for the server's protocol (``arena_core.fastroutes``)."""
-
-    def __init__(self, app: RolloutApp):
-        self._app = app
-        self.body_limit = app.limit
-
-    def match(self, method: bytes, target: bytes) -> Callable[[Exchange], Awaitable[None]] | None:
-        if method != b"POST":
-            return None
-        match = _PROXY_TARGET.match(target)
-        if match is None:
-            return None
-        return partial(self._app._fast, rollout_id=match[1].decode("latin-1"), api=_APIS[match[2].decode()])
-
-
-def _nonempty(body: bytes) -> bytes:
-    if not body:
-        raise InvalidRequest("request body is empty; send a JSON object")
-    return body
+def _answered() -> None:
+    """The client this answer's last write woke is often queued on this CPU and would wait
+    for what the proxy does next (recording the call, which can wait): yield it the CPU
+    (returns at once when nothing else is runnable here). docs/rollout.md, Performance."""
+    if _YIELD:
+        os.sched_yield()
 
 
 async def _send_whole(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*_JSON_HEAD, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-async def _pump(relay: Relay, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
-    """Hand a relay's pieces to ``write(piece, last)``: the response's head goes out with
-    the first piece and its end with the last (the client wakes once for each)."""
-    ended = False
-    async for piece in relay:  # after the last piece, one more turn lets the relay finish
-        ended = relay.final
-        await write(piece, ended)
-    if not ended:
-        await write(b"", True)
+    _answered()
 
 
 async def _send_stream(send, receive, relay: Relay) -> None:
-    """Relay SSE pieces as they come; a client that goes away stops the relay at once (its
-    step is still recorded, ``incomplete``), and the relay is always closed."""
-    started = False
-
-    async def write(piece: bytes, last: bool) -> None:
-        nonlocal started
-        if not started:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-            started = True
-        await send({"type": "http.response.body", "body": piece, "more_body": not last})
-
+    """Relay SSE pieces as they come (the response's end goes with the last piece); a
+    client that goes away stops the relay at once (its step is still recorded,
+    ``incomplete``), and the relay is always closed."""
     # the pump runs in this task; a watcher answers http.disconnect when the client goes
     # away and cancels it (one task fewer per stream than pumping in a task of its own)
     this = asyncio.current_task()
@@ -438,7 +405,16 @@ async def _send_stream(send, receive, relay: Relay) -> None:
     watching = asyncio.get_running_loop().create_task(receive())
     watching.add_done_callback(on_receive)
     try:
-        await _pump(relay, write)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        ended = False
+        async for piece in relay:  # after the last piece, one more turn lets the relay finish
+            ended = relay.final
+            await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+            if ended:
+                _answered()
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            _answered()
     except asyncio.CancelledError:
         if not gone:
             raise
@@ -449,23 +425,4 @@ async def _send_stream(send, receive, relay: Relay) -> None:
         pumping = False
         watching.remove_done_callback(on_receive)
         watching.cancel()
-        await relay.aclose()
-
-
-async def _fast_stream(exchange: Exchange, relay: Relay) -> None:
-    """``_send_stream`` on the server's protocol: the exchange cancels this task when the
-    client goes away mid-stream."""
-    this = asyncio.current_task()
-    try:
-        if exchange.disconnected:  # gone while the call was being made: nothing to relay
-            return
-        exchange.begin_stream(200, _SSE_HEAD)
-        exchange.cancel_on_disconnect = True
-        await _pump(relay, exchange.write)
-    except asyncio.CancelledError:
-        if not exchange.disconnected:
-            raise
-        this.uncancel()
-    finally:
-        exchange.cancel_on_disconnect = False
         await relay.aclose()

@@ -44,16 +44,19 @@ from arena_core.schemas import (
 from arena_core.settings import Settings
 
 from arena_rollout import state
+from arena_rollout.admission import Admission
 from arena_rollout.proxy.backends import default_replica
 from arena_rollout.reaper import verifier_budget_s
 from arena_rollout.proxy.handler import ProxyHandler
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.http1 import Http1Client
+from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout")
 
 S = RolloutState
+#: The states of a rollout waiting for its sandbox: the queue.
+QUEUED = frozenset({S.PENDING, S.PROVISIONING})
 MAX_GROUP = 1024
 
 _state_decoder = msgspec.json.Decoder(RolloutStateChanged)
@@ -161,23 +164,30 @@ def _leaf_verifiers(verifier) -> list:
 
 class RolloutService:
     def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient,
-                 router: Router | None = None, upstream: Http1Client | None = None):
+                 router: Router | None = None, upstream: UpstreamClient | None = None):
         self.bus = bus
         self.store = store
         self.settings = settings
         self.http = http
         self.router = router if router is not None else Router([default_replica(settings)])
-        #: the proxy's upstream client (the lean HTTP/1.1 one); ``http`` serves everything else
-        self.upstream = upstream if upstream is not None else Http1Client()
+        #: the proxy's client for its backends (aiohttp); ``http`` serves everything else
+        self.upstream = upstream if upstream is not None else UpstreamClient()
         self.proxy = ProxyHandler(bus=bus, store=store, lifecycle=self, router=self.router, http=self.upstream)
+        self.admission = Admission(queue_timeout_s=settings.queue_timeout_s, max_queued=settings.max_queued)
 
     # ------------------------------------------------------------------ submission
 
+    def queued(self) -> int:
+        """Rollouts waiting for their sandbox (``pending``, ``provisioning``), as the cache sees them."""
+        return sum(1 for r in self.store.cache.live() if r.state in QUEUED)
+
     async def submit(self, req: SubmitRolloutRequest) -> RolloutRecord:
+        self.admission.check(queued=self.queued(), adding=1)
         req, private = await self._accept(req)
         return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling)
 
     async def submit_group(self, req: SubmitGroupRequest) -> GroupSubmitted:
+        self.admission.check(queued=self.queued(), adding=req.n)
         req, private = await self._accept(req)
         group_id = "g-" + uuid.uuid4().hex[:16]
         single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
@@ -299,6 +309,8 @@ class RolloutService:
             return None
         if after is before:
             return None
+        if before.state in QUEUED and after.state not in QUEUED:
+            self.admission.left_queue()
         await self._publish_state(after, before.state)
         log.info("rollout %s -> %s: %s", before.state.value, target.value, reason, extra={"rollout_id": rollout_id})
         return after

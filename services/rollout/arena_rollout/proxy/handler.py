@@ -1,22 +1,8 @@
 """One proxied LLM call, end to end: validate, budget, inject, route, relay, capture, record.
 
-``ProxyHandler.call`` returns the answer as bytes/dict (non-streaming) or an async
-iterator of SSE bytes (streaming), relayed chunk by chunk as the backend sends them.
-The captured ``Step`` is stored (the rollout's counters, compare-and-set) and published
-on ``arena.step.{rollout_id}``; a stream that ends early (client gone, replica dead,
-invalid chunk) is still recorded, ``incomplete`` with the reason.
-
-Recording runs off the answer's path (two JetStream writes, fsynced): a rollout's steps
-are recorded in order. Budgets stay exact without waiting for them: when a call ends, the
-rollout's counters as they will be once its recordings land are kept in memory
-(``_ahead``), and the next call's budget check reads those. ``drain`` waits for pending
-recordings (shutdown).
-
-Under a token budget every admitted call holds, until it ends, the most it can spend
-(prompt + ``max_tokens`` as sent: ``_flights``), so calls of one rollout in flight at once
-cannot together overshoot; a call that would fit only if they spent less waits for them.
-A tight call's prompt is counted by the serving replica's ``/tokenize`` before it is sent
-(``count_prompt``), or bounded when the replica cannot count.
+``ProxyHandler.call`` returns a whole answer or a ``Relay`` of SSE pieces. The captured
+``Step`` is recorded off the answer's path, in order per rollout, while the budgets stay
+exact in memory; a stream that ends early is recorded ``incomplete``. docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -40,8 +26,15 @@ from arena_rollout.proxy.capture import Capture
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
 from arena_rollout.proxy.routing import Router
-from arena_rollout.proxy.http1 import Http1Client, TransportError
-from arena_rollout.proxy.upstream import Upstream, count_prompt, open_call, sse_events
+from arena_rollout.proxy.upstream import (
+    TRANSPORT_ERRORS,
+    Upstream,
+    UpstreamClient,
+    count_prompt,
+    describe,
+    open_call,
+    sse_events,
+)
 from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout.proxy")
@@ -138,7 +131,7 @@ class Relay:
 
 class ProxyHandler:
     def __init__(self, *, bus: Bus, store: RolloutStore, lifecycle: Lifecycle, router: Router,
-                 http: Http1Client):
+                 http: UpstreamClient):
         self.bus = bus
         self.store = store
         self.lifecycle = lifecycle
@@ -284,19 +277,15 @@ class ProxyHandler:
         up = await open_call(router=self.router, http=self.http, rollout_id=key, model=model,
                              path=_PATHS["openai.chat"], body=msgspec.json.encode(sent), whole=True)
         self.router.forget(key)
-        try:
-            return await up.response.aread()  # read whole already (a replica failing mid-answer failed over)
-        finally:
-            await up.close()
+        up.close()
+        return up.body  # read whole already (a replica failing mid-answer failed over)
 
     # ---------------------------------------------------------------- whole answers
 
     async def _whole(self, call: _Call, up: Upstream, payload: dict[str, Any]) -> bytes | dict:
         rid = up.replica.id
-        try:
-            data = await up.response.aread()  # read whole already (a replica failing mid-answer failed over)
-        finally:
-            await up.close()
+        data = up.body  # read whole already (a replica failing mid-answer failed over)
+        up.close()
         total_ms = (time.perf_counter() - call.t0) * 1000
         try:
             shape = _answer_shape.decode(data)  # valid JSON with choices: checked on the answer's path
@@ -355,7 +344,7 @@ class ProxyHandler:
         try:
             done = False
             try:
-                async for data in up.response.aiter_raw():
+                async for data in up.chunks():
                     for payload in sse_events(buffer, data):
                         if payload == b"[DONE]":
                             done = True
@@ -388,8 +377,8 @@ class ProxyHandler:
                     if out:
                         relay, out = b"".join(out), []
                         yield relay
-            except TransportError as exc:
-                raise _Broken(f"backend replica {replica} died mid-stream: {type(exc).__name__}: {exc}", True) from None
+            except TRANSPORT_ERRORS as exc:
+                raise _Broken(f"backend replica {replica} died mid-stream: {describe(exc)}", True) from None
             if not done:
                 raise _Broken(f"backend replica {replica} closed the stream before [DONE]", True)
             phase = "ending"
@@ -447,7 +436,7 @@ class ProxyHandler:
 
         async def ordered() -> None:
             # one loop turn later: the answer's bytes leave before this recording's work
-            # (capturing, encoding) runs, also when the server writes them corked (ASGI)
+            # (capturing, encoding) runs
             await asyncio.sleep(0)
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
@@ -468,10 +457,7 @@ class ProxyHandler:
 
     async def _finish(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
                       error: str | None, answer: bytes | None = None, chunks: list[bytes] | None = None) -> None:
-        try:
-            await up.close()
-        except TransportError:
-            pass
+        up.close()
         if answer is not None or chunks:
             try:
                 if answer is not None:

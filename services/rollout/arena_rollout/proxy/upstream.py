@@ -1,13 +1,8 @@
-"""Sending one call to a backend replica, with queueing, failover and error mapping.
+"""Sending one call to a backend replica: queueing, failover, error mapping, ``/tokenize``.
 
-``open_call`` tries the router's candidates in order: it waits for a free in-flight
-slot on the replica (the queue), sends, and on a connection failure or a 5xx moves to
-the next replica, recording each failure as a ``Failover``. A backend 4xx is the
-caller's problem and comes back as ``UpstreamRejected`` with the backend's message.
-
-``count_prompt`` asks the replica that will serve a call for its prompt's exact token
-count, with vLLM's ``POST /tokenize`` (at the server's root, beside ``/v1``), and pins the
-rollout to that replica so the call goes where it was counted.
+``UpstreamClient`` is an aiohttp session (pooled keep-alive connections); ``open_call``
+tries the router's candidates in order and ``count_prompt`` asks the serving replica for a
+prompt's exact token count. Why aiohttp and what it costs: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -15,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from arena_core.errors import UpstreamError, UpstreamRejected
 from arena_core.schemas import Failover
 
-from arena_rollout.proxy.http1 import Http1Client, Response, TransportError
 from arena_rollout.proxy.routing import ReplicaState, Router
 
 log = logging.getLogger("arena.rollout.proxy")
@@ -30,45 +26,112 @@ log = logging.getLogger("arena.rollout.proxy")
 #: Statuses after which another replica is tried (and the replica marked down for the last three).
 _RETRY = {500, 502, 503, 504}
 _DOWN = {502, 503, 504}
+_JSON = {"Content-Type": "application/json"}
+
+#: What a failed exchange with a replica raises: no connection, a connection that broke
+#: (before or mid-answer), an answer that is not HTTP, a timeout.
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def describe(exc: BaseException) -> str:
+    """An exchange's failure, for failovers, logs and the agent's error."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class UpstreamClient:
+    """The proxy's HTTP client for its backends: one aiohttp session, opened on first use.
+
+    Connections are pooled per origin and kept alive; the pool is not bounded here (each
+    replica's in-flight bound is the router's). ``read_timeout`` bounds each wait for
+    data, not a whole answer (a long generation streams for minutes)."""
+
+    def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 600.0):
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar(),
+                # the answer is relayed as it came: no compression asked for
+                skip_auto_headers=("Accept-Encoding", "User-Agent"), auto_decompress=False)
+        return self._session
+
+    async def post(self, url: str, body: bytes, *,
+                   timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+        """POST a JSON ``body``; the response once its status and headers are in. A
+        connection the server closed unanswered (an idle keep-alive one it timed out as
+        the request went) is tried once more: the server never read the request."""
+        session = self.session
+        for attempt in (1, 2):
+            try:
+                if timeout is None:
+                    return await session.request("POST", url, data=body, headers=_JSON)
+                return await session.request("POST", url, data=body, headers=_JSON, timeout=timeout)
+            except aiohttp.ClientConnectorError:
+                raise
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class Upstream:
-    """An open response from one replica; ``close`` frees its in-flight slot (once)."""
+    """An open answer from one replica; ``close`` frees its in-flight slot (once). A whole
+    answer's ``body`` is read already; a stream is read with ``chunks``."""
 
-    def __init__(self, *, replica: ReplicaState, response: Response, queued_ms: float, sent_at: float,
-                 failovers: list[Failover]):
+    __slots__ = ("replica", "response", "body", "queued_ms", "sent_at", "failovers", "_closed")
+
+    def __init__(self, *, replica: ReplicaState, response: aiohttp.ClientResponse, body: bytes | None,
+                 queued_ms: float, sent_at: float, failovers: list[Failover]):
         self.replica = replica
         self.response = response
+        self.body = body
         self.queued_ms = queued_ms
         self.sent_at = sent_at
         self.failovers = failovers
         self._closed = False
 
-    async def close(self) -> None:
+    def chunks(self) -> AsyncIterator[bytes]:
+        """What arrives, read by read (a read holds whatever the socket had: often several
+        SSE events). Raises one of ``TRANSPORT_ERRORS`` when the replica breaks off."""
+        return self.response.content.iter_any()
+
+    def close(self) -> None:
+        """Free the replica's slot; an answer not read to its end drops its connection."""
         if self._closed:
             return
         self._closed = True
         try:
-            await self.response.aclose()
+            self.response.close()
         finally:
             self.replica.release()
 
 
-async def _error_message(response: Response) -> str:
+async def _error_message(response: aiohttp.ClientResponse) -> str:
     """The start of an error answer's body, for the message (never raises)."""
     try:
-        text = (await response.aread()).decode("utf-8", "replace")
-    except TransportError as exc:
-        return f"(body unreadable: {exc})"
+        text = (await response.read()).decode("utf-8", "replace")
+    except TRANSPORT_ERRORS as exc:
+        return f"(body unreadable: {describe(exc)})"
     finally:
-        await response.aclose()
+        response.close()
     return text.strip()[:500] or "(empty body)"
 
 
-async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model: str,
+async def open_call(*, router: Router, http: UpstreamClient, rollout_id: str, model: str,
                     path: str, body: bytes, whole: bool = False) -> Upstream:
-    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers (with
-    ``whole``, the answer comes back with its body read)."""
+    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers: a
+    connection failure or a 5xx moves to the next one (a ``Failover``); a 4xx is the
+    caller's (``UpstreamRejected``). With ``whole`` the answer's body is read here, so a
+    replica that breaks off mid-answer is such a failure too (nothing was relayed yet)."""
     failovers: list[Failover] = []
     candidates = router.candidates(rollout_id, model)
     pinned = router.sticky(rollout_id)
@@ -81,36 +144,42 @@ async def open_call(*, router: Router, http: Http1Client, rollout_id: str, model
         queued_ms = await state.acquire()
         url = state.replica.url.rstrip("/") + path
         sent_at = time.perf_counter()
+        response = None
         try:
-            response = await http.post(url, body, whole=whole)
-        except TransportError as exc:
+            response = await http.post(url, body)
+            status = response.status
+            data = await response.read() if whole and status < 400 else None
+        except TRANSPORT_ERRORS as exc:
+            if response is not None:
+                response.close()
             state.release()
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            why = describe(exc)
             router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=why, at=time.time()))
             errors.append(f"{state.id}: {why}")
             continue
         except BaseException:  # cancelled while waiting for the answer: the slot is free again
+            if response is not None:
+                response.close()
             state.release()
             raise
-        if response.status_code in _RETRY:
+        if status in _RETRY:
             text = await _error_message(response)
             state.release()
-            why = f"answered {response.status_code}: {text}"
-            if response.status_code in _DOWN:
+            why = f"answered {status}: {text}"
+            if status in _DOWN:
                 router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=why, at=time.time()))
             errors.append(f"{state.id}: {why}")
             continue
-        if response.status_code >= 400:
+        if status >= 400:
             text = await _error_message(response)
             state.release()
-            if response.status_code == 429:
+            if status == 429:
                 raise UpstreamError(f"backend replica {state.id} is overloaded (429): {text}")
-            raise UpstreamRejected(f"backend replica {state.id} rejected the request "
-                                   f"({response.status_code}): {text}")
+            raise UpstreamRejected(f"backend replica {state.id} rejected the request ({status}): {text}")
         router.stick(rollout_id, state.id)
-        return Upstream(replica=state, response=response, queued_ms=queued_ms, sent_at=sent_at,
+        return Upstream(replica=state, response=response, body=data, queued_ms=queued_ms, sent_at=sent_at,
                         failovers=failovers)
     raise UpstreamError(f"every backend replica failed ({len(errors)} tried): " + "; ".join(errors))
 
@@ -123,6 +192,7 @@ _NO_TOKENIZE = {404, 405, 501}
 NO_TOKENIZE_TTL_S = 60.0
 #: Longest wait for a count; tokenizing is cheap, a replica this slow is failing.
 TOKENIZE_TIMEOUT_S = 10.0
+_TOKENIZE_TIMEOUT = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
 #: Chat request fields that change how the prompt is rendered, sent along to ``/tokenize``
 #: (vLLM's ``TokenizeChatRequest``).
 _CHAT_RENDERING = ("tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
@@ -169,7 +239,7 @@ class Counted(msgspec.Struct, frozen=True, kw_only=True):
     failovers: list[Failover] = []
 
 
-async def count_prompt(*, router: Router, http: Http1Client, rollout_id: str, model: str,
+async def count_prompt(*, router: Router, http: UpstreamClient, rollout_id: str, model: str,
                        body: dict[str, Any], chat: bool) -> Counted:
     """The exact prompt tokens of ``body`` by the replica that will serve it (the rollout's
     sticky one while healthy, which it becomes), or ``tokens=None`` when that replica has
@@ -193,18 +263,18 @@ async def count_prompt(*, router: Router, http: Http1Client, rollout_id: str, mo
             return Counted(tokens=None, replica=state.id, why=why, failovers=failovers)
         url = tokenize_url(state.replica.url)
         try:
-            response = await asyncio.wait_for(http.post(url, payload), TOKENIZE_TIMEOUT_S)
+            response = await http.post(url, payload, timeout=_TOKENIZE_TIMEOUT)
             try:
-                data = await asyncio.wait_for(response.aread(), TOKENIZE_TIMEOUT_S)
+                data = await response.read()
             finally:
-                await response.aclose()
-        except (TransportError, asyncio.TimeoutError) as exc:
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                response.close()
+        except TRANSPORT_ERRORS as exc:
+            why = describe(exc)
             router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=f"/tokenize: {why}", at=time.time()))
             errors.append(f"{state.id}: {why}")
             continue
-        status = response.status_code
+        status = response.status
         text = data[:300].decode("utf-8", "replace").strip()
         if status == 200:
             try:
