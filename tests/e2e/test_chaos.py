@@ -92,7 +92,7 @@ async def test_a_hundred_rollouts_survive_every_service_and_nats_being_killed(tm
         elapsed = time.monotonic() - started
         print(f"\nchaos run: {ROLLOUTS} rollouts in {elapsed:.0f} s; kills at {kills}; final states {dict(states)}; "
               f"never ran {len(never_ran)}; infrastructure {sum(v.infrastructure for v in finals.values())}; "
-              f"trajectories stored {counts}; restarts {[line for line in logged if 'restarting' in line][:8]}")
+              f"trajectories stored {counts}; restarts {[line.split(';')[0] for line in logged if 'restarting' in line]}")
         # stored exactly once: the store's count (FINAL) equals the rollouts, each one found
         assert counts["trajectories"] == ROLLOUTS, counts
         assert set(trajectories) == set(ids)
@@ -100,7 +100,9 @@ async def test_a_hundred_rollouts_survive_every_service_and_nats_being_killed(tm
         for v in never_ran:
             assert v.reward is None and trajectories[v.rollout_id].reward is None, msgspec.json.encode(v)
         for rid, t in trajectories.items():
-            assert (t.reward is None) == (finals[rid].reward is None)
+            assert t.infrastructure == finals[rid].infrastructure
+            if finals[rid].state == RolloutState.COMPLETED:  # the verifier's reward, stored as given
+                assert t.reward == finals[rid].reward
         # the supervisor restarted each killed component
         for name, _ in kills:
             assert any(line.startswith(name) and ("restarting" in line or "exited" in line) for line in logged), name
