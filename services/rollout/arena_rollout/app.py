@@ -89,10 +89,11 @@ def create_app(service: RolloutService) -> RolloutApp:
     openapi.install(app, [SubmitRolloutRequest, SubmitGroupRequest, RolloutView, GroupSubmitted, health.Health])
     limit = service.settings.max_body_bytes
     obj = {"type": "object"}
+    sse = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}  # per event
     rid = Path(..., pattern=ID_PATTERN, max_length=128)
     one = {200: openapi.answer(RolloutView), **openapi.errors(404)}
     llm = {200: {"description": "the backend's answer, as JSON or as server-sent events",
-                 "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": {"type": "string"}}}},
+                 "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": sse}}},
            **openapi.errors(400, 401, 404, 413, 429, 502)}
 
     @app.exception_handler(ArenaError)
@@ -206,13 +207,13 @@ def create_app(service: RolloutService) -> RolloutApp:
         record = await service.wait(rollout_id, timeout)
         return json_response(view(record))
 
-    @app.post("/v1/rollouts/{rollout_id}/cancel", responses=one, operation_id="cancel_rollout")
+    @app.post("/v1/rollouts/{rollout_id}/cancel", responses={**one, **openapi.errors(409)}, operation_id="cancel_rollout")
     async def cancel_rollout(rollout_id: str = rid) -> Response:
         return json_response(view(await service.cancel(rollout_id)))
 
     @app.get("/v1/rollouts/{rollout_id}/events", operation_id="rollout_events", responses={
         200: {"description": "state changes as server-sent events",
-              "content": {"text/event-stream": {"schema": {"type": "string"}}}}, **openapi.errors(404)})
+              "content": {"text/event-stream": {"schema": sse}}}, **openapi.errors(404)})
     async def rollout_events(rollout_id: str = rid) -> StreamingResponse:
         await service.store.get(rollout_id)  # 404 before the stream starts
 
