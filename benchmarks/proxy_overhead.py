@@ -214,7 +214,7 @@ def start_litellm(tmp: Path, backend_url: str) -> tuple[subprocess.Popen, str]:
     }))
     env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "HOME": str(tmp),
            "LITELLM_MASTER_KEY": LITELLM_KEY}
-    proc = subprocess.Popen([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([str(VENV / "bin" / "python"), str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                              "--num_workers", "1"], env=env, stdout=open(tmp / "litellm.log", "wb"),
                             stderr=subprocess.STDOUT)
     wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, 180)

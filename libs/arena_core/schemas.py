@@ -691,6 +691,10 @@ class Step(Base, kw_only=True):
     #: ids/logprobs hold what had arrived; ``error`` says why.
     incomplete: bool = False
     error: str | None = None
+    #: The answer never reached the agent (its client gave up or went away before the
+    #: whole answer was written): its tokens count as spent, but it is left out of
+    #: training sequences and turn budgets.
+    abandoned: bool = False
     #: The replica id that served the call; ``backend`` is its URL.
     backend_replica: str | None = None
     failovers: list[Failover] = []
