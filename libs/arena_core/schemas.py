@@ -706,6 +706,32 @@ class Step(Base, kw_only=True):
 # --------------------------------------------------------------------------- trajectories
 
 
+class TrainingSequence(Base, kw_only=True):
+    """Consecutive LLM calls of one rollout as one token sequence, token-in-token-out (made by
+    ``arena_core.sequences.assemble``; docs/trajectory.md, "Training sequences"). The three
+    token lists have the same length."""
+
+    token_ids: list[int]  # the backend's ids, never re-tokenized
+    loss_mask: list[int]  # 1: sampled by the policy; 0: context (prompt, tool output, template)
+    logprobs: list[float]  # the sampling logprob where ``loss_mask`` is 1, 0.0 elsewhere
+    step_indexes: list[int]  # the steps whose completions it holds, in order
+    policy_versions: list[str]  # the policy version of each of those steps ("" unknown)
+
+
+class SequenceBreak(Base, kw_only=True):
+    """A step where the rollout's steps did not chain into one training sequence, or that
+    was left out of every sequence. ``kind``: ``prefix_mismatch`` (the prompt does not
+    extend the sequence so far: a new one starts with this step), ``no_token_ids`` /
+    ``no_logprobs`` (left out; the sequence so far ends), ``abandoned`` / ``incomplete``
+    (left out; the chain goes on)."""
+
+    step_index: int
+    kind: Literal["prefix_mismatch", "no_token_ids", "no_logprobs", "abandoned", "incomplete"]
+    #: ``prefix_mismatch``: the first token position where the prompt and the sequence differ.
+    position: int | None = None
+    reason: str = ""  # for people, e.g. "prefix mismatch at token 812"
+
+
 class Trajectory(Base, kw_only=True):
     """``arena.trajectory.{task_id}.{rollout_id}``: one finished rollout, training-grade.
 
@@ -736,6 +762,10 @@ class Trajectory(Base, kw_only=True):
     incomplete: list[str] = []
     #: Arena could not run or verify this rollout: ``reward`` is None; leave it out of training.
     infrastructure: bool = False
+    #: The steps merged into token-in-token-out training sequences (docs/trajectory.md).
+    sequences: list[TrainingSequence] = []
+    #: Where the steps did not chain into one sequence, and the steps left out of every one.
+    sequence_breaks: list[SequenceBreak] = []
 
 
 class GroupCompleted(Base, kw_only=True):
