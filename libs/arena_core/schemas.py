@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from arena_core import scaffolds
+
 SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/schemas.md
 
 
@@ -109,8 +111,26 @@ class Budget(Request, kw_only=True):
 BundleDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
+#: Agent scaffolds Arena launches from a preset (``arena_core.scaffolds``, docs/agents.md).
+ScaffoldName = Literal["mini-swe-agent", "claude-code", "opencode", "openhands", "terminus-2"]
+
+
+class ScaffoldSpec(Request, kw_only=True):
+    """A known agent scaffold, launched with Arena's preset for it (docs/agents.md).
+
+    ``model`` is the model name the scaffold sends (the proxy replaces it with the rollout's
+    ``model`` unless that is ``default``); ``config`` holds the scaffold's own settings on top of
+    the preset's (for mini-swe-agent: merged into its config, e.g. ``{"agent": {"step_limit": 20}}``).
+    """
+
+    name: ScaffoldName
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    config: dict[str, Any] = {}
+
+
 class AgentSpec(Request, kw_only=True):
-    """The program run inside the sandbox under the sandbox contract.
+    """The program run inside the sandbox under the sandbox contract: a raw ``command``, or a
+    ``scaffold`` preset (exactly one of the two).
 
     Its files, if any, are mounted read-only at ``/sandbox/agent``: ``bundle`` (uploaded
     with ``arena tasks push`` / the SDK, docs/tasks.md) or, in embedded mode only
@@ -118,10 +138,18 @@ class AgentSpec(Request, kw_only=True):
     runs with ``/sandbox/workspace`` as working directory.
     """
 
-    command: list[str]
+    command: list[str] = []
+    scaffold: ScaffoldSpec | None = None
     path: str | None = None
     bundle: BundleDigest | None = None
     env: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == (self.scaffold is not None):
+            raise ValueError("agent: give exactly one of `command` (the program to run) and `scaffold` "
+                             "(a preset such as {\"name\": \"mini-swe-agent\", \"model\": ...})")
+        if self.scaffold is not None and (problem := scaffolds.unavailable(self.scaffold.name)) is not None:
+            raise ValueError(f"agent.scaffold: {problem}")
 
 
 class BundleSource(Request, kw_only=True, tag="bundle"):
@@ -495,6 +523,9 @@ class SandboxDone(Base, kw_only=True):
     #: What the agent did to the sandbox that verification must know (``git_tampered``: it
     #: changed the repository's git metadata: replace refs, grafts, alternates, hooks, config).
     flags: list[str] = []
+    #: What the agent's scaffold left beside its log (e.g. ``mini-swe-agent.traj.json``, its own
+    #: trajectory): name -> key in the ``arena_artifacts`` object store (docs/agents.md).
+    artifacts: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------- verification plane
