@@ -1,7 +1,9 @@
 """A scripted, seeded LLM behind an OpenAI-compatible HTTP API, shaped like vLLM's.
 
 For demos, tests and benchmarks: no weights, no GPU. Answers come from a script file, chosen by
-the request's seed; token ids are bytes; ``Faults`` are knobs for tests. Run
+the request's seed: one answer per request (``responses``), or multi-turn ``plays`` whose turn is
+the number of assistant messages already in the request; token ids are bytes; ``Faults`` are
+knobs for tests. Run
 ``python -m arena_stack.scripted_llm --script FILE --port 9093``. See docs/deploy.md ("The scripted LLM").
 """
 
@@ -40,8 +42,28 @@ class ScriptedResponse(msgspec.Struct, frozen=True, kw_only=True):
     tool_calls: list[ScriptedToolCall] = []
 
 
+class ScriptedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One assistant message of a play: text, tool calls, or both (text first)."""
+
+    content: str = ""
+    tool_calls: list[ScriptedToolCall] = []
+
+
+class ScriptedPlay(msgspec.Struct, frozen=True, kw_only=True):
+    """A multi-turn answer: turn ``i`` answers a request holding ``i`` assistant messages
+    (past the last turn, the last is played again)."""
+
+    label: str
+    turns: list[ScriptedTurn]
+    weight: float = 1.0
+    #: Played only for requests whose first user message contains this text ("" = any request).
+    match: str = ""
+
+
 class Script(msgspec.Struct, frozen=True, kw_only=True):
-    responses: list[ScriptedResponse]
+    responses: list[ScriptedResponse] = []
+    #: When given, every request is answered by a play (``responses`` are then unused).
+    plays: list[ScriptedPlay] = []
 
 
 class Faults(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,8 +81,10 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
 
 def load_script(path: str | Path) -> Script:
     script = msgspec.json.decode(Path(path).read_bytes(), type=Script)
-    if not script.responses or any(r.weight < 0 for r in script.responses):
-        raise ValueError(f"{path}: need at least one response, with non-negative weights")
+    if not (script.responses or script.plays) or any(r.weight < 0 for r in [*script.responses, *script.plays]):
+        raise ValueError(f"{path}: need at least one response or play, with non-negative weights")
+    if any(not p.turns for p in script.plays):
+        raise ValueError(f"{path}: every play needs at least one turn")
     return script
 
 
@@ -129,14 +153,35 @@ class ScriptedLLM:
         with_tools = [r for r in self.script.responses if r.tool_calls]
         plain = [r for r in self.script.responses if not r.tool_calls]
         candidates = (with_tools if wants_tool and with_tools else plain) or self.script.responses
+        return self._draw(candidates, seed)
+
+    def _draw(self, candidates: list, seed: int | None):
         rng = random.Random(seed if seed is not None else next(self._unseeded))
         total = sum(r.weight for r in candidates)
         x = rng.random() * total
-        for response in candidates:
-            x -= response.weight
+        for candidate in candidates:
+            x -= candidate.weight
             if x < 0:
-                return response
+                return candidate
         return candidates[-1]
+
+    def play(self, body: dict[str, Any], *, chat: bool) -> tuple[str, ScriptedTurn]:
+        """The play and turn answering ``body`` (stateless: the same request, the same turn):
+        the play is drawn by seed among those whose ``match`` is in the first user message, the
+        turn is the number of assistant messages in the request (0 for a text prompt)."""
+        messages = body.get("messages") if chat else None
+        if chat:
+            first_user = next((_text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+            turn = sum(1 for m in messages if m.get("role") == "assistant")
+        else:
+            first_user, turn = str(body.get("prompt") or ""), 0
+        candidates = [p for p in self.script.plays if p.match in first_user]
+        if not candidates:
+            raise ValueError("no play of the script matches this request (its 'match' texts are not in the "
+                             "first user message)")
+        chosen = self._draw(candidates, body.get("seed"))
+        index = min(turn, len(chosen.turns) - 1)
+        return f"{chosen.label}#{index}", chosen.turns[index]
 
     @staticmethod
     def prompt_ids(body: dict[str, Any], *, chat: bool) -> list[int]:
@@ -170,12 +215,19 @@ class ScriptedLLM:
         seed = body.get("seed")
         prompt_ids = self.prompt_ids(body, chat=chat)
         messages = body.get("messages") if chat else None
-        wants_tool = bool(chat and body.get("tools")) and messages[-1].get("role") != "tool"
-        chosen = self.choose(seed, wants_tool=wants_tool)
-        calls = [{"id": f"call_{i}_{hashlib.sha256(c.name.encode()).hexdigest()[:8]}", "type": "function",
-                  "function": {"name": c.name, "arguments": c.arguments}}
-                 for i, c in enumerate(chosen.tool_calls)] if wants_tool else []
-        full = "".join(tool_call_text(c.name, c.arguments) for c in chosen.tool_calls) if calls else chosen.content
+        if self.script.plays:
+            label, turn = self.play(body, chat=chat)
+            content, tool_calls = turn.content, (turn.tool_calls if chat else [])
+        else:
+            wants_tool = bool(chat and body.get("tools")) and messages[-1].get("role") != "tool"
+            chosen = self.choose(seed, wants_tool=wants_tool)
+            label, content, tool_calls = chosen.label, chosen.content, (chosen.tool_calls if wants_tool else [])
+            if tool_calls:
+                content = ""  # a response with tool calls answers with them alone
+        calls = [{"id": f"call_{i}_{hashlib.sha256(f'{label}:{c.name}'.encode()).hexdigest()[:8]}",
+                  "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for i, c in enumerate(tool_calls)]
+        full = content + "".join(tool_call_text(c.name, c.arguments) for c in tool_calls)
         completion_ids = encode_text(full)
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if not chat and max_tokens is None:
@@ -184,9 +236,9 @@ class ScriptedLLM:
         if max_tokens is not None and len(completion_ids) > int(max_tokens):
             completion_ids = completion_ids[: int(max_tokens)]
             finish, calls = "length", []
-        text = decode_ids(completion_ids)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-        rng = random.Random(f"{seed}:{chosen.label}:{digest}")
+        text = decode_ids(completion_ids) if not calls else content
+        digest = hashlib.sha256(decode_ids(completion_ids).encode()).hexdigest()[:8]
+        rng = random.Random(f"{seed}:{label}:{digest}")
         k = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
         lps = []
         for tid in completion_ids:
@@ -196,7 +248,7 @@ class ScriptedLLM:
             for j in range(1, k):
                 alts.append((OFFSET + (tid - OFFSET + 7 * j) % 256, math.log(max(rest / (2 ** j), 1e-12))))
             lps.append((tid, lp, alts[:k]))
-        return Sample(prompt_ids=prompt_ids, completion_ids=completion_ids, text=None if calls else text,
+        return Sample(prompt_ids=prompt_ids, completion_ids=completion_ids, text=text or (None if calls else ""),
                       tool_calls=calls, finish=finish, logprobs=lps)
 
     def _ids(self, body: dict[str, Any]) -> bool:
@@ -286,24 +338,26 @@ class ScriptedLLM:
         want_lp = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         offset = 0
-        groups = [list(range(i, min(i + n, len(s.completion_ids)))) for i in range(0, len(s.completion_ids), n)]
-        if s.tool_calls:  # one chunk per tool call, carrying its tokens
-            groups, start = [], 0
-            for call in s.tool_calls:
-                length = len(encode_text(tool_call_text(call["function"]["name"], call["function"]["arguments"])))
-                groups.append(list(range(start, start + length)))
-                start += length
+        call_lengths = [len(encode_text(tool_call_text(c["function"]["name"], c["function"]["arguments"])))
+                        for c in s.tool_calls]
+        n_text = len(s.completion_ids) - sum(call_lengths)  # text first, then the tool calls
+        groups = [list(range(i, min(i + n, n_text))) for i in range(0, n_text, n)]
+        text_groups, start = len(groups), n_text
+        for length in call_lengths:  # one chunk per tool call, carrying its tokens
+            groups.append(list(range(start, start + length)))
+            start += length
         for gi, group in enumerate(groups):
             gids = [s.completion_ids[i] for i in group]
             items = [s.logprobs[i] for i in group]
             last = gi == len(groups) - 1
             choice: dict[str, Any] = {"index": 0, "finish_reason": s.finish if last else None}
             if chat:
-                if s.tool_calls:
-                    call = s.tool_calls[gi]
-                    choice["delta"] = {"tool_calls": [{"index": gi, **call}]}
+                if gi >= text_groups:
+                    call = s.tool_calls[gi - text_groups]
+                    choice["delta"] = {"tool_calls": [{"index": gi - text_groups, **call}]}
                 else:
-                    choice["delta"] = {"content": decoder.decode(bytes(t - OFFSET for t in gids), final=last)}
+                    final = last or gi == text_groups - 1
+                    choice["delta"] = {"content": decoder.decode(bytes(t - OFFSET for t in gids), final=final)}
                 choice["logprobs"] = {"content": self._chat_logprobs(items)} if want_lp else None
             else:
                 piece = decoder.decode(bytes(t - OFFSET for t in gids), final=last)
