@@ -393,6 +393,9 @@ class RolloutRecord(Base, kw_only=True):
     reason: str = ""
     steps: int = 0
     total_tokens: int = 0
+    #: steps whose answer never reached the agent (``Step.abandoned``): counted in ``steps``
+    #: and their tokens in ``total_tokens``, but not against ``max_turns``
+    abandoned_steps: int = 0
     reward: float | None = None
     history: list[StateTransition] = []
     metadata: dict[str, str] = {}

@@ -168,8 +168,9 @@ def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api
     elapsed = now - (record.created_at if started is None else started)
     if elapsed > budget.wall_clock_s:
         raise WallClockExceeded(f"wall-clock budget exhausted: {elapsed:.1f} s of {budget.wall_clock_s:g} s used")
-    if budget.max_turns is not None and record.steps >= budget.max_turns:
-        raise BudgetExhausted(f"turn budget exhausted: {record.steps} of {budget.max_turns} LLM calls used")
+    turns = record.steps - record.abandoned_steps
+    if budget.max_turns is not None and turns >= budget.max_turns:
+        raise BudgetExhausted(f"turn budget exhausted: {turns} of {budget.max_turns} LLM calls used")
     limit = budget.max_total_tokens
     if limit is None:
         return Admission(verdict="send", body=body)
