@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from arena_core.grpo import group_advantages
 from arena_core.schemas import Step, Trajectory
-from arena_core.tokens import sequences
+from arena_core.sequences import sequences_of
 
 View = Literal["grpo", "dpo", "sft", "tokens"]
 VIEWS: tuple[str, ...] = ("grpo", "dpo", "sft", "tokens")
@@ -178,30 +178,38 @@ def step_tokens(step: Step) -> tuple[list[int], list[int], list[float]] | None:
     return (prompt + completion, [0] * len(prompt) + [1] * len(completion), [0.0] * len(prompt) + logprobs)
 
 
+#: What ``ExportStats`` calls a step a member's sequences leave out, by ``SequenceBreak.kind``.
+LEFT_OUT = {
+    "abandoned": "step the agent never received (abandoned)",
+    "incomplete": "step cut short (incomplete)",
+    "no_token_ids": "step without token ids",
+    "no_logprobs": "step with logprobs not aligned to its completion",
+}
+
+
 def token_rows(group: list[Trajectory], options: ExportOptions, stats: ExportStats) -> list[dict]:
-    """One row per token sequence of each member (``arena_core.tokens.sequences``): a multi-turn
-    rollout whose prompts extend each other is one sequence, its tool/user tokens masked 0
-    and every sampled completion masked 1; a rollout whose history was rewritten gives
-    several. Members with a step lacking token ids, or whose logprobs do not line up
-    with their completion ids, are skipped (nothing is re-tokenized or padded)."""
+    """One row per training sequence of each member (``Trajectory.sequences``, made by
+    ``arena_core.sequences.assemble``): a multi-turn rollout whose prompts extend each other
+    is one sequence, its tool/user/template tokens masked 0 and every sampled completion
+    masked 1; a rewritten history gives several (``sequence_index`` of ``num_sequences``).
+    Steps no sequence holds (abandoned, cut short, without token ids or aligned logprobs) are
+    counted in ``stats``; nothing is re-tokenized or padded."""
     members = _usable(group, options, stats, needs_group=True)
     if not members:
         return []
     advantages = group_advantages([t.reward for t in members], normalize_std=options.normalize_std)
     rows = []
     for t, a in zip(members, advantages):
-        used = [s for s in t.steps if not s.incomplete]
-        if len(used) < len(t.steps):
-            stats.skip("step cut short (incomplete)", len(t.steps) - len(used))
-        if any(step_tokens(s) is None for s in used):
-            stats.skip("trajectory with a step without token ids or aligned logprobs")
-            continue
-        versions = {s.step_index: s.policy_version or "" for s in used}
-        for seq in sequences(used):
+        seqs, breaks = sequences_of(t)
+        for b in breaks:
+            if b.kind in LEFT_OUT:
+                stats.skip(LEFT_OUT[b.kind])
+        for n, seq in enumerate(seqs):
             rows.append({
                 "date": date_of(t), "task_id": t.task_id, "group_id": t.group_id or "", "rollout_id": t.rollout_id,
-                "steps": list(seq.steps), "policy_versions": sorted({versions[i] for i in seq.steps}),
-                "input_ids": seq.ids, "loss_mask": seq.loss_mask, "logprobs": seq.logprobs,
+                "sequence_index": n, "num_sequences": len(seqs),
+                "steps": list(seq.step_indexes), "policy_versions": sorted(set(seq.policy_versions)),
+                "input_ids": list(seq.token_ids), "loss_mask": list(seq.loss_mask), "logprobs": list(seq.logprobs),
                 "num_loss_tokens": sum(seq.loss_mask), "advantage": a, "reward": float(t.reward),
             })
     return rows

@@ -151,7 +151,8 @@ def _schemas():
         "sft": pa.schema(common + [
             ("rollout_id", pa.string()), ("reward", pa.float64()), ("messages", pa.list_(msg))]),
         "tokens": pa.schema(common + [
-            ("rollout_id", pa.string()), ("steps", pa.list_(pa.int32())), ("policy_versions", pa.list_(pa.string())),
+            ("rollout_id", pa.string()), ("sequence_index", pa.int32()), ("num_sequences", pa.int32()),
+            ("steps", pa.list_(pa.int32())), ("policy_versions", pa.list_(pa.string())),
             ("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
             ("logprobs", pa.list_(pa.float32())), ("num_loss_tokens", pa.int32()),
             ("advantage", pa.float64()), ("reward", pa.float64())]),

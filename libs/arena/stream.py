@@ -11,7 +11,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 from nats.aio.msg import Msg
@@ -22,7 +22,8 @@ from nats.js.errors import NotFoundError
 
 from arena_core.bus import BodyMissing, Bus
 from arena_core.errors import Unavailable
-from arena_core.schemas import GroupCompleted
+from arena_core.schemas import GroupCompleted, TrainingSequence
+from arena_core.sequences import sequences_of
 
 log = logging.getLogger("arena.stream")
 
@@ -55,6 +56,27 @@ def _decode(data: bytes) -> GroupCompleted:
     finally:
         if enabled:
             gc.enable()
+
+
+class SequenceSample(NamedTuple):
+    """One training sequence of a group member, with the member's group advantage."""
+
+    rollout_id: str
+    sequence: TrainingSequence
+    advantage: float
+
+
+def training_sequences(group: GroupCompleted) -> list[SequenceSample]:
+    """Every member's training sequences (``Trajectory.sequences``: token ids, loss mask,
+    sampling logprobs) with its advantage, members in ``group_index`` order, ready for a
+    token-level loss. Members without a reward (``excluded_indexes``) are left out."""
+    excluded = set(group.excluded_indexes)
+    out = []
+    for t, advantage in zip(group.trajectories, group.advantages):
+        if t.reward is None or t.group_index in excluded:
+            continue
+        out += [SequenceSample(t.rollout_id, seq, advantage) for seq in sequences_of(t)[0]]
+    return out
 
 
 def group_policy_version(group: GroupCompleted) -> int | None:

@@ -113,7 +113,50 @@ async def test_cli_exports_tokens_from_the_store_directory_when_the_service_is_s
     table = pads.dataset(str(tmp_path / "tokens"), format="parquet").to_table()
     row = table.slice(0, 1).to_pylist()[0]
     assert row["input_ids"] == [1, 2, 3, 4, 5] and row["loss_mask"] == [0, 0, 1, 1, 1]
+    assert (row["sequence_index"], row["num_sequences"]) == (0, 2)  # both calls send the same prompt
     assert row["logprobs"] == pytest.approx([0.0, 0.0, -0.1, -0.2, -0.3]) and row["num_loss_tokens"] == 3
     bad = await asyncio.to_thread(cli.main, ["export", "--view", "tokens", "--out", str(tmp_path / "x"),
                                              "--store", str(tmp_path / "nowhere")])
     assert bad == 2 and "is not a chDB store" in capsys.readouterr().err
+
+
+def tool_use(i: int, reward: float) -> object:
+    """Three calls: the agent calls a tool, gives up on its second call (abandoned) and sends it
+    again with the tool's output (20, 21) and template tokens (5) after its first answer."""
+    rid = f"tool-{i}"
+    event = RolloutStateChanged(rollout_id=rid, task_id="chat.tools", from_state=RolloutState.VERIFYING,
+                                to_state=RolloutState.COMPLETED, at=T0 + 50, steps=3, group_id="tools",
+                                group_index=i, group_size=2)
+    steps = [Step(rollout_id=rid, step_index=0, model="m", backend="b", policy_version="1",
+                  prompt_token_ids=[1, 2, 3], completion_token_ids=[10, 11 + i], logprobs=[-0.5, -0.25]),
+             Step(rollout_id=rid, step_index=1, model="m", backend="b", policy_version="1", abandoned=True,
+                  prompt_token_ids=[1, 2, 3, 10, 11 + i, 20, 21, 5], completion_token_ids=[99], logprobs=[-9.0]),
+             Step(rollout_id=rid, step_index=2, model="m", backend="b", policy_version="2",
+                  prompt_token_ids=[1, 2, 3, 10, 11 + i, 20, 21, 5], completion_token_ids=[12, 2],
+                  logprobs=[-0.125, -1.0])]
+    verification = VerificationResult(rollout_id=rid, verifier="tests", reward=reward, passed=reward == 1.0,
+                                      started_at=1.0, finished_at=2.0)
+    return assembler.assemble(event, steps, None, verification)
+
+
+async def test_a_multi_turn_rollout_exports_as_its_merged_training_sequence(served):
+    url, store, tmp_path = served
+    members = [tool_use(0, 1.0), tool_use(1, 0.0)]
+    await store.insert_trajectories(members)
+    only = ExportFilter(task_id="chat.tools")
+
+    got = [t async for t in HttpSource(url, only).trajectories()]  # the API's export carries them
+    assert [t.sequences for t in got] == [t.sequences for t in members]
+    assert [(b.step_index, b.kind) for b in got[0].sequence_breaks] == [(1, "abandoned")]
+
+    stats, _ = await run_export(HttpSource(url, only), view="tokens", fmt="jsonl", out=tmp_path / "tools.jsonl")
+    rows = [json.loads(x) for x in (tmp_path / "tools.jsonl").read_text().splitlines()]
+    assert stats.rows == 2 and stats.skipped == {"step the agent never received (abandoned)": 2}
+    first = rows[0]
+    assert first["rollout_id"] == "tool-0" and first["steps"] == [0, 2] and first["policy_versions"] == ["1", "2"]
+    assert first["input_ids"] == [1, 2, 3, 10, 11, 20, 21, 5, 12, 2]
+    assert first["loss_mask"] == [0, 0, 0, 1, 1, 0, 0, 0, 1, 1] and first["num_loss_tokens"] == 4
+    assert first["logprobs"] == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, 0.0, -0.125, -1.0]
+    assert (first["sequence_index"], first["num_sequences"]) == (0, 1)
+    assert [r["advantage"] for r in rows] == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert rows[1]["input_ids"] == [1, 2, 3, 10, 12, 20, 21, 5, 12, 2]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from arena.export import ExportOptions, ExportStats, export_rows, step_tokens
-from arena_core.schemas import RolloutState, Step, Trajectory
+from arena_core.schemas import RolloutState, Step, TrainingSequence, Trajectory
 
 T0 = 1_763_769_600.0  # 2025-11-22 00:00 UTC
 
@@ -89,13 +90,35 @@ def test_token_rows_are_loss_masked_sequences_with_the_group_advantage():
     assert r["logprobs"] == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3] and r["num_loss_tokens"] == 3
     assert r["steps"] == [0, 1] and r["policy_versions"] == ["4", "5"]
     assert r["advantage"] == pytest.approx(1.0, abs=1e-5) and out[1]["advantage"] == pytest.approx(-1.0, abs=1e-5)
-    # a rewritten history starts a new sequence; a member without token ids is skipped
+    assert (r["sequence_index"], r["num_sequences"]) == (0, 1)
+    # a rewritten history starts a new sequence; steps without token ids are in none
     out, stats = rows([member("h", 0, 1.0, size=2), member("h", 1, 0.0, size=2, ids=False)], "tokens")
-    assert [(r["rollout_id"], r["steps"]) for r in out] == [("h-0", [0]), ("h-0", [1])]
-    assert stats.skipped == {"trajectory with a step without token ids or aligned logprobs": 1}
+    assert [(r["rollout_id"], r["steps"], r["sequence_index"], r["num_sequences"]) for r in out] == [
+        ("h-0", [0], 0, 2), ("h-0", [1], 1, 2)]
+    assert stats.skipped == {"step without token ids": 2}
     misaligned = Step(rollout_id="x", step_index=0, model="m", backend="b", prompt_token_ids=[1],
                       completion_token_ids=[2, 3], logprobs=[-0.1])
     assert step_tokens(misaligned) is None
+
+
+def test_token_rows_leave_out_abandoned_and_cut_short_calls_and_count_them():
+    g = [multi_turn("g", 0, 1.0), multi_turn("g", 1, 0.0)]
+    s0, s1 = g[0].steps
+    gave_up = Step(rollout_id="g-0", step_index=1, model="m", backend="b", abandoned=True,
+                   prompt_token_ids=[1, 2, 3, 7, 8, 9, 9], completion_token_ids=[5, 5], logprobs=[-1.0, -1.0])
+    cut = Step(rollout_id="g-0", step_index=3, model="m", backend="b", incomplete=True,
+               prompt_token_ids=[1, 2, 3, 7, 8, 9, 9, 6], completion_token_ids=[4], logprobs=[-0.5])
+    retry = msgspec.structs.replace(s1, step_index=2)
+    g[0] = msgspec.structs.replace(g[0], steps=[s0, gave_up, retry, cut])
+    out, stats = rows(g, "tokens")
+    assert out[0]["input_ids"] == [1, 2, 3, 7, 8, 9, 9, 6] and out[0]["steps"] == [0, 2]
+    assert out[0]["loss_mask"] == [0, 0, 0, 1, 1, 0, 0, 1] and out[0]["num_loss_tokens"] == 3
+    assert stats.skipped == {"step the agent never received (abandoned)": 1, "step cut short (incomplete)": 1}
+    # the sequences the trajectory plane put on the trajectory are the ones exported
+    carried = msgspec.structs.replace(g[1], sequences=[TrainingSequence(
+        token_ids=[5, 6], loss_mask=[0, 1], logprobs=[0.0, -0.9], step_indexes=[0], policy_versions=["4"])])
+    out, _ = rows([g[0], carried], "tokens")
+    assert out[1]["input_ids"] == [5, 6] and out[1]["logprobs"] == [0.0, -0.9]
 
 
 def test_unknown_view_fails_loudly():

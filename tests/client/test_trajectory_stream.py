@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from arena_core import subjects
-from arena_core.schemas import GroupCompleted, RolloutState, Trajectory
-from arena.stream import TrajectoryStream, group_policy_version, is_stale
+from arena_core.schemas import GroupCompleted, RolloutState, Step, Trajectory
+from arena_core.sequences import with_sequences
+from arena.stream import TrajectoryStream, group_policy_version, is_stale, training_sequences
 
 
 def group(gid: str, *versions: str) -> GroupCompleted:
@@ -122,6 +124,26 @@ def test_staleness_rules():
     assert not is_stale(group("g", "4"), "6", 2)
     assert not is_stale(group("g", "3"), "v6", 2)
     assert not is_stale(group("g", "3"), 6, None)
+
+
+def test_a_group_from_the_stream_hands_each_members_sequences_with_its_advantage():
+    def member(i: int, reward: float | None) -> Trajectory:
+        steps = [Step(rollout_id=f"g-{i}", step_index=0, model="m", backend="b", prompt_token_ids=[1, 2],
+                      completion_token_ids=[3 + i], logprobs=[-0.5]),
+                 Step(rollout_id=f"g-{i}", step_index=1, model="m", backend="b", prompt_token_ids=[1, 2, 3 + i, 7],
+                      completion_token_ids=[8, 2], logprobs=[-0.25, -0.125])]
+        return with_sequences(Trajectory(rollout_id=f"g-{i}", task_id="t", group_id="g", group_index=i, group_size=3,
+                                         final_state=RolloutState.COMPLETED, reward=reward, steps=steps,
+                                         infrastructure=reward is None))
+    members = [member(0, 1.0), member(1, 0.0), member(2, None)]
+    g = GroupCompleted(group_id="g", task_id="t", size=3, trajectories=members, rewards=[1.0, 0.0, None],
+                       advantages=[1.0, -1.0, 0.0], excluded_indexes=[2], completed_at=1.0)
+    back = msgspec.json.decode(msgspec.json.encode(g), type=GroupCompleted)  # off the wire
+    got = training_sequences(back)
+    assert [(s.rollout_id, s.advantage) for s in got] == [("g-0", 1.0), ("g-1", -1.0)]
+    assert got[1].sequence.token_ids == [1, 2, 4, 7, 8, 2] and got[1].sequence.loss_mask == [0, 0, 1, 0, 1, 1]
+    assert got[1].sequence.logprobs == [0.0, 0.0, -0.5, 0.0, -0.25, -0.125]
+    assert got[1].sequence.step_indexes == [0, 1]
 
 
 async def test_bad_names_and_missing_stream(nats_server):

@@ -178,6 +178,39 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
             break
 
 
+async def test_a_multi_turn_rollout_is_published_and_stored_with_its_training_sequences(bus, store, running):
+    def call(i: int, prompt: list[int], completion: list[int], logprobs: list[float], **kw) -> Step:
+        return Step(rollout_id="mt", step_index=i, model="m", backend="b0", policy_version=str(3 + i // 2),
+                    prompt_token_ids=prompt, completion_token_ids=completion, logprobs=logprobs, **kw)
+
+    calls = [
+        call(0, [1, 2, 3], [4, 5], [-0.5, -0.25]),
+        call(1, [1, 2, 3, 4, 5, 6, 6], [9, 9], [-1.0, -1.0], abandoned=True),  # the agent gave up on it
+        call(2, [1, 2, 3, 4, 5, 6, 6], [7], [-0.125]),  # its retry: tool output 6, 6 in between
+        call(3, [1, 2, 8], [10, 11], [-2.0, -0.75]),  # the scaffold rewrote its history
+    ]
+    for c in reversed(calls):
+        await publish_step(bus, c)
+    await publish_outcome(bus, "mt", 1.0)
+    await publish_state(bus, state("mt", RolloutState.COMPLETED, steps=4))
+    running()
+    t = await last(bus, subjects.trajectory("calc/add", "mt"), Trajectory)
+
+    first, second = t.sequences
+    assert first.token_ids == [1, 2, 3, 4, 5, 6, 6, 7] and first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert first.logprobs == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -0.125]
+    assert first.step_indexes == [0, 2] and first.policy_versions == ["3", "4"]
+    assert second.token_ids == [1, 2, 8, 10, 11] and second.loss_mask == [0, 0, 0, 1, 1]
+    assert second.step_indexes == [3] and sum(first.loss_mask) + sum(second.loss_mask) == 5
+    assert [(b.step_index, b.kind, b.position) for b in t.sequence_breaks] == [
+        (1, "abandoned", None), (3, "prefix_mismatch", 2)]
+    assert t.sequence_breaks[1].reason == "prefix mismatch at token 2"
+    # stored without them (they are the steps' tokens again) and read back the same
+    [row] = await store.select("SELECT body FROM arena.trajectories FINAL WHERE rollout_id = 'mt'")
+    assert b"sequence" not in row and b"token_ids" not in row
+    assert await store.trajectory("mt") == t
+
+
 async def test_gives_up_waiting_and_marks_the_trajectory_incomplete(bus, store, running):
     await publish_step(bus, step("r9", 0))
     await bus.publish(subjects.sandbox_done("r9"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from arena_core import sequences
 from arena_core.grpo import group_advantages
 from arena_core.schemas import (
     GroupCompleted,
@@ -104,11 +105,13 @@ def assemble(
     ``incomplete`` names parts given up on (see ``missing_parts``); they are recorded in
     ``Trajectory.incomplete`` (and, for older readers, ``metadata["incomplete"]``) so a
     trainer can filter such trajectories out. ``history`` is the stored transitions; the
-    final one is added from ``event`` if it is not among them.
+    final one is added from ``event`` if it is not among them. The steps are merged into
+    training sequences (``arena_core.sequences.assemble``).
     """
     if not event.to_state.is_final:
         raise ValueError(f"rollout {event.rollout_id}: {event.to_state.value} is not a final state")
     ordered = dedupe_steps(steps)
+    merged, breaks = sequences.assemble(ordered)
     metadata = dict(event.metadata)
     if incomplete:
         metadata["incomplete"] = "; ".join(incomplete)
@@ -130,6 +133,8 @@ def assemble(
         metadata=metadata,
         history=full_history(event, history),
         incomplete=list(incomplete),
+        sequences=merged,
+        sequence_breaks=breaks,
     )
 
 

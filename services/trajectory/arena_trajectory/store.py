@@ -24,6 +24,7 @@ from arena_core.schemas import (
     Trajectory,
     VerificationResult,
 )
+from arena_core.sequences import with_sequences
 from arena_core.settings import Settings
 from arena_trajectory.caches import StoredStep
 from arena_trajectory.clickhouse import Backend, ChdbBackend, ClickHouseConnectBackend, Param
@@ -264,7 +265,8 @@ class TrajectoryStore:
         return dict(out)
 
     async def _trajectories(self, sql: str, params: Mapping[str, Param]) -> list[Trajectory]:
-        """Trajectories from ``SELECT body, step_indexes ...`` rows, their steps joined back."""
+        """Trajectories from ``SELECT body, step_indexes ...`` rows, their steps joined back
+        and their training sequences assembled from them (the body leaves both out)."""
         rows = [_trajectory_row_decoder.decode(line) for line in await self.select(sql, params)]
         out = [(_trajectory_decoder.decode(r.body), r.step_indexes) for r in rows]
         need = [t.rollout_id for t, indexes in out if indexes and not t.steps]
@@ -274,7 +276,7 @@ class TrajectoryStore:
             if indexes and not t.steps:  # rows written before step_indexes carry their steps in the body
                 wanted = set(indexes)
                 t = msgspec.structs.replace(t, steps=[s for s in steps.get(t.rollout_id, []) if s.step_index in wanted])
-            result.append(t)
+            result.append(with_sequences(t) if t.steps else t)
         return result
 
     async def trajectory(self, rollout_id: str) -> Trajectory | None:

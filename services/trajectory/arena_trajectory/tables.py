@@ -274,13 +274,14 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "passed": bool(t.verification and t.verification.passed and t.final_state.value == "completed"),
         "num_steps": len(t.steps),
         # the body leaves the steps out (they are in ``steps`` already); reads join them back
+        # and assemble the sequences from them again (derived: the same values)
         "step_indexes": [s.step_index for s in t.steps],
         "prompt_tokens": sum(s.usage.prompt_tokens for s in t.steps),
         "completion_tokens": sum(s.usage.completion_tokens for s in t.steps),
         "started_at": started,
         "completed_at": t.completed_at,
         "stored_at": time.time() if stored_at is None else stored_at,
-        "body": json_text(msgspec.structs.replace(t, steps=[])),
+        "body": json_text(msgspec.structs.replace(t, steps=[], sequences=[], sequence_breaks=[])),
     }
 
 
