@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench
+.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -36,6 +36,16 @@ fuzz: venv
 ## 100 rollouts while every service and nats-server are killed with SIGKILL and restarted; prints figures
 test-chaos: venv
 	ARENA_CHAOS=1 $(VENV)/bin/pytest -q -s tests/e2e/test_chaos.py
+
+## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
+## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman
+images:
+	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES="$${ARENA_IMAGES:-all}" bash deploy/docker-engine.sh images; \
+	else bash deploy/images/build.sh $${ARENA_IMAGES:-all}; fi
+
+## Claude Code and OpenCode in their images through the real stack (docker provider on Podman, scripted LLM)
+test-agents: venv images
+	$(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv

@@ -1,55 +1,205 @@
 #!/usr/bin/env bash
 # Builds Arena's sandbox images locally with podman (no registry is needed or used):
-#   arena/agent-base:latest  imported from a rootfs tarball (agent-base/build-rootfs.sh)
-#   arena/quickstart:latest  FROM arena/agent-base, + the examples/quickstart test tools
-# Each image carries the label arena.build = a hash of what defines it (these scripts,
-# the Containerfile); an image that exists with the same hash is kept (so a change to
-# the definitions rebuilds it), ARENA_REBUILD_IMAGES=1 rebuilds anyway.
-# Global podman options (another store: --root/--runroot/...) come from $ARENA_PODMAN_OPTS.
+#   arena/agent-base:latest      imported from a rootfs tarball (agent-base/build-rootfs.sh)
+#   arena/quickstart:latest      FROM arena/agent-base, + the examples/quickstart test tools
+#   arena/agent-node:latest      FROM arena/agent-base, + the host's Node.js, ripgrep, pytest
+#   arena/claude-code:latest     FROM arena/agent-node, + Claude Code (npm @anthropic-ai/claude-code)
+#   arena/opencode:latest        FROM arena/agent-node, + OpenCode (npm opencode-ai)
+#   arena/mini-swe-agent:latest  FROM arena/agent-node, + mini-swe-agent (PyPI mini-swe-agent)
+#
+#   build.sh [NAME...]   the named images (and the ones they are built from); `all` = every one.
+#                        Without names: $ARENA_IMAGES, else `agent-base quickstart`.
+# Scaffolds are installed on the host (npm install --prefix / pip install --target into a
+# staging directory, through the host's configured mirrors) and copied into the image:
+# inside `podman build` no mirror is configured. Versions: $ARENA_CLAUDE_CODE_VERSION,
+# $ARENA_OPENCODE_VERSION, $ARENA_MINI_SWE_AGENT_VERSION (defaults below).
+# Each image carries the label arena.build = a hash of what defines it (its Containerfile
+# or rootfs script, the code here that stages it, its parent's hash, the scaffold's
+# version); an image that exists with the same hash is kept (so a change to the
+# definitions rebuilds it), ARENA_REBUILD_IMAGES=1 rebuilds anyway. Global podman options
+# (another store: --root/--runroot/...) come from $ARENA_PODMAN_OPTS.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 read -r -a opts <<< "${ARENA_PODMAN_OPTS:-}"
 pm() { podman "${opts[@]}" "$@"; }
-base_hash="$(cat "$here/build.sh" "$here/agent-base/build-rootfs.sh" | sha256sum | cut -c1-16)"
-quickstart_hash="$(cat "$here/quickstart/Containerfile" <(echo "$base_hash") | sha256sum | cut -c1-16)"
+py="$repo/.venv/bin/python"
+[ -x "$py" ] || py=python3
+
+claude_code_version="${ARENA_CLAUDE_CODE_VERSION:-2.1.197}"
+opencode_version="${ARENA_OPENCODE_VERSION:-1.18.33}"
+mini_swe_agent_version="${ARENA_MINI_SWE_AGENT_VERSION:-2.4.6}"
+
+# arena/agent-base's image configuration (one variable per ENV: `podman import` reads
+# `ENV A=1 B=2` as A="1 B=2")
+base_changes=('USER 1000:1000' 'WORKDIR /sandbox/workspace' 'ENV PATH=/usr/local/bin:/usr/bin:/bin'
+              'ENV HOME=/tmp' 'ENV LANG=C.UTF-8' 'LABEL arena.image=agent-base')
+
+# ------------------------------------------------------------------ which images
+order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent)
+declare -A parent=([quickstart]=agent-base [agent-node]=agent-base [claude-code]=agent-node
+                   [opencode]=agent-node [mini-swe-agent]=agent-node)
+wanted_names=("$@")
+[ "${#wanted_names[@]}" -gt 0 ] || read -r -a wanted_names <<< "${ARENA_IMAGES:-agent-base quickstart}"
+declare -A wanted=()
+for name in "${wanted_names[@]}"; do
+  if [ "$name" = all ]; then for n in "${order[@]}"; do wanted[$n]=1; done; continue; fi
+  name="${name#arena/}"; name="${name%:latest}"
+  [ -n "${parent[$name]+x}" ] || [ "$name" = agent-base ] || { echo "build.sh: unknown image $name (one of: ${order[*]}, all)" >&2; exit 2; }
+  while [ -n "$name" ]; do wanted[$name]=1; name="${parent[$name]:-}"; done
+done
+
+# ------------------------------------------------------------------ staging helpers
+stage_file() {  # copy host file $1 to $2/rootfs at the same path (links followed; /lib.. under /usr)
+  local dest="$1"
+  case "$dest" in /bin/*|/sbin/*|/lib/*|/lib64/*) dest="/usr$dest" ;; esac
+  mkdir -p "$2/rootfs$(dirname "$dest")"
+  cp -L "$1" "$2/rootfs$dest"
+}
+stage_libs() {  # the shared libraries the files under $1 link into $2/rootfs (glibc's own too: the
+  # base holds only what its programs link, e.g. no libdl or librt)
+  # (ldd fails on files that are not dynamic executables: scripts, static binaries)
+  { find "$1" -type f \( -perm -u+x -o -name '*.so*' \) -print0 | xargs -0 -r ldd 2>/dev/null || true; } |
+    awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
+    while read -r lib; do stage_file "$lib" "$2"; done
+}
+compile_site() {  # bytecode for a staged site directory $1 that lands at $2 (the root is read-only)
+  /usr/bin/python3.11 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$1" -p "$2" "$1" >/dev/null || true
+}
+stage_pytest() {  # pure-Python packages copied from the project's environment: no registry needed
+  local site; site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  mkdir -p "$1/site"
+  for pkg in pytest _pytest pluggy iniconfig packaging pygments py.py; do
+    [ -e "$site/$pkg" ] && cp -a "$site/$pkg" "$1/site/"
+    # the distribution metadata too: pytest and pluggy read their own versions from it
+    for meta in "$site/$pkg"-*.dist-info; do [ -e "$meta" ] && cp -a "$meta" "$1/site/"; done
+  done
+  compile_site "$1/site" /usr/local/lib/python3.11/dist-packages
+}
+npm_arch() { case "$(uname -m)" in x86_64) echo x64 ;; aarch64) echo arm64 ;; *) uname -m ;; esac; }
+npm_stage() {  # npm install $2 into $1/npm (through the host's npm configuration)
+  npm install --prefix "$1/npm" --no-save --no-audit --no-fund --loglevel=error "$2" >&2
+}
+
+stage_quickstart() { stage_pytest "$1"; }
+
+stage_agent-node() {
+  command -v node >/dev/null || { echo "build.sh: arena/agent-node copies the host's node, and there is none" >&2; exit 3; }
+  stage_file "$(readlink -f "$(command -v node)")" "$1"
+  [ "$(readlink -f "$(command -v node)")" = /usr/bin/node ] || ln -s "$(readlink -f "$(command -v node)")" "$1/rootfs/usr/bin/node"
+  # ripgrep from Debian's package (downloaded by name, unpacked here, not installed on the host)
+  local rg; rg="$(command -v rg || true)"
+  if [ -z "$rg" ]; then
+    (cd "$1" && apt-get download ripgrep >/dev/null 2>&1) && dpkg-deb -x "$1"/ripgrep_*.deb "$1/deb" && rg="$1/deb/usr/bin/rg"
+  fi
+  if [ -n "$rg" ] && [ -x "$rg" ]; then
+    mkdir -p "$1/rootfs/usr/bin"; cp -L "$rg" "$1/rootfs/usr/bin/rg"
+  else
+    echo "build.sh: no ripgrep (neither on the host nor from apt): arena/agent-node is built without rg" >&2
+  fi
+  rm -rf "$1/deb" "$1"/*.deb
+  stage_libs "$1/rootfs" "$1"
+  stage_pytest "$1"
+}
+
+stage_claude-code() {
+  npm_stage "$1" "@anthropic-ai/claude-code@$claude_code_version"
+  local bin="$1/npm/node_modules/@anthropic-ai/claude-code-linux-$(npm_arch)/claude"
+  [ -x "$bin" ] || bin="$1/npm/node_modules/@anthropic-ai/claude-code/bin/claude.exe"
+  "$bin" --version >/dev/null || { echo "build.sh: Claude Code's native binary does not run" >&2; exit 3; }
+  mkdir -p "$1/rootfs/usr/local/bin"; cp -L "$bin" "$1/rootfs/usr/local/bin/claude"
+  stage_libs "$1/rootfs" "$1"; rm -rf "$1/npm"
+}
+
+stage_opencode() {
+  npm_stage "$1" "opencode-ai@$opencode_version"
+  local bin="" d
+  for d in "opencode-linux-$(npm_arch)-baseline" "opencode-linux-$(npm_arch)"; do
+    [ -x "$1/npm/node_modules/$d/bin/opencode" ] && { bin="$1/npm/node_modules/$d/bin/opencode"; break; }
+  done
+  [ -n "$bin" ] || { echo "build.sh: no OpenCode binary for linux-$(npm_arch) in the npm package" >&2; exit 3; }
+  "$bin" --version >/dev/null || { echo "build.sh: OpenCode's native binary does not run" >&2; exit 3; }
+  mkdir -p "$1/rootfs/usr/local/bin"; cp -L "$bin" "$1/rootfs/usr/local/bin/opencode"
+  stage_libs "$1/rootfs" "$1"; rm -rf "$1/npm"
+}
+
+stage_mini-swe-agent() {
+  local site="$1/rootfs/opt/mini-swe-agent"
+  # the image's Python is the host's 3.11: pip resolves wheels for it
+  /usr/bin/python3.11 -c 'import sys; assert sys.version_info[:2] == (3, 11)'
+  "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$site" "mini-swe-agent==$mini_swe_agent_version" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  [ -d "$site/minisweagent" ] || { echo "build.sh: pip did not install mini-swe-agent" >&2; exit 3; }
+  rm -rf "$site/bin"
+  mkdir -p "$1/rootfs/usr/local/bin"
+  # console scripts that put the scaffold's own directory first (apart from the image's site-packages)
+  "$py" - "$site" "$1/rootfs/usr/local/bin" <<'PY'
+import configparser, glob, os, sys
+site, bindir = sys.argv[1], sys.argv[2]
+ep = configparser.ConfigParser()
+ep.read(glob.glob(os.path.join(site, "mini_swe_agent-*.dist-info", "entry_points.txt")))
+for name, target in ep["console_scripts"].items():
+    module, _, func = target.partition(":")
+    path = os.path.join(bindir, name)
+    with open(path, "w") as f:
+        f.write(f"#!/usr/bin/python3\nimport sys\nsys.path.insert(0, '/opt/mini-swe-agent')\n"
+                f"from {module} import {func.split('.')[0]}\nsys.exit({func}())\n")
+    os.chmod(path, 0o755)
+PY
+  compile_site "$site" /opt/mini-swe-agent
+  stage_libs "$site" "$1"
+}
+
+# ------------------------------------------------------------------ hashes
+# An image's hash covers what defines it: its Containerfile (or the rootfs script and the
+# import's changes), the code that stages its context (the functions' text), the version
+# it installs, and its parent's hash.
+h() { sha256sum | cut -c1-16; }
+declare -A hash=()
+hash[agent-base]="$(cat "$here/agent-base/build-rootfs.sh" <(printf '%s\n' "${base_changes[@]}") | h)"
+for name in "${order[@]:1}"; do
+  hash[$name]="$(cat "$here/$name/Containerfile" <(
+    echo "${hash[${parent[$name]}]}"
+    declare -f stage_file stage_libs compile_site stage_pytest npm_arch npm_stage "stage_$name"
+    case "$name" in
+      agent-node) node --version 2>/dev/null || true ;;
+      claude-code) echo "$claude_code_version" ;;
+      opencode) echo "$opencode_version" ;;
+      mini-swe-agent) echo "$mini_swe_agent_version" ;;
+    esac) | h)"
+done
+
 current() {  # image is present with build hash $2
   [ "${ARENA_REBUILD_IMAGES:-0}" != "1" ] && pm image exists "$1" &&
     [ "$(pm image inspect --format '{{ index .Labels "arena.build" }}' "$1")" = "$2" ]
 }
 
+# ------------------------------------------------------------------ build
 rebuilt=0
-if ! current arena/agent-base:latest "$base_hash"; then
+for name in "${order[@]}"; do
+  [ -n "${wanted[$name]:-}" ] || continue
+  image="arena/$name:latest"
+  if current "$image" "${hash[$name]}"; then continue; fi
   rebuilt=1
-  tarball="$(mktemp /tmp/arena-agent-base.XXXXXX.tar)"
-  "$here/agent-base/build-rootfs.sh" "$tarball"
-  # one variable per ENV: `podman import` reads `ENV A=1 B=2` as A="1 B=2"
-  pm import -q --change 'USER 1000:1000' --change 'WORKDIR /sandbox/workspace' \
-    --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'ENV HOME=/tmp' --change 'ENV LANG=C.UTF-8' \
-    --change 'LABEL arena.image=agent-base' --change "LABEL arena.build=$base_hash" \
-    "$tarball" arena/agent-base:latest >/dev/null
-  rm -f "$tarball"
-  echo "built arena/agent-base:latest" >&2
-fi
-
-if ! current arena/quickstart:latest "$quickstart_hash"; then
-  rebuilt=1
-  ctx="$(mktemp -d /tmp/arena-quickstart.XXXXXX)"
-  site="$("$repo/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  mkdir -p "$ctx/site"
-  for pkg in pytest _pytest pluggy iniconfig packaging pygments py.py; do
-    [ -e "$site/$pkg" ] && cp -a "$site/$pkg" "$ctx/site/"
-    # the distribution metadata too: pytest and pluggy read their own versions from it
-    for meta in "$site/$pkg"-*.dist-info; do [ -e "$meta" ] && cp -a "$meta" "$ctx/site/"; done
-  done
-  # bytecode, as for the base image's standard library (the root is read-only)
-  /usr/bin/python3.11 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$ctx/site" \
-    -p /usr/local/lib/python3.11/dist-packages "$ctx/site" >/dev/null
-  cp "$here/quickstart/Containerfile" "$ctx/"
-  pm build -q --label "arena.build=$quickstart_hash" -t arena/quickstart:latest -f "$ctx/Containerfile" "$ctx" >/dev/null
-  rm -rf "$ctx"
-  echo "built arena/quickstart:latest" >&2
-fi
+  start=$SECONDS
+  if [ "$name" = agent-base ]; then
+    tarball="$(mktemp /tmp/arena-agent-base.XXXXXX.tar)"
+    "$here/agent-base/build-rootfs.sh" "$tarball"
+    changes=()
+    for c in "${base_changes[@]}" "LABEL arena.build=${hash[agent-base]}"; do changes+=(--change "$c"); done
+    pm import -q "${changes[@]}" "$tarball" "$image" >/dev/null
+    rm -f "$tarball"
+  else
+    ctx="$(mktemp -d "/tmp/arena-$name.XXXXXX")"
+    trap 'rm -rf "$ctx"' EXIT
+    mkdir -p "$ctx/rootfs" "$ctx/site"
+    "stage_$name" "$ctx"
+    cp "$here/$name/Containerfile" "$ctx/"
+    pm build -q --label "arena.build=${hash[$name]}" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
+    rm -rf "$ctx"; trap - EXIT
+  fi
+  echo "built $image ($((SECONDS - start)) s)" >&2
+done
 
 # the images these replaced (untagged now), unless a container still uses them
 if [ "$rebuilt" = 1 ]; then pm image prune -f >/dev/null 2>&1 || true; fi
