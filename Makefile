@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents
+.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml deploy/setup-host.sh
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+## agent scaffolds for the local sandbox provider, each in its own virtualenv under .arena/scaffolds
+scaffolds-venv: venv
+	$(PY) -m arena_core.scaffolds.install mini-swe-agent
 
 ## start the embedded stack, run a group of 4 quickstart rollouts end to end, print it, stop
 demo: venv
@@ -22,7 +26,7 @@ demo-rl: venv
 	$(PY) examples/grpo-loop/run.py
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes)
-test: venv
+test: venv scaffolds-venv
 	$(VENV)/bin/pytest -q
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)

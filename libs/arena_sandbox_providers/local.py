@@ -105,6 +105,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: Name prefix of the run's host directory in the temp dir (relay socket, shim,
     #: generated /etc files): a provider reaps its own after a crash by it.
     run_prefix: str = "arena-run-"
+    #: Host directories bound read-only at their own path (installed agent scaffolds).
+    ro_binds: tuple[str, ...] = ()
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,6 +255,8 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     ]
     for root in _python_roots():
         argv += ["--ro-bind", root, root]
+    for path in spec.ro_binds:
+        argv += ["--ro-bind", path, path]
     argv += _write_run_files(run_dir)
     argv += [
         "--proc", "/proc",

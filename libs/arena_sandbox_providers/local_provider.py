@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -22,17 +23,20 @@ from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallb
 
 log = logging.getLogger("arena.sandbox.local")
 
+_DEFAULT = object()  # "not given" (None means no scaffolds)
+
 
 class LocalSandbox(HostDirSandbox):
     provider = "local"
 
     def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
-                 run_prefix: str = "arena-run-"):
+                 run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = ()):
         self.id = sandbox_id
         self.root = root
         self.limits = limits
         self.cgroup = cgroup
         self.run_prefix = run_prefix
+        self.ro_binds = ro_binds
         self._destroyed = False
 
     def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
@@ -55,6 +59,7 @@ class LocalSandbox(HostDirSandbox):
             ),
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
             run_prefix=self.run_prefix,
+            ro_binds=self.ro_binds,
         )
 
     async def exec(
@@ -105,7 +110,13 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True):
+    def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True, scaffolds_dir=_DEFAULT):
+        """``scaffolds_dir``: installed agent scaffolds (``<dir>/<scaffold name>/bin/...``), bound
+        read-only into every sandbox at their host path; default ``ARENA_SCAFFOLDS_DIR``, else
+        ``<data_dir>/scaffolds``; ``None`` or a missing directory: none (docs/agents.md)."""
+        if scaffolds_dir is _DEFAULT:
+            scaffolds_dir = os.environ.get("ARENA_SCAFFOLDS_DIR") or Path(data_dir) / "scaffolds"
+        self._scaffolds = Path(scaffolds_dir).resolve() if scaffolds_dir is not None else None
         self.base = Path(data_dir) / "sandboxes" / owner
         self.owner = owner
         # cgroups are host-wide: keyed by owner and data directory, so two services
@@ -116,6 +127,11 @@ class LocalProvider:
         # is named after this installation too, so a crash's are reaped at start-up
         self.run_prefix = f"arena-run-{hashlib.sha1(self.cgroup_owner.encode()).hexdigest()[:10]}-"
         self.use_cgroups = use_cgroups and cgroups.available() is None
+
+    @property
+    def scaffolds_dir(self) -> Path | None:
+        """Installed scaffolds as sandboxes see them (the host path), or ``None``: none here."""
+        return self._scaffolds if self._scaffolds is not None and self._scaffolds.is_dir() else None
 
     async def health(self) -> str | None:
         return await asyncio.to_thread(local.available)
@@ -140,7 +156,9 @@ class LocalProvider:
                 cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus)
 
         await asyncio.to_thread(make)
-        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix)
+        scaffolds = self.scaffolds_dir
+        binds = (str(scaffolds),) if scaffolds is not None else ()
+        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:

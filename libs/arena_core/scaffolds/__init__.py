@@ -57,7 +57,8 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     #: Written into the sandbox before the command starts: absolute path -> bytes.
     files: dict[str, bytes] = {}
-    #: The scaffold's own records kept after the run: artifact name -> path in the sandbox.
+    #: The scaffold's own records kept after the run: artifact name -> path in the sandbox,
+    #: directly in ``/sandbox/.arena`` (read without following links: the agent owns the rest).
     #: Stored in the ``arena_artifacts`` object store as ``{rollout_id}/{name}``
     #: (``SandboxDone.artifacts``).
     artifacts: dict[str, str] = {}

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from arena_core.schemas import ScaffoldSpec
 
 NAME = "mini-swe-agent"
+#: What ``python -m arena_core.scaffolds.install mini-swe-agent`` puts in its virtualenv.
+REQUIREMENTS = ("mini-swe-agent==2.4.6",)
 CONFIG = f"{SCAFFOLD_DIR}/mini-swe-agent.yaml"
 WRAPPER = f"{SCAFFOLD_DIR}/mini-swe-agent.sh"
 FINISH = f"{SCAFFOLD_DIR}/mini-swe-agent-finish.py"
-TRAJECTORY = f"{SCAFFOLD_DIR}/mini-swe-agent.traj.json"
+MODELS = f"{SCAFFOLD_DIR}/litellm-models.json"
+TRAJECTORY = "/sandbox/.arena/mini-swe-agent.traj.json"
 #: mini's own configs the preset starts from (``config_files`` in the scaffold's config replaces it).
 BASE_CONFIGS = ("mini.yaml",)
 
@@ -71,13 +74,24 @@ def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
         "model": {
             "model_name": scaffold.model,
             "cost_tracking": "ignore_errors",
+            "litellm_model_registry": MODELS,
             # the key stays in OPENAI_API_KEY (litellm reads it): never in the trajectory file
             "model_kwargs": {"api_base": context.openai_base_url, "custom_llm_provider": "openai"},
         },
-        "environment": {"environment_class": "local", "cwd": context.workdir},
+        # the commands it runs keep their bytecode out of the workspace, in the sandbox's /tmp
+        "environment": {"environment_class": "local", "cwd": context.workdir,
+                        "env": {"PYTHONPYCACHEPREFIX": "/tmp/pycache"}},
     }
     own = {k: v for k, v in scaffold.config.items() if k != "config_files"}
     return merge(preset, own)
+
+
+def model_registry(model: str) -> dict[str, Any]:
+    """litellm's entry for the model: served through Arena's proxy, priced at 0 (so litellm
+    neither looks the name up among its providers nor prints its provider list on every call)."""
+    return {model: {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 0.0,
+                    "output_cost_per_token": 0.0, "cache_creation_input_token_cost": 0.0,
+                    "cache_read_input_token_cost": 0.0}}
 
 
 def launch(scaffold: ScaffoldSpec, context: Context) -> Launch:
@@ -90,6 +104,8 @@ def launch(scaffold: ScaffoldSpec, context: Context) -> Launch:
     wrapper = (
         "#!/bin/sh\n"
         "# mini-swe-agent under Arena's sandbox contract (arena_core.scaffolds.mini_swe_agent)\n"
+        "# its own imports use the bytecode installed beside them (a cache prefix would recompile all)\n"
+        "unset PYTHONPYCACHEPREFIX\n"
         f"{shlex.quote(mini)} -y --exit-immediately {specs} -o {shlex.quote(TRAJECTORY)} </dev/null\n"
         "rc=$?\n"
         f"{shlex.quote(python)} {shlex.quote(FINISH)} {shlex.quote(TRAJECTORY)}\n"
@@ -102,6 +118,7 @@ def launch(scaffold: ScaffoldSpec, context: Context) -> Launch:
             CONFIG: msgspec.json.encode(config(scaffold, context)),
             WRAPPER: wrapper.encode(),
             FINISH: _FINISH.encode(),
+            MODELS: msgspec.json.encode(model_registry(scaffold.model)),
         },
         artifacts={"mini-swe-agent.traj.json": TRAJECTORY},
     )

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
+from arena_core import scaffolds
 from arena_core.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
 from arena_core.sources import SourceCache, SourceError
 from arena_sandbox_providers import local
@@ -40,6 +41,8 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: The full log kept for the artifact store; a longer log keeps its last bytes.
     max_log_bytes: int = 16 * 1024 * 1024
     max_result_bytes: int = 1024 * 1024
+    #: A scaffold's artifact (its trajectory file) larger than this is not kept (the reason says so).
+    max_artifact_bytes: int = 64 * 1024 * 1024
     diff_timeout_s: float = 120.0
     sandbox_limits: SandboxLimits = SandboxLimits()
 
@@ -50,6 +53,9 @@ class JobRun(msgspec.Struct, frozen=True, kw_only=True):
     done: SandboxDone
     log: bytes
     run: RunResult | None = None  # None if the sandbox never started
+    #: The scaffold's artifacts read from the sandbox: name -> bytes (``SandboxDone.artifacts``
+    #: names their keys once the worker has stored them).
+    artifacts: dict[str, bytes] = {}
 
 
 class TaskFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,8 +101,8 @@ def anthropic_base_url(openai_base_url: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
-def agent_env(job: SandboxJob) -> dict[str, str]:
-    """The sandbox contract's environment, then the task's own ``agent.env``."""
+def agent_env(job: SandboxJob, scaffold_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The sandbox contract's environment, then a scaffold preset's, then the task's own ``agent.env``."""
     base_url = sandbox_proxy_url(job.proxy_url)
     env = {
         "OPENAI_BASE_URL": base_url,
@@ -105,8 +111,28 @@ def agent_env(job: SandboxJob) -> dict[str, str]:
         "ANTHROPIC_API_KEY": job.api_key,
         "ARENA_ROLLOUT_ID": job.rollout_id,
     }
+    env.update(scaffold_env or {})
     env.update(job.task.agent.env)
     return env
+
+
+def scaffold_launch(job: SandboxJob, workdir: str, home: str = "") -> scaffolds.Launch:
+    """The launch of the task's scaffold (``task.agent.scaffold``) in this job's sandbox."""
+    base_url = sandbox_proxy_url(job.proxy_url)
+    context = scaffolds.Context(
+        instructions=job.task.instructions, openai_base_url=base_url, anthropic_base_url=anthropic_base_url(base_url),
+        api_key=job.api_key, workdir=workdir, home=home,
+    )
+    return scaffolds.preset(job.task.agent, context)
+
+
+def scaffold_home(provider: SandboxProvider | WarmPool, name: str) -> str:
+    """Where the provider's sandboxes find scaffold ``name`` installed (the local provider binds
+    its scaffolds directory), or "": on the sandbox's ``PATH`` (an image that ships it)."""
+    base = getattr(provider.provider if isinstance(provider, WarmPool) else provider, "scaffolds_dir", None)
+    if base is None or not (Path(base) / name / "bin").is_dir():
+        return ""
+    return str(Path(base) / name)
 
 
 def task_json(job: SandboxJob) -> bytes:
@@ -252,14 +278,15 @@ async def run_job(
         try:
             tree = await cache.tree(job.task.source_of())
             agent_tree = await agent_files(job.task.agent, cache)
-            plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree)  # copy + git: off the loop
+            home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
+            plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
             spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
                               workspace_mount=job.task.workspace_mount() if name == "docker" else "")
             sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
             await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
             if plan.agent_dir is not None:
                 await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
-            await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job)})
+            await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job), **plan.files})
             git_config = await sandbox.read_file(f"{local.WORKSPACE}/.git/config", max_bytes=GIT_CONFIG_MAX)
         except (OSError, ValueError, local.GitError, SandboxError, SourceError) as exc:
             log.warning("cannot prepare the sandbox: %s", exc, extra=extra)
@@ -287,6 +314,13 @@ async def run_job(
             note = "result.json ignored: not a regular file (links are not followed)"
         if note:
             reason = f"{reason}; {note}"
+        artifacts: dict[str, bytes] = {}
+        for artifact, path in plan.artifacts.items():
+            data = await sandbox.read_file(path, max_bytes=config.max_artifact_bytes)
+            if data is not None and len(data) <= config.max_artifact_bytes:
+                artifacts[artifact] = data
+            elif data is not None:
+                reason = f"{reason}; {artifact} not kept: larger than {config.max_artifact_bytes} bytes"
         flags: list[str] = []
         changed = await git_tampering(sandbox, git_config)
         if changed:
@@ -308,7 +342,7 @@ async def run_job(
         log.info("sandbox finished: %s", outcome.value, extra=extra)
         done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
                       oom_killed=run.oom_killed, flags=flags)
-        return JobRun(done=done, log=full_log, run=run)
+        return JobRun(done=done, log=full_log, run=run, artifacts=artifacts)
     finally:
         if sandbox is not None:
             await asyncio.shield(sandbox.destroy())
@@ -352,6 +386,10 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     workdir: str
     proxy: ProxyForward
     agent_dir: Path | None
+    #: written into the sandbox before the agent starts (a scaffold's config, its wrapper)
+    files: dict[str, bytes] = {}
+    #: a scaffold's records to keep: artifact name -> path in the sandbox
+    artifacts: dict[str, str] = {}
 
 
 async def agent_files(agent: AgentSpec, cache: SourceCache) -> Path | None:
@@ -366,24 +404,36 @@ async def agent_files(agent: AgentSpec, cache: SourceCache) -> Path | None:
     return None
 
 
-def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None) -> tuple[_Plan, str]:
+def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None,
+             scaffold_home: str = "") -> tuple[_Plan, str]:
     task = job.task
     forward = proxy_forward(job.proxy_url)
     if agent_dir is not None and not agent_dir.is_dir():
         raise ValueError(f"agent path {agent_dir} is not a directory")
-    if not task.agent.command:
-        raise ValueError("the task's agent has an empty command")
     workdir = os.path.normpath(task.workdir)
     if os.path.isabs(workdir) or workdir.startswith(".."):
         raise ValueError(f"workdir {task.workdir!r} must be a path inside the repository")
-    env = agent_env(job)
+    sandbox_workdir = os.path.normpath(os.path.join(local.WORKSPACE, workdir))
+    if task.agent.scaffold is not None:  # a preset: its command, environment and files
+        launch = scaffold_launch(job, sandbox_workdir, scaffold_home)
+    elif task.agent.command:
+        launch = scaffolds.Launch(command=list(task.agent.command))
+    else:
+        raise ValueError("the task's agent has an empty command")
+    for path in launch.files:
+        if not path.startswith(f"{local.ARENA_DIR}/") or ".." in path.split("/"):
+            raise ValueError(f"scaffold file {path!r} is not under {local.ARENA_DIR}")
+    for path in launch.artifacts.values():  # read after the agent ran: no directory of its own in the way
+        if os.path.dirname(path) != local.ARENA_DIR:
+            raise ValueError(f"scaffold artifact {path!r} is not directly in {local.ARENA_DIR}")
+    env = agent_env(job, launch.env)
     local.validate_env(env)
     staging.mkdir(parents=True)
     base = local.prepare_workspace(tree, staging / "workspace")
     if not (staging / "workspace" / workdir).is_dir():
         raise ValueError(f"workdir {task.workdir!r} is not a directory of the repository")
     plan = _Plan(
-        command=list(task.agent.command), env=env, workdir=os.path.normpath(os.path.join(local.WORKSPACE, workdir)),
-        proxy=forward, agent_dir=agent_dir,
+        command=launch.command, env=env, workdir=sandbox_workdir, proxy=forward, agent_dir=agent_dir,
+        files=launch.files, artifacts=launch.artifacts,
     )
     return plan, base

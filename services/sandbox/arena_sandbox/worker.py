@@ -151,7 +151,10 @@ class SandboxWorker:
         if done.outcome is SandboxOutcome.CANCELLED and cancel_reason:
             done = msgspec.structs.replace(done, reason=cancel_reason[0])
         if result.log:
-            done = msgspec.structs.replace(done, log_artifact=await self._store_log(rid, result.log))
+            done = msgspec.structs.replace(done, log_artifact=await self._store(rid, "agent.log", result.log))
+        if result.artifacts:  # a scaffold's own records (its trajectory file)
+            stored = {name: await self._store(rid, name, data) for name, data in result.artifacts.items()}
+            done = msgspec.structs.replace(done, artifacts={name: key for name, key in stored.items() if key})
         outcome = await self._publish_done(job, done)
         log.info("sandbox %s: %s", sandbox_id, outcome.value, extra=extra)
 
@@ -195,13 +198,14 @@ class SandboxWorker:
             return None
         return _record_decoder.decode(entry.value).state
 
-    async def _store_log(self, rollout_id: str, data: bytes) -> str | None:
-        key = f"{rollout_id}/agent.log"
+    async def _store(self, rollout_id: str, name: str, data: bytes) -> str | None:
+        """``data`` in the artifact store as ``{rollout_id}/{name}``; its key, or ``None`` if it failed."""
+        key = f"{rollout_id}/{name}"
         try:
             store = await self.bus.artifacts()
             await store.put(key, data)
         except Exception as exc:  # noqa: BLE001 - the result matters more than its log
-            log.warning("could not store the agent log: %s", exc, extra={"rollout_id": rollout_id})
+            log.warning("could not store %s: %s", name, exc, extra={"rollout_id": rollout_id})
             return None
         return key
 
