@@ -12,6 +12,8 @@ class ArenaError(Exception):
 
     code = "arena_error"
     status = 500
+    #: whether a client may send the same request again (``x-should-retry`` on the proxy)
+    retryable = False
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -41,15 +43,19 @@ class Unauthorized(ArenaError):
 
 
 class BudgetExhausted(ArenaError):
+    """A rollout's turns or tokens are spent: the proxy refuses its calls for good. 403, a
+    status no SDK or scaffold retries (a 429 would be retried until the rollout ended and
+    the key turned into a confusing 401)."""
+
     code = "budget_exhausted"
-    status = 429
+    status = 403
 
 
 class WallClockExceeded(ArenaError):
-    """A rollout's wall-clock budget is spent: the proxy refuses its calls."""
+    """A rollout's wall-clock budget is spent: the proxy refuses its calls (403, as above)."""
 
     code = "wall_clock_exceeded"
-    status = 429
+    status = 403
 
 
 class UpstreamRejected(ArenaError):
@@ -69,11 +75,13 @@ class UpstreamError(ArenaError):
 
     code = "upstream_error"
     status = 502
+    retryable = True
 
 
 class Unavailable(ArenaError):
     code = "unavailable"
     status = 503
+    retryable = True
 
 
 class SandboxError(ArenaError):
@@ -102,6 +110,7 @@ class Overloaded(ArenaError):
 
     code = "overloaded"
     status = 429
+    retryable = True
 
     def __init__(self, message: str, *, retry_after: float = 1.0):
         super().__init__(message)

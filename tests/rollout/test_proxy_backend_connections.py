@@ -203,7 +203,8 @@ async def proxy(bus):
 
 
 def ask(stream: bool = False) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    """An agent that asks for token ids itself (else the proxy keeps them out of its answers)."""
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream, "return_token_ids": True}
 
 
 def rollout_of(url: str) -> str:

@@ -303,7 +303,7 @@ async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):
     # capped to what remains after its prompt (counted before sending), not refused
     assert b.usage.completion_tokens == 120 - spent - b.usage.prompt_tokens and b.choices[0].finish_reason == "length"
     assert spent + b.usage.total_tokens == 120
-    with pytest.raises(openai.RateLimitError) as refused:
+    with pytest.raises(openai.PermissionDeniedError) as refused:
         await client.chat.completions.create(model="default", messages=msgs)
     assert refused.value.body["code"] == "budget_exhausted" and "token budget exhausted" in refused.value.body["message"]
     record, _ = await s.service.store.get(rid)
@@ -316,7 +316,7 @@ async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):
     # 31 s since its agent started (the wall clock counts from there, not from the submission)
     await s.service.store.update(rid, lambda r: msgspec.structs.replace(
         r, created_at=r.created_at - 31, history=[msgspec.structs.replace(h, at=h.at - 31) for h in r.history]))
-    with pytest.raises(openai.RateLimitError) as late:
+    with pytest.raises(openai.PermissionDeniedError) as late:
         await s.openai(rid, key).chat.completions.create(model="default", messages=msgs)
     assert late.value.body["code"] == "wall_clock_exceeded"
     assert (await s.service.store.get(rid))[0].state == RolloutState.TIMED_OUT
@@ -344,7 +344,7 @@ async def test_budgets_stay_exact_while_earlier_steps_are_still_being_recorded(s
     # capped by a's tokens, not yet recorded, and b's own prompt
     assert usage.completion_tokens == 120 - a.usage.total_tokens - usage.prompt_tokens
     assert (await store.get(rid))[0].steps == 0  # neither recording has landed yet
-    with pytest.raises(openai.RateLimitError) as refused:
+    with pytest.raises(openai.PermissionDeniedError) as refused:
         await client.chat.completions.create(model="default", messages=msgs)
     spent = a.usage.total_tokens + usage.total_tokens
     assert f"token budget exhausted: {spent} of 120 tokens used" in refused.value.body["message"]

@@ -115,8 +115,10 @@ async def test_group_lifecycle_through_the_api(rollout, bus, tmp_path):
 
     # the agent's call through the proxy, with its per-rollout key
     chat = await api.post(f"/proxy/{rid}/v1/chat/completions", headers={"authorization": f"Bearer {job.api_key}"},
-                          json={"model": "x", "messages": [{"role": "user", "content": "hello"}]})
+                          json={"model": "x", "messages": [{"role": "user", "content": "hello"}],
+                                "return_token_ids": True, "logprobs": True})
     assert chat.status_code == 200, chat.text
+    assert chat.headers["x-request-id"].startswith("req_")
     answer = chat.json()
     assert answer["choices"][0]["message"]["content"] == "the answer"
     steps = await fetch_all(bus, "ARENA_STEPS", f"arena.step.{rid}", Step)
@@ -200,8 +202,9 @@ async def test_budget_exhaustion_refuses_the_call_and_ends_the_rollout(rollout, 
     assert first.status_code == 200
     second = await api.post(f"/proxy/{rid}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                             json=body)
-    assert second.status_code == 429
-    assert second.json()["error"] == {"code": "budget_exhausted",
+    # 403 with x-should-retry: false: no SDK or scaffold retries it into a confusing 401
+    assert second.status_code == 403 and second.headers["x-should-retry"] == "false"
+    assert second.json()["error"] == {"code": "budget_exhausted", "type": "permission_error", "param": None,
                                       "message": "turn budget exhausted: 1 of 1 LLM calls used"}
     view = (await api.get(f"/v1/rollouts/{rid}")).json()
     assert view["state"] == "budget_exhausted" and view["steps"] == 1

@@ -61,7 +61,7 @@ async def test_a_multi_turn_rollout_never_overshoots_and_its_last_call_is_capped
     while True:
         try:
             text, usage, finish = await agent_turn(client, messages, max_tokens=300, stream=len(turns) == 2)
-        except openai.RateLimitError as exc:
+        except openai.PermissionDeniedError as exc:
             refused = exc
             break
         sent = generation_requests(s)[-1]
@@ -102,7 +102,7 @@ async def test_a_prompt_that_alone_exceeds_what_remains_is_refused_before_it_is_
     _, first, _ = await agent_turn(client, [SYSTEM, TASK], max_tokens=50)
     left = 400 - first.total_tokens
     long = {"role": "user", "content": "Here is the whole file:\n" + "x = search(ordered, key)\n" * 12}
-    with pytest.raises(openai.RateLimitError) as refused:
+    with pytest.raises(openai.PermissionDeniedError) as refused:
         await agent_turn(client, [SYSTEM, TASK, long], max_tokens=10)
     message = refused.value.body["message"]
     assert refused.value.body["code"] == "budget_exhausted"
@@ -126,7 +126,7 @@ async def test_a_replica_without_tokenize_caps_on_the_upper_bound_and_never_over
         while True:
             try:
                 text, usage, finish = await agent_turn(client, messages, max_tokens=300)
-            except openai.RateLimitError as exc:
+            except openai.PermissionDeniedError as exc:
                 refused = exc
                 break
             turns.append((limit - spent, generation_requests(s)[-1]["max_tokens"], messages))
@@ -163,7 +163,7 @@ async def test_calls_in_flight_at_once_never_overshoot_together(stack, tmp_path)
     assert sum(u.total_tokens for u in usages) <= limit
     # the rest were refused once nothing remained (or found the rollout ended while they waited)
     errors = [r for r in results if isinstance(r, BaseException)]
-    assert errors and all(isinstance(r, (openai.RateLimitError, openai.AuthenticationError)) for r in errors)
+    assert errors and all(isinstance(r, (openai.PermissionDeniedError, openai.AuthenticationError)) for r in errors)
     # each call could spend more than half the budget: they went one after another, not together
     assert s.backends["default"].peak == 1
     await s.service.proxy.drain()

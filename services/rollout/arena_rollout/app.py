@@ -19,6 +19,7 @@ import msgspec
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from arena_core import health, openapi, sources, subjects
 from arena_core.bodies import decode_body
@@ -36,6 +37,8 @@ from arena_core.schemas import (
     valid_id,
 )
 
+from arena_rollout.proxy import errors
+from arena_rollout.proxy.delivery import Delivery, Orphan, Orphans
 from arena_rollout.proxy.handler import Relay
 from arena_rollout.proxy.policy import Api
 from arena_rollout.service import RolloutService, view
@@ -49,7 +52,15 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(encode(obj), status_code=status, media_type="application/json")
 
 
-def error_response(exc: ArenaError) -> Response:
+def error_response(exc: ArenaError, request: Request | None = None) -> Response:
+    """Arena's ``{"error": {"code", "message"}}``; on the proxy's paths, the shape of the API
+    the agent speaks (proxy/errors.py)."""
+    path = request.url.path if request is not None else ""
+    if path.startswith("/proxy/"):
+        flavor = errors.flavor_of(path, "anthropic-version" in request.headers)
+        status, body, headers = errors.of(exc, flavor, errors.request_id())
+        return Response(body, status_code=status, media_type="application/json",
+                        headers={k.decode(): v.decode() for k, v in headers})
     response = json_response(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)), exc.status)
     if isinstance(exc, Overloaded):
         response.headers["retry-after"] = str(int(exc.retry_after))
@@ -97,27 +108,50 @@ def create_app(service: RolloutService) -> RolloutApp:
            **openapi.errors(400, 401, 404, 413, 429, 502)}
 
     @app.exception_handler(ArenaError)
-    async def on_arena_error(_request: Request, exc: ArenaError) -> Response:
-        return error_response(exc)
+    async def on_arena_error(request: Request, exc: ArenaError) -> Response:
+        return error_response(exc, request)
 
     @app.exception_handler(RequestValidationError)
-    async def on_invalid(_request: Request, exc: RequestValidationError) -> Response:
+    async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return error_response(InvalidRequest(problems))
+        return error_response(InvalidRequest(problems), request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unrouted paths (404) and wrong methods (405), in the error shape of the path's API."""
+        error = ArenaError(str(exc.detail))
+        error.status, error.code = exc.status_code, {404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error")
+        if exc.status_code == 404:
+            error.message = f"no route for {request.method} {request.url.path}"
+        response = error_response(error, request)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
 
     @app.middleware("http")
     async def ids_at_the_edge(request: Request, call_next):
-        """Every rollout id in a path follows the id grammar before any bus or store call."""
+        """Every rollout id in a path follows the id grammar before any bus or store call;
+        every answer carries ``x-request-id``."""
         parts = request.url.path.split("/")
         if len(parts) > 3 and parts[1] in ("v1", "proxy", "judge") and (
                 parts[1] != "v1" or parts[2] == "rollouts") and not valid_id(parts[3 if parts[1] == "v1" else 2]):
-            return error_response(InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)"))
-        return await call_next(request)
+            response = error_response(
+                InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)"), request)
+        else:
+            response = await call_next(request)
+        if "x-request-id" not in response.headers:
+            response.headers["x-request-id"] = errors.request_id()
+        return response
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return json_response(ErrorResponse(error=ErrorBody(code="internal", message=f"internal error: {type(exc).__name__}")), 500)
+        error = ArenaError(f"internal error: {type(exc).__name__}")
+        error.code = "internal"
+        response = error_response(error, request)
+        response.headers["x-request-id"] = errors.request_id()
+        return response
 
     @app.get("/healthz", responses={200: openapi.answer(health.Health), 503: openapi.answer(health.Health, "unhealthy")})
     async def healthz() -> Response:
@@ -233,7 +267,37 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_models(request: Request, rollout_id: str = rid) -> Response:
         record = await service.authorize(rollout_id, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
-        return json_response(models_answer(record.model, record.created_at))
+        return json_response(models_answer(service.models_of(record), record.created_at))
+
+    @app.post("/proxy/{rollout_id}/v1/messages/count_tokens", responses={200: openapi.answer(obj),
+              **openapi.errors(400, 401, 404, 502)}, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_count_tokens(request: Request, rollout_id: str = rid) -> Response:
+        """Anthropic's token count of a Messages request, by the backend that serves the
+        rollout (its ``/tokenize``); not a step and not counted against any budget."""
+        record = await service.authorize(rollout_id, request.headers.get("authorization"),
+                                         request.headers.get("x-api-key"))
+        payload = _payload(await read_body(request, limit))
+        return json_response({"input_tokens": await service.proxy.count_tokens(record, payload)})
+
+    async def passthrough(request: Request, rollout_id: str, what: str) -> Response:
+        record = await service.authorize(rollout_id, request.headers.get("authorization"),
+                                         request.headers.get("x-api-key"))
+        payload = _payload(await read_body(request, limit))
+        status, data = await service.proxy.passthrough(record, what, payload)
+        return Response(data, status_code=status, media_type="application/json")
+
+    for what in ("tokenize", "detokenize"):
+        def route(what: str = what):
+            async def serve(request: Request, rollout_id: str = rid) -> Response:
+                return await passthrough(request, rollout_id, what)
+            serve.__name__ = f"proxy_{what}"
+            serve.__doc__ = (f"vLLM's ``/{what}``, passed to the backend that serves the rollout; a clear 404 "
+                             "when it has none. Not a step.")
+            return serve
+        for path in (f"/proxy/{{rollout_id}}/{what}", f"/proxy/{{rollout_id}}/v1/{what}"):
+            app.post(path, responses={200: openapi.answer(obj), **openapi.errors(400, 401, 404, 502)},
+                     openapi_extra=openapi.request_body_schema(obj), operation_id=f"proxy_{what}_"
+                     + ("v1" if "/v1/" in path else "root"))(route())
 
     # documented here; served by ``RolloutApp`` before FastAPI routing (the hot path)
     @app.post("/proxy/{rollout_id}/v1/chat/completions", responses=llm, openapi_extra=openapi.request_body_schema(obj))
@@ -278,13 +342,14 @@ async def proxied(service: RolloutService, rollout_id: str, request: Request, ap
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
 
-def models_answer(model: str, created: float) -> dict[str, Any]:
-    """``GET /v1/models``: the rollout's model, in a shape both SDKs read (OpenAI's list
-    fields, and Anthropic's ``type`` / ``display_name`` / ``created_at`` and paging)."""
+def models_answer(models: list[str], created: float) -> dict[str, Any]:
+    """``GET /v1/models``: the model names the rollout may use, in a shape both SDKs read
+    (OpenAI's list fields, and Anthropic's ``type`` / ``display_name`` / ``created_at`` and paging)."""
     created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
-    entry = {"id": model, "object": "model", "created": int(created), "owned_by": "arena",
-             "type": "model", "display_name": model, "created_at": created_at}
-    return {"object": "list", "data": [entry], "has_more": False, "first_id": model, "last_id": model}
+    data = [{"id": m, "object": "model", "created": int(created), "owned_by": "arena",
+             "type": "model", "display_name": m, "created_at": created_at} for m in models]
+    return {"object": "list", "data": data, "has_more": False, "first_id": models[0] if models else None,
+            "last_id": models[-1] if models else None}
 
 
 def _payload(body: bytes) -> Any:
@@ -318,38 +383,100 @@ class RolloutApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _PROXY_PATH.match(scope["path"])
             if match is not None:
-                headers = dict(scope["headers"])
-                answer = await self._answer(match[1], _APIS[match[2]], headers.get(b"authorization"),
-                                            headers.get(b"x-api-key"),
-                                            partial(self._body, receive, headers.get(b"content-length")))
-                if isinstance(answer, Relay):
-                    await _send_stream(send, receive, answer)
-                else:
-                    await _send_whole(send, *answer)
+                await self._proxy(match[1], _APIS[match[2]], dict(scope["headers"]), receive, send)
                 return
         await self.api(scope, receive, send)
 
-    async def _answer(self, rollout_id: str, api: Api, authorization: bytes | None, api_key: bytes | None,
-                      read_body: Callable[[], Awaitable[bytes]]) -> tuple[int, bytes] | Relay:
-        """One proxied call: the key checked, then the body read, then the call made. A
-        whole answer or an error is ``(status, JSON body)``; a stream is its ``Relay``."""
+    async def _proxy(self, rollout_id: str, api: Api, headers: dict[bytes, bytes], receive, send) -> None:
+        """One proxied call: the key checked, then the body read, then the call made (or a
+        retry given the answer of an identical call whose client left). Errors in the
+        shape of the API called."""
+        request_id = errors.request_id()
+        flavor: errors.Flavor = "anthropic" if api == "anthropic.messages" else "openai"
         try:
             if not valid_id(rollout_id):
                 raise InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)")
+            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
             record = await self.service.authorize(rollout_id, authorization and authorization.decode("latin-1"),
                                                   api_key and api_key.decode("latin-1"))
-            answer = await self.service.proxy.call(record, api, _payload(await read_body()))
+            body = await self._body(receive, headers.get(b"content-length"))
+            payload = _payload(body)
+            if isinstance(payload, dict) and payload.get("stream"):
+                relay = await self.service.proxy.call(record, api, payload)
+                await _send_stream(send, receive, relay, request_id)
+                return
+            orphans = self.service.proxy.orphans
+            if orphans.has(rollout_id):
+                key = orphans.key(rollout_id, api, body)
+                orphan = orphans.take(key)
+                if orphan is not None:
+                    await self._retry(send, receive, orphans, key, orphan, request_id)
+                    return
+            answer = await self._whole(record, api, payload, body, receive)
+            if answer is None:
+                return  # the client left; the answer waits for its retry
+            status, data, extra, delivery = answer
         except ArenaError as exc:
-            return exc.status, encode(ErrorResponse(error=ErrorBody(code=exc.code, message=exc.message)))
+            status, data, extra = errors.of(exc, flavor, request_id)
+            delivery = None
+        await _send_whole(send, status, data, extra or _request_headers(request_id))
+        if delivery is not None:
+            delivery.settle(True)
+
+    async def _whole(self, record, api: Api, payload: Any, body: bytes, receive):
+        """A call for a whole answer, watching its client: (status, body, headers,
+        delivery) to send, or None when the client left first (the call is an orphan)."""
+        delivery = Delivery()
+        orphans = self.service.proxy.orphans
+        orphan: list = []
+
+        def gone(watch: asyncio.Task) -> None:
+            if not watch.cancelled() and not answered:
+                key = orphans.key(record.rollout_id, api, body)
+                orphan.append(orphans.adopt(key, delivery))
+
+        answered = False
+        watch = asyncio.get_running_loop().create_task(receive())
+        watch.add_done_callback(gone)
+        try:
+            answer = await self.service.proxy.call(record, api, payload, delivery)
+            result = 200, answer if isinstance(answer, bytes) else encode(answer), None, delivery
+        except ArenaError as exc:
+            status, data, extra = errors.of(exc, "anthropic" if api == "anthropic.messages" else "openai",
+                                            errors.request_id())
+            result = status, data, extra, None
         except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
-            log.exception("unhandled error on a proxied %s call of rollout %s", api, rollout_id)
-            return 500, encode(ErrorResponse(error=ErrorBody(code="internal",
-                                                             message=f"internal error: {type(exc).__name__}")))
-        if isinstance(answer, bytes):
-            return 200, answer
-        if isinstance(answer, dict):
-            return 200, encode(answer)
-        return answer
+            log.exception("unhandled error on a proxied %s call of rollout %s", api, record.rollout_id)
+            flavor = "anthropic" if api == "anthropic.messages" else "openai"
+            rid = errors.request_id()
+            result = 500, errors.body(flavor, 500, "internal", f"internal error: {type(exc).__name__}"), \
+                errors.headers(rid, retry=True), None
+        finally:
+            answered = True
+        if orphan:
+            orphan[0].answer.set_result(result)
+            if result[3] is None:  # an error: no step waits for its delivery
+                delivery.settle(False)
+            return None
+        watch.remove_done_callback(gone)
+        watch.cancel()
+        return result
+
+    async def _retry(self, send, receive, orphans: Orphans, key, orphan: Orphan, request_id: str) -> None:
+        """A retry of a call whose client left: it takes that call's answer (one step, not two)."""
+        watch = asyncio.get_running_loop().create_task(receive())
+        try:
+            await asyncio.wait([watch, orphan.answer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not watch.done():
+                watch.cancel()
+        if not orphan.answer.done() or (watch.done() and not watch.cancelled()):
+            orphans.put_back(key, orphan)  # this client left too
+            return
+        status, data, extra, delivery = orphan.answer.result()
+        await _send_whole(send, status, data, extra or _request_headers(request_id))
+        if delivery is not None:
+            delivery.settle(True)
 
     async def _body(self, receive, declared: bytes | None) -> bytes:
         limit = self.limit
@@ -381,14 +508,18 @@ def _answered() -> None:
         os.sched_yield()
 
 
-async def _send_whole(send, status: int, body: bytes) -> None:
+def _request_headers(request_id: str) -> list[tuple[bytes, bytes]]:
+    return [(b"x-request-id", request_id.encode())]
+
+
+async def _send_whole(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON_HEAD, (b"content-length", str(len(body)).encode())]})
+                "headers": [*_JSON_HEAD, (b"content-length", str(len(body)).encode()), *extra]})
     await send({"type": "http.response.body", "body": body})
     _answered()
 
 
-async def _send_stream(send, receive, relay: Relay) -> None:
+async def _send_stream(send, receive, relay: Relay, request_id: str) -> None:
     """Relay SSE pieces as they come (the response's end goes with the last piece); a
     client that goes away stops the relay at once (its step is still recorded,
     ``incomplete``), and the relay is always closed."""
@@ -406,7 +537,8 @@ async def _send_stream(send, receive, relay: Relay) -> None:
     watching = asyncio.get_running_loop().create_task(receive())
     watching.add_done_callback(on_receive)
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_SSE_HEAD, *_request_headers(request_id)]})
         ended = False
         async for piece in relay:  # after the last piece, one more turn lets the relay finish
             ended = relay.final

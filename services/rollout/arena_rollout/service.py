@@ -479,6 +479,19 @@ class RolloutService:
             raise Unauthorized(f"rollout {rollout_id} is {record.state.value}; its key is no longer valid")
         return record
 
+    def models_of(self, record: RolloutRecord) -> list[str]:
+        """The model names a rollout's agent may send: the rollout's model (any name is mapped
+        to it), its scaffold's, else the ones the backends serve."""
+        names: list[str] = []
+        scaffold = record.task.agent.scaffold
+        if scaffold is not None:
+            names.append(scaffold.model)
+        if record.model and record.model != "default":
+            names.append(record.model)
+        else:
+            names.extend(m for s in self.router.replicas.values() for m in s.replica.models)
+        return list(dict.fromkeys(names)) or ["default"]
+
     async def authorize_judge(self, rollout_id: str, authorization: str | None,
                               api_key_header: str | None) -> RolloutRecord:
         """The verification service's judge key (``ARENA_JUDGE_KEY``), valid for any existing

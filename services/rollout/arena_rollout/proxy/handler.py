@@ -13,16 +13,26 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import aiohttp
 import msgspec
 
 from arena_core import subjects
 from arena_core.bus import Bus
-from arena_core.errors import ArenaError, BudgetExhausted, InvalidRequest, Unauthorized, UpstreamError, WallClockExceeded
+from arena_core.errors import (
+    ArenaError,
+    BudgetExhausted,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    UpstreamError,
+    WallClockExceeded,
+)
 from arena_core.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings
 
-from arena_rollout.proxy import anthropic
+from arena_rollout.proxy import answers, anthropic
 from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound
 from arena_rollout.proxy.capture import Capture
+from arena_rollout.proxy.delivery import Delivery, Orphans
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
 from arena_rollout.proxy.routing import Router
@@ -32,6 +42,7 @@ from arena_rollout.proxy.upstream import (
     UpstreamClient,
     count_prompt,
     describe,
+    tokenize_url,
     open_call,
     sse_events,
 )
@@ -39,6 +50,7 @@ from arena_rollout.store import RolloutStore
 
 log = logging.getLogger("arena.rollout.proxy")
 
+_SIDE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 _PATHS = {"openai.chat": "/chat/completions", "openai.completions": "/completions",
           "anthropic.messages": "/chat/completions"}
 
@@ -90,6 +102,9 @@ class _Call(msgspec.Struct, kw_only=True):
     counting_failovers: list[Failover] = []  # replicas left while counting the prompt
     reserve: int = 0  # tokens held in the rollout's flight until the call's usage is known
     released: bool = False
+    delivery: Delivery | None = None  # a whole answer's: settled by the server
+    abandoned: bool = False  # the client left before any of the answer reached it
+    strip: tuple[bool, bool] = (False, False)  # (logprobs, token ids) the client did not ask for
 
 
 class _Flight:
@@ -143,10 +158,15 @@ class ProxyHandler:
         self._ahead: dict[str, tuple[int, int]] = {}
         #: per rollout under a token budget with calls in flight: what they hold
         self._flights: dict[str, _Flight] = {}
+        #: calls whose client left before the answer, for the retry that takes it
+        self.orphans = Orphans()
 
     # ---------------------------------------------------------------- entry
 
-    async def call(self, record: RolloutRecord, api: Api, payload: Any) -> bytes | dict | Relay:
+    async def call(self, record: RolloutRecord, api: Api, payload: Any,
+                   delivery: Delivery | None = None) -> bytes | dict | Relay:
+        """``delivery``: for a whole answer, settled by the server once it knows whether the
+        answer reached the agent; the step is recorded after (``abandoned`` if not)."""
         rid = record.rollout_id
         record = self._counted(record)
         if api == "anthropic.messages":
@@ -172,7 +192,8 @@ class ProxyHandler:
             sent["model"] = record.model
         call = _Call(rollout_id=rid, api=api, sent=sent, applied=admitted.applied, started_at=time.time(),
                      t0=time.perf_counter(), stream=stream, counted=(record.steps, record.total_tokens),
-                     prompt_count=admitted.prompt, reserve=admitted.reserve, counting_failovers=counting_failovers)
+                     prompt_count=admitted.prompt, reserve=admitted.reserve, counting_failovers=counting_failovers,
+                     delivery=delivery, strip=answers.unasked(api, payload))
         try:
             up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
                                  path=_PATHS[api], body=msgspec.json.encode(sent), whole=not stream)
@@ -186,6 +207,7 @@ class ProxyHandler:
                 self._release(call)  # a call that failed without a step frees what it held
 
         def unstarted() -> None:  # the client went away before the first byte: still free the slot, record
+            call.abandoned = True
             total_ms = (time.perf_counter() - call.t0) * 1000
             self._spawn(call, up, Capture(), None, total_ms, "client disconnected before the stream started")
 
@@ -262,6 +284,48 @@ class ProxyHandler:
             del self._flights[call.rollout_id]
             flight.idle.set()
 
+    # ---------------------------------------------------------------- side routes
+
+    async def count_tokens(self, record: RolloutRecord, payload: Any) -> int:
+        """Anthropic's ``count_tokens``: the prompt of a Messages request as the rollout's
+        backend counts it (its ``/tokenize``), else the proxy's upper bound. Not a step."""
+        if isinstance(payload, dict) and "max_tokens" not in payload:
+            payload = {**payload, "max_tokens": 1}  # count_tokens takes no max_tokens
+        body = anthropic.to_openai(payload)
+        if record.model and record.model != "default":
+            body["model"] = record.model
+        counted = await count_prompt(router=self.router, http=self.http, rollout_id=record.rollout_id,
+                                     model=record.model, body=body, chat=True)
+        if counted.tokens is not None:
+            return counted.tokens
+        bound = prompt_upper_bound(body, "anthropic.messages")
+        if bound is None:
+            raise UpstreamError(f"the backend cannot count tokens ({counted.why}) and the request has "
+                                "parts the proxy cannot bound")
+        return bound
+
+    async def passthrough(self, record: RolloutRecord, what: str, payload: Any) -> tuple[int, bytes]:
+        """vLLM's ``/tokenize`` or ``/detokenize`` at the backend serving the rollout: its
+        answer as is, or a 404 saying it has none. Not a step."""
+        if not isinstance(payload, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        if record.model and record.model != "default":
+            payload = {**payload, "model": record.model}
+        state = self.router.candidates(record.rollout_id, record.model)[0]
+        url = tokenize_url(state.replica.url)[: -len("tokenize")] + what
+        try:
+            response = await self.http.post(url, msgspec.json.encode(payload), timeout=_SIDE_TIMEOUT)
+            try:
+                data = await response.read()
+            finally:
+                response.close()
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(f"backend replica {state.id} failed on /{what}: {describe(exc)}") from None
+        if response.status in (404, 405, 501):
+            raise NotFound(f"the backend serving this rollout has no /{what} (replica {state.id} answered "
+                           f"{response.status})")
+        return response.status, data
+
     # ---------------------------------------------------------------- the judge
 
     async def judge(self, record: RolloutRecord, payload: Any) -> bytes:
@@ -297,16 +361,17 @@ class ProxyHandler:
             raise UpstreamError(f"backend replica {rid} answered an empty choices list: {data[:200]!r}")
         cap = Capture()
         if call.api != "anthropic.messages" and isinstance(shape.usage, dict):
-            # the answer goes back as the backend sent it; its tokens are captured while recording
+            # the answer goes back as the backend sent it (less what the client did not ask
+            # for); its tokens are captured while recording
             cap.usage = shape.usage  # counted against the budget now
             self._spawn(call, up, cap, total_ms, total_ms, None, answer=data)
-            return data
+            return answers.stripped(data, *call.strip) if any(call.strip) else data
         answer = msgspec.json.decode(data)
         self._fill(call, cap, answer)
         self._spawn(call, up, cap, total_ms, total_ms, None)
         if call.api == "anthropic.messages":
             return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
-        return data
+        return answers.stripped(data, *call.strip) if any(call.strip) else data
 
     @staticmethod
     def _fill_chunks(call: _Call, cap: Capture, chunks: list[bytes]) -> None:
@@ -341,6 +406,7 @@ class ProxyHandler:
         phase = "streaming"
         replica = up.replica.id
         out: list[bytes] = []  # what arrived in one read, relayed at once
+        strip = any(call.strip)
         try:
             done = False
             try:
@@ -371,6 +437,8 @@ class ProxyHandler:
                             cap.usage = shape.usage  # counted against the budget when the call ends
                         chunks.append(payload)  # captured while recording, off the relay's path
                         if shape.choices or client_usage:
+                            if strip:
+                                payload = answers.stripped(payload, *call.strip)
                             out.append(b"data: " + payload + b"\n\n")
                     if done:
                         break  # what this read brought goes out with the end
@@ -467,15 +535,20 @@ class ProxyHandler:
             except (UpstreamError, msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
                 error = f"the answer could not be captured: {getattr(exc, 'message', exc)}"
                 log.warning("%s", error, extra={"rollout_id": call.rollout_id})
+        abandoned = call.abandoned
+        if call.delivery is not None and not abandoned:
+            abandoned = not await call.delivery.delivered()
         try:
             await self._record(call, up, cap, first_token_ms=first_ms or total_ms, total_ms=total_ms,
-                               incomplete=error is not None, error=error)
+                               incomplete=error is not None, error=error, abandoned=abandoned)
         except (ArenaError, OSError) as exc:  # never lose the reason a step is missing
             log.error("step of rollout %s not recorded: %s", call.rollout_id, exc,
                       extra={"rollout_id": call.rollout_id})
 
     async def settle(self, rollout_id: str) -> None:
-        """Wait until the steps of ``rollout_id`` being recorded here have landed (or failed)."""
+        """Wait until the steps of ``rollout_id`` being recorded here have landed (or failed);
+        its orphaned answers are abandoned (the rollout ended: no retry will take them)."""
+        self.orphans.abandon(rollout_id)
         tail = self._tail.get(rollout_id)
         if tail is not None:
             await asyncio.gather(asyncio.shield(tail), return_exceptions=True)
@@ -488,7 +561,7 @@ class ProxyHandler:
     # ---------------------------------------------------------------- recording
 
     async def _record(self, call: _Call, up: Upstream, cap: Capture, *, first_token_ms: float, total_ms: float,
-                      incomplete: bool = False, error: str | None = None) -> None:
+                      incomplete: bool = False, error: str | None = None, abandoned: bool = False) -> None:
         usage = cap.usage_totals()
         spent = usage.total_tokens
         prompt_count = call.prompt_count
@@ -502,7 +575,8 @@ class ProxyHandler:
                 prompt_count, note=f"{prompt_count.note}; {why}" if prompt_count.note else why)
 
         def count(r: RolloutRecord) -> RolloutRecord:
-            return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent)
+            return msgspec.structs.replace(r, steps=r.steps + 1, total_tokens=r.total_tokens + spent,
+                                           abandoned_steps=r.abandoned_steps + abandoned)
 
         before, _ = await self.store.update(call.rollout_id, count)
         replica = up.replica.replica
@@ -514,6 +588,8 @@ class ProxyHandler:
             started_at=call.started_at, stream=call.stream, incomplete=incomplete, error=error,
             failovers=[*call.counting_failovers, *up.failovers], prompt_count=prompt_count,
         )
+        if abandoned:
+            step = msgspec.structs.replace(step, abandoned=True)
         await self.bus.publish(subjects.step(call.rollout_id), step,
                                msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))
 
