@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 NAME = "claude-code"
 WRAPPER = f"{SCAFFOLD_DIR}/claude-code.py"
 PROMPT = f"{SCAFFOLD_DIR}/claude-code-task.txt"
-#: Claude Code's own state (settings, the session's JSONL under ``projects/``).
-CONFIG_DIR = f"{SCAFFOLD_DIR}/claude"
+#: Claude Code's own state (settings, the session's JSONL under ``projects/``): somewhere the
+#: sandbox user may write (Arena's scaffold directory is not), the session copied out at the end.
+CONFIG_DIR = "/tmp/claude-code"
 #: Kept as artifacts: its stream-json events (stdout) and its session file.
 EVENTS = "/sandbox/.arena/claude-code.events.jsonl"
 SESSION = "/sandbox/.arena/claude-code.session.jsonl"

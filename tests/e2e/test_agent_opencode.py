@@ -1,0 +1,164 @@
+"""OpenCode, unmodified (the native ``opencode`` from npm, in ``arena/opencode``), in a docker
+sandbox (Podman) through the real stack: its OpenAI chat calls (an ``@ai-sdk/openai-compatible``
+provider) go through Arena's proxy to the scripted backend, which plays read and bash tool calls;
+OpenCode runs them in the sandbox and ends; Arena captures each call as a step, verifies the
+workspace and keeps OpenCode's events and exported session as artifacts.
+
+Needs the image (``make images``) and a Docker-API engine (the ``docker_url`` fixture); skipped
+without them. ``make test-agents`` builds the images and runs this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import httpx
+import msgspec
+import pytest
+
+from arena.sdk import ArenaClient
+from arena.tasks import load_task
+from arena_core.bus import Bus
+from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, SamplingParams, ScaffoldSpec, SubmitGroupRequest,
+                                Task, Trajectory)
+from arena_core.settings import Settings
+from arena_stack.natsserver import free_port
+from arena_stack.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart"
+IMAGE = "arena/opencode:latest"
+
+pytestmark = [pytest.mark.timeout(900)]
+
+MEDIAN = "/sandbox/workspace/textstats/core.py"
+FIX = r"sed -i 's/(ordered\[mid\] + ordered\[mid + 1\]) \/ 2/(ordered[mid - 1] + ordered[mid]) \/ 2/' " + MEDIAN
+WRONG = r"sed -i 's/(ordered\[mid\] + ordered\[mid + 1\]) \/ 2/(ordered[mid - 1] + ordered[mid]) \/\/ 2/' " + MEDIAN
+TESTS = "python3 -m pytest -q -p no:cacheprovider tests"
+
+
+def tool(name: str, **arguments) -> dict:
+    return {"name": name, "arguments": json.dumps(arguments)}
+
+
+def play(label: str, patch: str) -> dict:
+    """Read the file, patch it and run the tests (Bash), then a final answer: three LLM calls."""
+    return {"label": label, "match": "textstats", "weight": 0.5, "turns": [
+        {"content": "Let me read the median function.", "tool_calls": [tool("read", filePath=MEDIAN)]},
+        {"content": "The middle pair is off by one; fixing it and running the tests.",
+         "tool_calls": [tool("bash", command=f"{patch} && {TESTS}", description="Fix median and run the tests")]},
+        {"content": "Fixed `median` for even-length lists."},
+    ]}
+
+
+# seeds 0 and 1 draw the second and the first play (weights 0.5/0.5, as in tests/e2e/test_stack.py)
+SCRIPT = {"plays": [play("right", FIX), play("wrong", WRONG)]}
+TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def engine(docker_url):
+    client = docker.DockerClient(base_url=docker_url)
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"no {IMAGE} on the engine: build it with `make images`")
+    finally:
+        client.close()
+    return docker_url
+
+
+@pytest.fixture(scope="module")
+def stack(engine, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("arena-opencode")
+    script = data_dir / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    owner = f"oc-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        allow_host_paths=True,  # the task's repository is a path on this machine
+        nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir),
+        rollout_port=(rp := free_port()), trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
+        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
+        sandbox_provider="docker", docker_url=engine, sandbox_owner=owner, sandbox_concurrency=2,
+        verify_concurrency=2,
+    )
+    stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)
+    asyncio.run(stack.start(timeout=120))
+    try:
+        yield stack, settings
+    finally:
+        stack.stop()
+    client = docker.DockerClient(base_url=engine)
+    try:
+        assert not client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})
+    finally:
+        client.close()
+
+
+def opencode_task() -> Task:
+    agent = AgentSpec(scaffold=ScaffoldSpec(name="opencode", model="scripted"))
+    # OpenCode's requests carry ~30 KB of system prompt and tools: a turn budget, no token budget
+    return msgspec.structs.replace(load_task(QUICKSTART), agent=agent, image=IMAGE,
+                                   budget=Budget(max_turns=10, wall_clock_s=300))
+
+
+def artifact(stack: Stack, traj: Trajectory, name: str) -> bytes:
+    key = traj.sandbox.artifacts[name]
+
+    async def get() -> bytes:
+        bus = await Bus.connect(stack.nats.url, "test")
+        try:
+            return (await (await bus.artifacts()).get(key)).data
+        finally:
+            await bus.close()
+
+    return asyncio.run(get())
+
+
+def test_opencode_solves_the_quickstart_task_and_a_wrong_script_scores_zero(stack):
+    stack_, settings = stack
+    request = SubmitGroupRequest(task=opencode_task(), n=2, sampling=SamplingParams(seed=0), provider="docker")
+    started = time.monotonic()
+    reply = httpx.post(f"{settings.rollout_url}/v1/rollout-groups", content=msgspec.json.encode(request),
+                       headers={"content-type": "application/json"}, timeout=30)
+    assert reply.status_code < 300, reply.text
+    group = msgspec.json.decode(reply.content, type=GroupSubmitted)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    views = [client.wait(rid, timeout=600) for rid in group.rollout_ids]
+    elapsed = time.monotonic() - started
+    assert [v.state.value for v in views] == ["completed", "completed"], [(v.state, v.reason) for v in views]
+    assert [v.reward for v in views] == [0.0, 1.0]
+    assert [v.steps for v in views] == [TURNS, TURNS]
+    print(f"\ntwo quickstart rollouts with OpenCode in {IMAGE} (concurrently): {elapsed:.1f} s")
+
+    for view, expected in zip(views, ("(ordered[mid - 1] + ordered[mid]) // 2", "(ordered[mid - 1] + ordered[mid]) / 2"),
+                              strict=True):
+        traj = client.wait_trajectory(view.rollout_id, timeout=60)
+        assert traj.sandbox.provider == "docker" and traj.sandbox.outcome.value == "completed"
+        assert f"+    return {expected}" in traj.sandbox.diff
+        assert [s.api for s in traj.steps] == ["openai.chat"] * TURNS
+        assert [c.name for s in traj.steps for c in s.tool_calls] == ["read", "bash"]
+        for step in traj.steps:
+            assert step.stream and step.token_ids_source == "backend" and step.policy_version == "0"
+            assert len(step.completion_token_ids) == step.usage.completion_tokens
+        # the preset's result: from OpenCode's JSON events (one step_finish per LLM call)
+        result = traj.sandbox.result
+        assert result["exit_code"] == 0 and result["errors"] == [] and result["steps"] == TURNS
+        assert result["finish_reason"] == "stop"
+        # OpenCode really ran the tools in the sandbox: their outputs are in its events and session
+        events = [json.loads(line) for line in artifact(stack_, traj, "opencode.events.jsonl").splitlines()]
+        outputs = [e["part"]["state"]["output"] for e in events
+                   if e.get("type") == "tool_use" and e["part"]["state"].get("status") == "completed"]
+        assert len(outputs) == 2
+        assert "return (ordered[mid] + ordered[mid + 1]) / 2" in outputs[0]  # read, before the fix
+        assert ("7 passed" if view.reward == 1.0 else "failed") in outputs[1]  # pytest in the sandbox
+        session = json.loads(artifact(stack_, traj, "opencode.session.json"))
+        assert session["info"]["id"] == result["session_id"]
+        assert ("7 passed" in json.dumps(session)) == (view.reward == 1.0)
+        # the second call carried the file's content back to the model as a tool message
+        assert "ordered[mid + 1]" in json.dumps(traj.steps[1].request_messages)
