@@ -17,11 +17,13 @@ REF = "#/components/schemas/{name}"
 ERROR_MEANINGS: Mapping[int, str] = {
     400: "the request cannot be used as sent (an upstream refused it)",
     401: "no or a wrong key",
+    403: "refused for good: the rollout's budget or wall clock is spent",
     404: "no such resource",
+    405: "the path does not take this method",
     409: "the resource is not in a state that allows this",
     413: "the body is over the limit",
     422: "the request is not valid: the message names each problem",
-    429: "over a budget, or the queue is full: try again after Retry-After",
+    429: "the queue is full: try again after Retry-After",
     502: "the upstream failed",
     503: "a dependency (NATS, the store) is unavailable now",
 }
@@ -44,6 +46,13 @@ def answer(schema: type | Mapping[str, Any], description: str = "OK") -> dict[st
 def errors(*statuses: int) -> dict[int, dict[str, Any]]:
     """Documented error answers (``ErrorResponse`` bodies), for FastAPI's ``responses=``."""
     return {s: {"description": ERROR_MEANINGS[s], **json_content(ref(ErrorResponse))} for s in statuses}
+
+
+def api_errors(*statuses: int) -> dict[int, dict[str, Any]]:
+    """Documented error answers of the LLM proxy, in the shape of the API called (OpenAI's
+    ``{"error": {...}}`` or Anthropic's ``{"type": "error", "error": {...}}``)."""
+    shape = {"type": "object", "properties": {"error": {"type": "object"}}, "required": ["error"]}
+    return {s: {"description": ERROR_MEANINGS[s], **json_content(shape)} for s in statuses}
 
 
 def request_body(struct: type, *, media_type: str = "application/json") -> dict[str, Any]:

@@ -105,7 +105,7 @@ def create_app(service: RolloutService) -> RolloutApp:
     one = {200: openapi.answer(RolloutView), **openapi.errors(404)}
     llm = {200: {"description": "the backend's answer, as JSON or as server-sent events",
                  "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": sse}}},
-           **openapi.errors(400, 401, 404, 413, 429, 502)}
+           **openapi.api_errors(400, 401, 403, 404, 405, 413, 429, 502)}
 
     @app.exception_handler(ArenaError)
     async def on_arena_error(request: Request, exc: ArenaError) -> Response:
@@ -263,14 +263,14 @@ def create_app(service: RolloutService) -> RolloutApp:
 
     # -------------------------------------------------------------- the proxy
 
-    @app.get("/proxy/{rollout_id}/v1/models", responses={200: openapi.answer(obj), **openapi.errors(401, 404)})
+    @app.get("/proxy/{rollout_id}/v1/models", responses={200: openapi.answer(obj), **openapi.api_errors(400, 401, 404)})
     async def proxy_models(request: Request, rollout_id: str = rid) -> Response:
         record = await service.authorize(rollout_id, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
         return json_response(models_answer(service.models_of(record), record.created_at))
 
     @app.post("/proxy/{rollout_id}/v1/messages/count_tokens", responses={200: openapi.answer(obj),
-              **openapi.errors(400, 401, 404, 502)}, openapi_extra=openapi.request_body_schema(obj))
+              **openapi.api_errors(400, 401, 404, 413, 502, 503)}, openapi_extra=openapi.request_body_schema(obj))
     async def proxy_count_tokens(request: Request, rollout_id: str = rid) -> Response:
         """Anthropic's token count of a Messages request, by the backend that serves the
         rollout (its ``/tokenize``); not a step and not counted against any budget."""
@@ -295,7 +295,7 @@ def create_app(service: RolloutService) -> RolloutApp:
                              "when it has none. Not a step.")
             return serve
         for path in (f"/proxy/{{rollout_id}}/{what}", f"/proxy/{{rollout_id}}/v1/{what}"):
-            app.post(path, responses={200: openapi.answer(obj), **openapi.errors(400, 401, 404, 502)},
+            app.post(path, responses={200: openapi.answer(obj), **openapi.api_errors(400, 401, 404, 413, 502, 503)},
                      openapi_extra=openapi.request_body_schema(obj), operation_id=f"proxy_{what}_"
                      + ("v1" if "/v1/" in path else "root"))(route())
 
