@@ -61,7 +61,9 @@ stage_libs() {  # the shared libraries the files under $1 link into $2/rootfs (g
   # (ldd fails on files that are not dynamic executables: scripts, static binaries)
   { find "$1" -type f \( -perm -u+x -o -name '*.so*' \) -print0 | xargs -0 -r ldd 2>/dev/null || true; } |
     awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
-    while read -r lib; do stage_file "$lib" "$2"; done
+    while read -r lib; do
+      case "$lib" in "$2"/*) ;; *) stage_file "$lib" "$2" ;; esac  # ones staged already ($ORIGIN rpaths) stay
+    done
 }
 compile_site() {  # bytecode for a staged site directory $1 that lands at $2 (the root is read-only)
   /usr/bin/python3.11 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$1" -p "$2" "$1" >/dev/null || true

@@ -321,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0)
     p.set_defaults(func=cmd_verify)
 
+    p = sub.add_parser("images", help="sandbox images, built locally with Podman (docs/agents.md, Images)")
+    images = p.add_subparsers(dest="images_command", required=True)
+    q = images.add_parser("build", help="build images (and those they are built from); kept when current")
+    q.add_argument("names", nargs="*", help="agent-base, quickstart, agent-node, claude-code, opencode, "
+                                            "mini-swe-agent (default: all)")
+    q.add_argument("--rebuild", action="store_true", help="rebuild even the images that are current")
+    q.set_defaults(func=cmd_images_build)
+
     p = sub.add_parser("backend", help="register, list or remove LLM backend replicas (arena_backends)")
     p.add_argument("action", choices=["register", "list", "remove"])
     p.add_argument("--id", help="replica id")
@@ -332,6 +340,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_backend)
     return parser
+
+
+# ---------------------------------------------------------------------------- images
+
+
+def cmd_images_build(args) -> int:
+    """``deploy/images/build.sh`` of this checkout: as root into the docker engine's store (through
+    ``deploy/docker-engine.sh``, as ``make images``), else into the user's own Podman store."""
+    import subprocess
+
+    deploy = REPO_ROOT / "deploy"
+    if not (deploy / "images" / "build.sh").is_file():
+        raise ArenaError(f"no deploy/images/build.sh under {REPO_ROOT}: images are built from a checkout of Arena")
+    names = args.names or ["all"]
+    env = dict(os.environ, ARENA_IMAGES=" ".join(names))
+    if args.rebuild:
+        env["ARENA_REBUILD_IMAGES"] = "1"
+    if os.geteuid() == 0:
+        command = ["bash", str(deploy / "docker-engine.sh"), "images"]
+    else:
+        command = ["bash", str(deploy / "images" / "build.sh"), *names]
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 # ---------------------------------------------------------------------------- tasks
