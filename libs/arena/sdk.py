@@ -120,19 +120,22 @@ class ArenaClient:
     # ------------------------------------------------------------------ rollouts
 
     def submit(self, task: Task, *, sampling: SamplingParams | None = None, model: str = "default",
-               metadata: dict[str, str] | None = None) -> RolloutView:
+               metadata: dict[str, str] | None = None, provider: str = "local") -> RolloutView:
+        """``provider``: ``local`` (bubblewrap), ``docker`` (the task's image) or ``mock``."""
         task = self.prepare(task)
         req = SubmitRolloutRequest(task=task, sampling=sampling or SamplingParams(), model=model,
-                                   metadata=metadata or {})
+                                   metadata=metadata or {}, provider=provider)
         return self._submit_call("/v1/rollouts", RolloutView, encode(req))
 
     def submit_group(self, task: Task, *, n: int, seed: int | None = None, sampling: SamplingParams | None = None,
-                     model: str = "default", metadata: dict[str, str] | None = None) -> GroupSubmitted:
+                     model: str = "default", metadata: dict[str, str] | None = None,
+                     provider: str = "local") -> GroupSubmitted:
         sampling = sampling or SamplingParams()
         if seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=seed)
         task = self.prepare(task)
-        req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {})
+        req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {},
+                                 provider=provider)
         return self._submit_call("/v1/rollout-groups", GroupSubmitted, encode(req))
 
     def get(self, rollout_id: str) -> RolloutView:

@@ -116,8 +116,8 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         problems.append("a file:// git URL is a host path (ARENA_ALLOW_HOST_PATHS is off)")
     if not task.id.strip():
         problems.append("task.id must not be empty")
-    if not task.agent.command:
-        problems.append("task.agent.command must not be empty")
+    if not task.agent.command and task.agent.scaffold is None:
+        problems.append("task.agent needs a command or a scaffold")
     if task.budget.wall_clock_s <= 0:
         problems.append("task.budget.wall_clock_s must be > 0")
     if task.budget.wall_clock_s > max_wall_clock_s:
