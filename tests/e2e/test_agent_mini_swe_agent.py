@@ -53,7 +53,7 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MEDIAN = "textstats/core.py"
 FIX = r"sed -i 's/(ordered\[mid\] + ordered\[mid + 1\]) \/ 2/(ordered[mid - 1] + ordered[mid]) \/ 2/' " + MEDIAN
 WRONG = r"sed -i 's/(ordered\[mid\] + ordered\[mid + 1\]) \/ 2/(ordered[mid - 1] + ordered[mid]) \/\/ 2/' " + MEDIAN
-TESTS = "python -m pytest -q -p no:cacheprovider tests"
+TESTS = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:cacheprovider tests"
 HUMANIZE = "inflection/__init__.py"
 
 # The scripted backend's plays: drawn by the rollout's seed among those whose `match` is in the

@@ -83,7 +83,7 @@ def test_the_mini_swe_agent_preset_runs_mini_unattended_against_the_proxy():
     assert config["model"]["model_name"] == "qwen-coder"
     assert config["model"]["model_kwargs"] == {"api_base": CONTEXT.openai_base_url, "custom_llm_provider": "openai"}
     assert config["environment"]["environment_class"] == "local"
-    assert config["environment"]["cwd"] == "/sandbox/workspace/pkg"
+    assert config["environment"]["cwd"] == "/sandbox/workspace/pkg" and config["environment"]["timeout"] == 120
     assert config["agent"]["mode"] == "yolo" and config["agent"]["confirm_exit"] is False
     registry = json.loads(launch.files[config["model"]["litellm_model_registry"]])
     assert registry["qwen-coder"]["input_cost_per_token"] == 0.0

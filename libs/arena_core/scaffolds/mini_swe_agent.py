@@ -23,6 +23,8 @@ WRAPPER = f"{SCAFFOLD_DIR}/mini-swe-agent.sh"
 FINISH = f"{SCAFFOLD_DIR}/mini-swe-agent-finish.py"
 MODELS = f"{SCAFFOLD_DIR}/litellm-models.json"
 TRAJECTORY = "/sandbox/.arena/mini-swe-agent.traj.json"
+#: Seconds each command the model runs may take (mini's ``environment.timeout``; its default is 30).
+COMMAND_TIMEOUT_S = 120
 #: mini's own configs the preset starts from (``config_files`` in the scaffold's config replaces it).
 BASE_CONFIGS = ("mini.yaml",)
 
@@ -78,8 +80,9 @@ def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
             # the key stays in OPENAI_API_KEY (litellm reads it): never in the trajectory file
             "model_kwargs": {"api_base": context.openai_base_url, "custom_llm_provider": "openai"},
         },
-        # the commands it runs keep their bytecode out of the workspace, in the sandbox's /tmp
-        "environment": {"environment_class": "local", "cwd": context.workdir,
+        # the commands it runs keep their bytecode out of the workspace, in the sandbox's /tmp;
+        # a sandbox has one CPU: mini's 30 s per command is short for a test suite there
+        "environment": {"environment_class": "local", "cwd": context.workdir, "timeout": COMMAND_TIMEOUT_S,
                         "env": {"PYTHONPYCACHEPREFIX": "/tmp/pycache"}},
     }
     own = {k: v for k, v in scaffold.config.items() if k != "config_files"}
