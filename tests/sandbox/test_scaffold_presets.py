@@ -162,6 +162,7 @@ def test_a_preset_may_write_and_keep_files_only_in_the_arena_directory(tmp_path,
     for files, artifacts, message in (
         ({"/sandbox/workspace/x": b""}, {}, "not under /sandbox/.arena"),
         ({"/sandbox/.arena/../agent/x": b""}, {}, "not under /sandbox/.arena"),
+        ({"/sandbox/.arena/done": b""}, {}, "the sandbox contract's own"),
         ({}, {"t": "/sandbox/.arena/scaffold/t.json"}, "not directly in /sandbox/.arena"),
     ):
         monkeypatch.setattr(runner.scaffolds, "preset", lambda *a, f=files, t=artifacts: scaffolds.Launch(

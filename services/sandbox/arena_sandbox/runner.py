@@ -380,6 +380,10 @@ _CONFIG_SUSPECT = re.compile(
     rb"sshcommand|gitproxy|pager|editor|askpass|excludesfile|textconv|command|clean|smudge|process)\s*=)")
 
 
+#: What Arena writes or reads in /sandbox/.arena itself: no preset may write them.
+_CONTRACT_FILES = {f"{local.ARENA_DIR}/{name}" for name in ("task.json", "done", "result.json")}
+
+
 class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     command: list[str]
     env: dict[str, str]
@@ -423,6 +427,8 @@ def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None,
     for path in launch.files:
         if not path.startswith(f"{local.ARENA_DIR}/") or ".." in path.split("/"):
             raise ValueError(f"scaffold file {path!r} is not under {local.ARENA_DIR}")
+        if path in _CONTRACT_FILES:
+            raise ValueError(f"scaffold file {path!r} is one of the sandbox contract's own")
     for path in launch.artifacts.values():  # read after the agent ran: no directory of its own in the way
         if os.path.dirname(path) != local.ARENA_DIR:
             raise ValueError(f"scaffold artifact {path!r} is not directly in {local.ARENA_DIR}")
