@@ -3,7 +3,9 @@
 
 The virtualenv is ``<dir>/<name>``, built on this interpreter's base Python (which the local
 provider binds into every sandbox), from the scaffold module's ``REQUIREMENTS``; a finished
-install is marked by a stamp naming them, so a second run is a no-op. See docs/agents.md.
+install is marked by a stamp naming them, so a second run is a no-op. A scaffold that needs
+another Python (``PYTHON = "3.12"`` in its module) gets a copy of the host's ``python3.12``
+installation inside its directory (the sandboxes see only that directory). See docs/agents.md.
 """
 
 from __future__ import annotations
@@ -33,9 +35,51 @@ def requirements(name: str) -> tuple[str, ...]:
     return tuple(reqs)
 
 
+def python_version(name: str) -> str:
+    """The Python (``"3.12"``) the scaffold needs: its module's ``PYTHON``, else this one's."""
+    module = importlib.import_module(f"arena_core.scaffolds.{SCAFFOLDS[name]}")
+    return getattr(module, "PYTHON", "") or "%d.%d" % sys.version_info[:2]
+
+
 def installed(name: str, base: Path) -> bool:
     stamp = Path(base) / name / STAMP
     return stamp.is_file() and stamp.read_text() == "\n".join(requirements(name))
+
+
+def host_python(version: str) -> str:
+    """The base installation (``sys.base_prefix``) of a working ``python<version>`` on this host:
+    on ``PATH`` (a pyenv shim of a version not selected fails, and is passed over), else pyenv's."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [Path(d) / f"python{version}" for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    candidates += sorted(pyenv.glob(f"{version}*/bin/python{version}"), reverse=True)
+    for exe in candidates:
+        if not os.access(exe, os.X_OK):
+            continue
+        probe = subprocess.run([str(exe), "-c", "import sys; print(sys.base_prefix)"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return probe.stdout.strip()
+    raise ValueError(f"no working python{version} on PATH or in {pyenv} (the scaffold needs Python {version})")
+
+
+def interpreter(version: str, target: Path) -> str:
+    """A ``python<version>`` the sandboxes can run: this one's base (bound into them), one under
+    ``/usr``, or else a copy of the host's installation in ``<target>/python``, whose executable
+    finds its ``libpython`` beside it (its RUNPATH, an absolute path, made ``$ORIGIN/../lib``)."""
+    if version == "%d.%d" % sys.version_info[:2]:
+        return sys.executable
+    prefix = host_python(version)
+    exe = f"bin/python{version}"
+    if prefix == "/usr" or prefix.startswith("/usr/"):
+        return f"{prefix}/{exe}"
+    copy = target / "python"
+    shutil.copytree(prefix, copy, symlinks=True,
+                    ignore=shutil.ignore_patterns("test", "idle_test", "site-packages"))
+    (copy / f"lib/python{version}/site-packages").mkdir()
+    binary = (copy / exe).read_bytes()
+    old = f"{prefix}/lib".encode() + b"\0"
+    if old in binary:  # same length, so no offset in the file moves
+        (copy / exe).write_bytes(binary.replace(old, b"$ORIGIN/../lib".ljust(len(old), b"\0")))
+    return str(copy / exe)
 
 
 def ensure(name: str, base: str | Path, *, quiet: bool = True) -> Path:
@@ -48,7 +92,12 @@ def ensure(name: str, base: str | Path, *, quiet: bool = True) -> Path:
         if installed(name, base):
             return target
         shutil.rmtree(target, ignore_errors=True)  # a half-built one
-        venv.EnvBuilder(with_pip=True, symlinks=True).create(target)
+        target.mkdir()
+        python = interpreter(python_version(name), target)
+        if python == sys.executable:
+            venv.EnvBuilder(with_pip=True, symlinks=True).create(target)
+        else:
+            subprocess.run([python, "-m", "venv", "--symlinks", str(target)], check=True)
         pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
                *(["--quiet"] if quiet else []), *requirements(name)]
         subprocess.run(pip, check=True, env={**os.environ, "PIP_NO_INPUT": "1"})
