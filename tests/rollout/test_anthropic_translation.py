@@ -68,3 +68,18 @@ def test_stop_reasons_map():
     assert anthropic.stop_reason("length", None) == ("max_tokens", None)
     assert anthropic.stop_reason("stop", "END") == ("stop_sequence", "END")
     assert anthropic.stop_reason("stop", None) == ("end_turn", None)
+
+
+def test_a_system_message_mid_conversation_stays_in_place_and_reasoning_blocks_are_dropped():
+    """Claude Code sends a ``system`` message inside ``messages`` (the sub-agent list) and
+    replays its thinking blocks: both translate, neither is refused."""
+    sent = anthropic.to_openai({"model": "m", "max_tokens": 8, "system": "You code.", "messages": [
+        {"role": "user", "content": "fix it"},
+        {"role": "system", "content": [{"type": "text", "text": "Agents: "}, {"type": "text", "text": "explore"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "Looking."}]},
+        {"role": "user", "content": "go on"},
+    ]})
+    assert sent["messages"] == [{"role": "system", "content": "You code."}, {"role": "user", "content": "fix it"},
+                                {"role": "system", "content": "Agents: explore"},
+                                {"role": "assistant", "content": "Looking."}, {"role": "user", "content": "go on"}]

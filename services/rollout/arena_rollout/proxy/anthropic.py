@@ -57,8 +57,14 @@ def to_openai(body: Any) -> dict[str, Any]:
         out.append({"role": "system", "content": text})
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise InvalidRequest(f"{where}.role must be 'user' or 'assistant'")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise InvalidRequest(f"{where}.role must be 'user', 'assistant' or 'system'")
+        if m["role"] == "system":  # a system message mid-conversation (Claude Code sends them): kept in place
+            content = m.get("content")
+            text = content if isinstance(content, str) else "".join(
+                _text(b) for b in _blocks(content, where) if b["type"] == "text")
+            out.append({"role": "system", "content": text})
+            continue
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
         for block in _blocks(m.get("content"), where):
@@ -69,6 +75,8 @@ def to_openai(body: Any) -> dict[str, Any]:
                 calls.append({"id": block.get("id"), "type": "function",
                               "function": {"name": block.get("name"),
                                            "arguments": json.dumps(block.get("input") or {})}})
+            elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+                continue  # earlier reasoning: not replayed to an OpenAI-compatible backend
             elif kind == "tool_result" and m["role"] == "user":
                 out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                             "content": _tool_result_text(block)})
