@@ -1,8 +1,9 @@
 """Claude Code, unmodified (the native ``claude`` from npm, in ``arena/claude-code``), in a docker
 sandbox (Podman) through the real stack: its Anthropic Messages calls go through Arena's proxy,
-translated to the scripted backend's OpenAI chat, which plays Read and Bash tool calls; Claude
-Code runs them in the sandbox and ends; Arena captures each call as a step, verifies the
-workspace and keeps Claude Code's events and session file as artifacts.
+translated to the scripted backend's OpenAI chat, which plays Read, Edit and Bash tool calls;
+Claude Code runs them in the sandbox and ends; Arena captures each call as a step, verifies the
+workspace (the quickstart's tests; swebench-mini's hidden tests, run in the same image) and
+keeps Claude Code's events and session file as artifacts.
 
 Needs the image (``make images``) and a Docker-API engine (the ``docker_url`` fixture); skipped
 without them. ``make test-agents`` builds the images and runs this file.
@@ -21,17 +22,19 @@ import httpx
 import msgspec
 import pytest
 
+from arena.datasets import checkout, mirror_of, read_rows, to_task
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
 from arena_core.bus import Bus
-from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, SamplingParams, ScaffoldSpec, SubmitGroupRequest,
-                                Task, Trajectory)
+from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, PathSource, SamplingParams, ScaffoldSpec,
+                                SubmitGroupRequest, Task, Trajectory)
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
+SWEBENCH = ROOT / "examples" / "swebench-mini"
 IMAGE = "arena/claude-code:latest"
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -56,8 +59,25 @@ def play(label: str, patch: str) -> dict:
     ]}
 
 
-# seeds 0 and 1 draw the second and the first play (weights 0.5/0.5, as in tests/e2e/test_stack.py)
-SCRIPT = {"plays": [play("right", FIX), play("wrong", WRONG)]}
+HUMANIZE = "/sandbox/workspace/inflection/__init__.py"
+BUGGY, FIXED = 'word = re.sub(r"_id", "", word)', 'word = re.sub(r"_id$", "", word)'
+CHECK = "python3 -c 'import inflection; print(inflection.humanize(\"user_identity\"))'"
+
+#: swebench-mini's jpvanhal__inflection-1 (its problem statement starts "humanize() eats"): Read the
+#: module, Edit the regex (Claude Code refuses an Edit of a file it has not Read), Bash to check it,
+#: then a final answer: four LLM calls.
+INFLECTION = {"label": "inflection", "match": "humanize() eats", "turns": [
+    {"content": "Let me look at humanize.", "tool_calls": [tool("Read", file_path=HUMANIZE, offset=180, limit=30)]},
+    {"content": "The regex strips `_id` anywhere; anchor it at the end.",
+     "tool_calls": [tool("Edit", file_path=HUMANIZE, old_string=BUGGY, new_string=FIXED)]},
+    {"content": "Checking the example from the issue.",
+     "tool_calls": [tool("Bash", command=CHECK, description="Check humanize")]},
+    {"content": "`humanize` now strips only a trailing `_id`."},
+]}
+
+# seeds 0 and 1 draw the second and the first quickstart play (weights 0.5/0.5, as in
+# tests/e2e/test_stack.py); the inflection play matches only its own task
+SCRIPT = {"plays": [play("right", FIX), play("wrong", WRONG), INFLECTION]}
 TURNS = 3
 
 
@@ -100,10 +120,10 @@ def stack(engine, tmp_path_factory):
         client.close()
 
 
-def claude_task() -> Task:
+def claude_task(task: Task | None = None) -> Task:
     agent = AgentSpec(scaffold=ScaffoldSpec(name="claude-code", model="scripted", config={"max_turns": 10}))
     # Claude Code's requests carry ~13 KB of system prompt and tools: a turn budget, no token budget
-    return msgspec.structs.replace(load_task(QUICKSTART), agent=agent, image=IMAGE,
+    return msgspec.structs.replace(task or load_task(QUICKSTART), agent=agent, image=IMAGE,
                                    budget=Budget(max_turns=10, wall_clock_s=300))
 
 
@@ -161,3 +181,55 @@ def test_claude_code_solves_the_quickstart_task_and_a_wrong_script_scores_zero(s
         assert '"type":"result"' in events
         # the second call carried the file's content back to the model (Anthropic tool_result -> OpenAI tool)
         assert "ordered[mid + 1]" in json.dumps(traj.steps[1].request_messages)
+
+
+def test_claude_code_solves_a_swebench_task(stack, tmp_path):
+    """swebench-mini's jpvanhal__inflection-1: the repository checked out from the dataset's mirror
+    (a path, bundled by the SDK for the docker sandbox), the hidden tests run by the verifier in
+    the same image (Python 3.11 and pytest from ``arena/agent-node``)."""
+    stack_, settings = stack
+    row = next(r for r in read_rows(SWEBENCH / "dataset.jsonl") if r.instance_id == "jpvanhal__inflection-1")
+    checkout(mirror_of(SWEBENCH / "repos", row.repo), row.base_commit, tmp_path / "repo")
+    task = claude_task(to_task(row, source=PathSource(path=str(tmp_path / "repo")), timeout_s=120))
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    started = time.monotonic()
+    view = client.wait(client.submit(task, provider="docker").rollout_id, timeout=600)
+    elapsed = time.monotonic() - started
+    turns = len(INFLECTION["turns"])
+    assert view.state.value == "completed", view.reason
+    assert view.reward == 1.0 and view.steps == turns
+    print(f"\nswebench-mini inflection-1 with Claude Code in {IMAGE}: {elapsed:.1f} s")
+    traj = client.wait_trajectory(view.rollout_id, timeout=60)
+    assert traj.sandbox.provider == "docker" and traj.sandbox.outcome.value == "completed"
+    assert f"+    {FIXED}" in traj.sandbox.diff and f"-    {BUGGY}" in traj.sandbox.diff
+    assert traj.verification.counts.f2p_passed == 5 and traj.verification.counts.f2p_failed == 0
+    assert traj.verification.counts.p2p_failed == 0
+    assert [s.api for s in traj.steps] == ["anthropic.messages"] * turns
+    assert [c.name for s in traj.steps for c in s.tool_calls] == ["Read", "Edit", "Bash"]
+    assert traj.sandbox.result["num_turns"] == turns and traj.sandbox.result["subtype"] == "success"
+    assert "User identity" in json.dumps(traj.steps[3].request_messages)  # the Bash output, back to the model
+    # Training sequences: Read's call chains onto the first, but Claude Code replays the Edit call with
+    # its input as its schema parsed it, defaults filled in: the model sampled `{"file_path": ...}`,
+    # the next request carries `{"replace_all": false, "file_path": ...}`, so the third call's prompt
+    # does not extend the second call's completion token for token (at its arguments) and a new
+    # sequence starts there. Claude Code's doing, not the proxy's: the Read call (offset, limit
+    # given) and the Bash call come back as sampled.
+    check_sequences(traj, turns)
+    assert [seq.step_indexes for seq in traj.sequences] == [[0, 1], [2, 3]]
+    ((brk),) = traj.sequence_breaks
+    assert brk.step_index == 2 and brk.kind == "prefix_mismatch"
+    assert b"replace_all" not in bytes(t - 3 for t in traj.steps[1].completion_token_ids)  # sampled without it
+    (replayed,) = [json.loads(c["function"]["arguments"]) for m in traj.steps[2].request_messages
+                   for c in m.get("tool_calls") or () if c["function"]["name"] == "Edit"]
+    assert list(replayed)[0] == "replace_all" and replayed["replace_all"] is False  # replayed with it, first
+
+
+def check_sequences(traj: Trajectory, turns: int) -> None:
+    """The steps as training sequences (as tests/e2e/test_agent_mini_swe_agent.py's ``check_steps``)."""
+    for step in traj.steps:
+        assert step.token_ids_source == "backend" and step.policy_version == "0"
+        assert len(step.completion_token_ids) == step.usage.completion_tokens == len(step.logprobs)
+    assert sum(len(q.step_indexes) for q in traj.sequences) == turns
+    for seq in traj.sequences:
+        assert len(seq.token_ids) == len(seq.loss_mask) == len(seq.logprobs)
+        assert sum(seq.loss_mask) == sum(len(traj.steps[i].completion_token_ids) for i in seq.step_indexes)
