@@ -1,8 +1,9 @@
 """OpenCode, unmodified (the native ``opencode`` from npm, in ``arena/opencode``), in a docker
 sandbox (Podman) through the real stack: its OpenAI chat calls (an ``@ai-sdk/openai-compatible``
-provider) go through Arena's proxy to the scripted backend, which plays read and bash tool calls;
-OpenCode runs them in the sandbox and ends; Arena captures each call as a step, verifies the
-workspace and keeps OpenCode's events and exported session as artifacts.
+provider) go through Arena's proxy to the scripted backend, which plays read, edit and bash tool
+calls; OpenCode runs them in the sandbox and ends; Arena captures each call as a step, verifies the
+workspace (the quickstart's tests; swebench-mini's hidden tests, run in the same image) and keeps
+OpenCode's events and exported session as artifacts.
 
 Needs the image (``make images``) and a Docker-API engine (the ``docker_url`` fixture); skipped
 without them. ``make test-agents`` builds the images and runs this file.
@@ -21,17 +22,19 @@ import httpx
 import msgspec
 import pytest
 
+from arena.datasets import checkout, mirror_of, read_rows, to_task
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
 from arena_core.bus import Bus
-from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, SamplingParams, ScaffoldSpec, SubmitGroupRequest,
-                                Task, Trajectory)
+from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, PathSource, SamplingParams, ScaffoldSpec,
+                                SubmitGroupRequest, Task, Trajectory)
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
+SWEBENCH = ROOT / "examples" / "swebench-mini"
 IMAGE = "arena/opencode:latest"
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -46,6 +49,11 @@ def tool(name: str, **arguments) -> dict:
     return {"name": name, "arguments": json.dumps(arguments)}
 
 
+def compact(name: str, **arguments) -> dict:
+    """A tool call whose arguments are written as OpenCode writes them back (``JSON.stringify``)."""
+    return {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))}
+
+
 def play(label: str, patch: str) -> dict:
     """Read the file, patch it and run the tests (Bash), then a final answer: three LLM calls."""
     return {"label": label, "match": "textstats", "weight": 0.5, "turns": [
@@ -56,8 +64,25 @@ def play(label: str, patch: str) -> dict:
     ]}
 
 
-# seeds 0 and 1 draw the second and the first play (weights 0.5/0.5, as in tests/e2e/test_stack.py)
-SCRIPT = {"plays": [play("right", FIX), play("wrong", WRONG)]}
+HUMANIZE = "/sandbox/workspace/inflection/__init__.py"
+BUGGY, FIXED = 'word = re.sub(r"_id", "", word)', 'word = re.sub(r"_id$", "", word)'
+CHECK = "python3 -c 'import inflection; print(inflection.humanize(\"user_identity\"))'"
+
+#: swebench-mini's jpvanhal__inflection-1 (its problem statement starts "humanize() eats"): read the
+#: module, edit the regex (OpenCode refuses an edit of a file it has not read), bash to check it,
+#: then a final answer: four LLM calls. Its arguments are compact JSON (see the sequences below).
+INFLECTION = {"label": "inflection", "match": "humanize() eats", "turns": [
+    {"content": "Let me look at humanize.", "tool_calls": [compact("read", filePath=HUMANIZE, offset=180, limit=30)]},
+    {"content": "The regex strips `_id` anywhere; anchor it at the end.",
+     "tool_calls": [compact("edit", filePath=HUMANIZE, oldString=BUGGY, newString=FIXED)]},
+    {"content": "Checking the example from the issue.",
+     "tool_calls": [compact("bash", command=CHECK, description="Check humanize")]},
+    {"content": "`humanize` now strips only a trailing `_id`."},
+]}
+
+# seeds 0 and 1 draw the second and the first quickstart play (weights 0.5/0.5, as in
+# tests/e2e/test_stack.py); the inflection play matches only its own task
+SCRIPT = {"plays": [play("right", FIX), play("wrong", WRONG), INFLECTION]}
 TURNS = 3
 
 
@@ -100,10 +125,10 @@ def stack(engine, tmp_path_factory):
         client.close()
 
 
-def opencode_task() -> Task:
+def opencode_task(task: Task | None = None) -> Task:
     agent = AgentSpec(scaffold=ScaffoldSpec(name="opencode", model="scripted"))
     # OpenCode's requests carry ~30 KB of system prompt and tools: a turn budget, no token budget
-    return msgspec.structs.replace(load_task(QUICKSTART), agent=agent, image=IMAGE,
+    return msgspec.structs.replace(task or load_task(QUICKSTART), agent=agent, image=IMAGE,
                                    budget=Budget(max_turns=10, wall_clock_s=300))
 
 
@@ -162,3 +187,58 @@ def test_opencode_solves_the_quickstart_task_and_a_wrong_script_scores_zero(stac
         assert ("7 passed" in json.dumps(session)) == (view.reward == 1.0)
         # the second call carried the file's content back to the model as a tool message
         assert "ordered[mid + 1]" in json.dumps(traj.steps[1].request_messages)
+        # These plays write arguments as Python's json.dumps does (`", "`, `": "`); OpenCode sends them
+        # back compact (JSON.stringify), so each call after a tool call starts a new training sequence
+        # at the previous call's arguments (the swebench test below plays compact arguments: one sequence).
+        check_sequences(traj, TURNS)
+        assert [seq.step_indexes for seq in traj.sequences] == [[0], [1], [2]]
+        assert [(b.step_index, b.kind) for b in traj.sequence_breaks] == [(1, "prefix_mismatch"), (2, "prefix_mismatch")]
+        (replayed,) = [c["function"]["arguments"] for m in traj.steps[1].request_messages
+                       for c in m.get("tool_calls") or ()]
+        assert replayed == json.dumps({"filePath": MEDIAN}, separators=(",", ":"))
+
+
+def test_opencode_solves_a_swebench_task(stack, tmp_path):
+    """swebench-mini's jpvanhal__inflection-1: the repository checked out from the dataset's mirror
+    (a path, bundled by the SDK for the docker sandbox), the hidden tests run by the verifier in
+    the same image (Python 3.11 and pytest from ``arena/agent-node``)."""
+    stack_, settings = stack
+    row = next(r for r in read_rows(SWEBENCH / "dataset.jsonl") if r.instance_id == "jpvanhal__inflection-1")
+    checkout(mirror_of(SWEBENCH / "repos", row.repo), row.base_commit, tmp_path / "repo")
+    task = opencode_task(to_task(row, source=PathSource(path=str(tmp_path / "repo")), timeout_s=120))
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    started = time.monotonic()
+    view = client.wait(client.submit(task, provider="docker").rollout_id, timeout=600)
+    elapsed = time.monotonic() - started
+    turns = len(INFLECTION["turns"])
+    assert view.state.value == "completed", view.reason
+    assert view.reward == 1.0 and view.steps == turns
+    print(f"\nswebench-mini inflection-1 with OpenCode in {IMAGE}: {elapsed:.1f} s")
+    traj = client.wait_trajectory(view.rollout_id, timeout=60)
+    assert traj.sandbox.provider == "docker" and traj.sandbox.outcome.value == "completed"
+    assert f"+    {FIXED}" in traj.sandbox.diff and f"-    {BUGGY}" in traj.sandbox.diff
+    assert traj.verification.counts.f2p_passed == 5 and traj.verification.counts.f2p_failed == 0
+    assert traj.verification.counts.p2p_failed == 0
+    assert [s.api for s in traj.steps] == ["openai.chat"] * turns
+    assert [c.name for s in traj.steps for c in s.tool_calls] == ["read", "edit", "bash"]
+    assert traj.sandbox.result["steps"] == turns and traj.sandbox.result["errors"] == []
+    assert "User identity" in json.dumps(traj.steps[3].request_messages)  # the bash output, back to the model
+    # One training sequence: OpenCode replays each tool call with its arguments parsed and written
+    # again by JSON.stringify (compact, keys in the order given); this play's arguments are already
+    # in that form, so every call's prompt extends the one before token for token.
+    check_sequences(traj, turns)
+    assert len(traj.sequences) == 1, traj.sequence_breaks
+    (seq,) = traj.sequences
+    assert seq.step_indexes == list(range(turns))
+    assert len(seq.token_ids) == len(traj.steps[-1].prompt_token_ids) + len(traj.steps[-1].completion_token_ids)
+
+
+def check_sequences(traj: Trajectory, turns: int) -> None:
+    """The steps as training sequences (as tests/e2e/test_agent_mini_swe_agent.py's ``check_steps``)."""
+    for step in traj.steps:
+        assert step.token_ids_source == "backend" and step.policy_version == "0"
+        assert len(step.completion_token_ids) == step.usage.completion_tokens == len(step.logprobs)
+    assert sum(len(q.step_indexes) for q in traj.sequences) == turns
+    for seq in traj.sequences:
+        assert len(seq.token_ids) == len(seq.loss_mask) == len(seq.logprobs)
+        assert sum(seq.loss_mask) == sum(len(traj.steps[i].completion_token_ids) for i in seq.step_indexes)
