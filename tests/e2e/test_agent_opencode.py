@@ -192,7 +192,8 @@ def test_opencode_solves_the_quickstart_task_and_a_wrong_script_scores_zero(stac
         # at the previous call's arguments (the swebench test below plays compact arguments: one sequence).
         check_sequences(traj, TURNS)
         assert [seq.step_indexes for seq in traj.sequences] == [[0], [1], [2]]
-        assert [(b.step_index, b.kind) for b in traj.sequence_breaks] == [(1, "prefix_mismatch"), (2, "prefix_mismatch")]
+        assert [(b.step_index, b.kind) for b in traj.sequence_breaks] == [(1, "prefix_mismatch"),
+                                                                         (2, "prefix_mismatch")]
         (replayed,) = [c["function"]["arguments"] for m in traj.steps[1].request_messages
                        for c in m.get("tool_calls") or ()]
         assert replayed == json.dumps({"filePath": MEDIAN}, separators=(",", ":"))
