@@ -233,3 +233,44 @@ def check_sequences(traj: Trajectory, turns: int) -> None:
     for seq in traj.sequences:
         assert len(seq.token_ids) == len(seq.loss_mask) == len(seq.logprobs)
         assert sum(seq.loss_mask) == sum(len(traj.steps[i].completion_token_ids) for i in seq.step_indexes)
+
+
+def test_claude_code_with_its_full_default_tool_set(stack):
+    """``config.tools: "default"``: Claude Code's own built-in set (24 tools here), the Agent tool among
+    them, whose list of sub-agent types Claude Code sends as a ``system`` message inside ``messages``:
+    the proxy keeps it in place (an OpenAI system message after the first user message). Beside it,
+    the same set less three tools taken off by ``config.disallowed_tools``."""
+    _, settings = stack
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    denied = ["Agent", "WebFetch", "WebSearch"]
+    rids = []
+    started = time.monotonic()
+    for extra in ({}, {"disallowed_tools": denied}):
+        agent = AgentSpec(scaffold=ScaffoldSpec(name="claude-code", model="scripted",
+                                                config={"max_turns": 10, "tools": "default", **extra}))
+        task = msgspec.structs.replace(claude_task(), agent=agent)
+        rids.append(client.submit(task, sampling=SamplingParams(seed=1), provider="docker").rollout_id)
+    views = [client.wait(rid, timeout=600) for rid in rids]
+    elapsed = time.monotonic() - started
+    assert [v.state.value for v in views] == ["completed", "completed"], [(v.state, v.reason) for v in views]
+    assert [v.reward for v in views] == [1.0, 1.0] and [v.steps for v in views] == [TURNS, TURNS]  # the right play
+    print(f"\ntwo quickstart rollouts with Claude Code's full tool set (concurrently): {elapsed:.1f} s")
+    traj, fewer = (client.wait_trajectory(rid, timeout=60) for rid in rids)
+    offered = {t["function"]["name"] for t in traj.steps[0].tools}
+    assert {"Agent", "Bash", "Edit", "Read", "Write", "WebFetch", "TaskCreate"} <= offered and len(offered) > 20
+    roles = [m["role"] for m in traj.steps[0].request_messages]
+    assert roles[:2] == ["system", "user"] and "system" in roles[2:]  # the mid-conversation system message
+    (agents,) = [m for m in traj.steps[0].request_messages[2:] if m["role"] == "system"]
+    assert "Agent tool" in agents["content"]
+    for step in traj.steps[1:]:  # kept in place on every call, after it the conversation
+        assert [m["role"] for m in step.request_messages][:3] == roles[:3]
+    # the calls (Read, Bash: no defaults filled in) chain into one training sequence
+    check_sequences(traj, TURNS)
+    assert [seq.step_indexes for seq in traj.sequences] == [[0, 1, 2]] and not traj.sequence_breaks
+    # disallowed tools are not offered at all; without the Agent tool no sub-agent list is sent (the
+    # Skill tool's list of skills still comes as a system message in mid-conversation)
+    left = {t["function"]["name"] for t in fewer.steps[0].tools}
+    assert left == offered - set(denied)
+    assert [m["role"] for m in fewer.steps[0].request_messages] == roles
+    assert "Agent tool" not in json.dumps(fewer.steps[0].request_messages)
+    assert "skills are available" in fewer.steps[0].request_messages[2]["content"]

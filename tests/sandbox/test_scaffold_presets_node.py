@@ -73,6 +73,27 @@ def test_claude_code_config_options_and_refusals():
             launch("claude-code", **bad)
 
 
+def test_claude_code_tool_set_and_permission_rules():
+    # the default: a small set (docs/agents.md, "Claude Code")
+    assert "--tools=Bash,Edit,Read,Write" in argv_of(launch("claude-code"))
+    assert not any(a.startswith(("--allowedTools", "--disallowedTools")) for a in argv_of(launch("claude-code")))
+    # Claude Code's full built-in set, its own keyword, with tools taken off it by deny rules
+    argv = argv_of(launch("claude-code", tools="default", disallowed_tools=["WebFetch", "WebSearch", "Bash(curl *)"]))
+    assert "--tools=default" in argv
+    assert [a for a in argv if a.startswith("--disallowedTools")] == [
+        "--disallowedTools=WebFetch", "--disallowedTools=WebSearch", "--disallowedTools=Bash(curl *)"]
+    # any list of tool names; none at all is Claude Code's `--tools ""`; allow rules, one argument each
+    argv = argv_of(launch("claude-code", tools=["Read", "Grep", "Glob"], allowed_tools=["Bash(git *)", "Read"]))
+    assert "--tools=Read,Grep,Glob" in argv
+    assert [a for a in argv if a.startswith("--allowedTools")] == ["--allowedTools=Bash(git *)", "--allowedTools=Read"]
+    assert "--tools=" in argv_of(launch("claude-code", tools=[]))
+    for bad in ({"tools": "all"}, {"tools": "Bash,Read"}, {"tools": ["Bash,Read"]}, {"tools": ["Bash(git *)"]},
+                {"tools": [""]}, {"tools": None}, {"allowed_tools": "Bash"}, {"disallowed_tools": [""]},
+                {"disallowed_tools": [" Bash"]}, {"allowed_tools": [3]}, {"allowedTools": ["Bash"]}):
+        with pytest.raises(ValueError, match="claude-code"):
+            launch("claude-code", **bad)
+
+
 def test_opencode_config_names_the_proxy_as_its_only_provider():
     out = launch("opencode")
     argv = argv_of(out)

@@ -23,10 +23,14 @@ CONFIG_DIR = "/tmp/claude-code"
 EVENTS = "/sandbox/.arena/claude-code.events.jsonl"
 SESSION = "/sandbox/.arena/claude-code.session.jsonl"
 
-#: The tools offered by default. Claude Code's full set adds the Agent tool (whose list of
-#: sub-agents it sends as a ``system`` message in mid-conversation), cron, task, worktree and web
-#: tools that have no use in a sandbox without network, and ~64 KB to every request.
+#: The tools offered by default (``config.tools`` changes them). Claude Code's own full set
+#: (``config.tools: "default"``, 24 tools) adds the Agent tool (sub-agents: their calls are steps of
+#: other conversations, and its list of sub-agents comes as a ``system`` message in mid-conversation),
+#: cron, task, worktree, notebook, skill and web tools that have no use in a sandbox without network,
+#: and ~64 KB to every request.
 TOOLS = ("Bash", "Edit", "Read", "Write")
+#: ``config.tools`` naming Claude Code's full built-in set (its own ``--tools default``).
+ALL_TOOLS = "default"
 
 #: Unattended and offline: no telemetry, error reports, update checks or other non-essential
 #: traffic, no beta features beyond the Messages API's core, root-less "sandbox" mode.
@@ -42,7 +46,8 @@ ENV = {
 }
 
 #: ``config`` keys the preset understands (anything else is refused).
-CONFIG_KEYS = ("tools", "max_turns", "max_output_tokens", "append_system_prompt", "args")
+CONFIG_KEYS = ("tools", "allowed_tools", "disallowed_tools", "max_turns", "max_output_tokens",
+               "append_system_prompt", "args")
 
 #: Runs claude with the task on stdin, its stream-json to the log (stdout) and to EVENTS; after it
 #: exits, the last ``result`` event decides: subtype ``success``, not an error, exit code 0 writes
@@ -93,8 +98,16 @@ def _options(config: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"claude-code: unknown config keys {unknown} (known: {', '.join(CONFIG_KEYS)})")
     tools = config.get("tools", list(TOOLS))
-    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
-        raise ValueError("claude-code: config.tools must be a list of Claude Code tool names")
+    if tools != ALL_TOOLS and (not isinstance(tools, list) or not all(_tool_name(t) for t in tools)):
+        raise ValueError(f"claude-code: config.tools must be a list of Claude Code tool names (e.g. "
+                         f"{list(TOOLS)}) or {ALL_TOOLS!r} (its full built-in set)")
+    rules = {}
+    for key in ("allowed_tools", "disallowed_tools"):
+        value = config.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(r, str) and r.strip() and r == r.strip() for r in value):
+            raise ValueError(f"claude-code: config.{key} must be a list of Claude Code permission rules "
+                             '(tool names or e.g. "Bash(git *)")')
+        rules[key] = value
     for key in ("max_turns", "max_output_tokens"):
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -105,8 +118,13 @@ def _options(config: dict[str, Any]) -> dict[str, Any]:
     args = config.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ValueError("claude-code: config.args must be a list of strings (extra claude arguments)")
-    return {"tools": tools, "max_turns": config.get("max_turns"), "max_output_tokens": config.get("max_output_tokens"),
-            "append_system_prompt": prompt, "args": args}
+    return {"tools": tools, **rules, "max_turns": config.get("max_turns"),
+            "max_output_tokens": config.get("max_output_tokens"), "append_system_prompt": prompt, "args": args}
+
+
+def _tool_name(name: object) -> bool:
+    """A built-in tool's name: one word (``--tools`` takes a comma-separated list)."""
+    return isinstance(name, str) and bool(name) and name.replace("_", "").isalnum()
 
 
 def command(scaffold: ScaffoldSpec, context: Context) -> list[str]:
@@ -114,7 +132,11 @@ def command(scaffold: ScaffoldSpec, context: Context) -> list[str]:
     options = _options(scaffold.config)
     claude = f"{context.home.rstrip('/')}/bin/claude" if context.home else "claude"
     argv = [claude, "--print", "--output-format=stream-json", "--verbose", "--permission-mode=bypassPermissions",
-            f"--model={scaffold.model}", f"--tools={','.join(options['tools'])}"]
+            f"--model={scaffold.model}",
+            f"--tools={options['tools'] if options['tools'] == ALL_TOOLS else ','.join(options['tools'])}"]
+    # permission rules, one argument each (a rule may hold spaces: "Bash(git *)")
+    argv += [f"--allowedTools={rule}" for rule in options["allowed_tools"]]
+    argv += [f"--disallowedTools={rule}" for rule in options["disallowed_tools"]]
     if options["max_turns"] is not None:
         argv.append(f"--max-turns={options['max_turns']}")
     if options["append_system_prompt"]:
