@@ -40,7 +40,8 @@ AGENT_OPTIONS = frozenset({
 
 #: The model as litellm sees it: context and output limits, priced at 0 (the proxy counts tokens).
 DEFAULT_MODEL_INFO = {"max_input_tokens": 131072, "max_output_tokens": 8192,
-                      "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
+                      "input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
+                      "cache_creation_input_token_cost": 0.0, "cache_read_input_token_cost": 0.0}
 
 
 def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
@@ -137,6 +138,7 @@ async def main(config):
     logs = Path(tempfile.mkdtemp(prefix="terminus-2-"))
     trial = TrialPaths(trial_dir=logs / "trial")
     trial.agent_dir.mkdir(parents=True, exist_ok=True)
+    (logs / "agent").mkdir()  # where Terminus2 writes trajectory.json (harbor's trial makes it)
     SandboxEnvironment.workdir = config["workdir"]
     environment = SandboxEnvironment(environment_dir=Path(config["workdir"]), environment_name="arena",
                                      session_id="arena", trial_paths=trial, task_env_config=EnvironmentConfig())
