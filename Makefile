@@ -49,7 +49,7 @@ images:
 
 ## Claude Code and OpenCode in their images through the real stack (docker provider on Podman, scripted LLM)
 test-agents: venv images
-	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py
+	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv
