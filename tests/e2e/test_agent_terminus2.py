@@ -19,21 +19,34 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from arena.datasets import checkout, mirror_of, read_rows, to_task
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
 from arena_core.bus import Bus
 from arena_core.scaffolds import install
-from arena_core.schemas import AgentSpec, Budget, SamplingParams, ScaffoldSpec, Task, Trajectory
+from arena_core.schemas import AgentSpec, Budget, PathSource, SamplingParams, ScaffoldSpec, Task, Trajectory
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
+SWEBENCH = ROOT / "examples" / "swebench-mini"
 PLAYS = Path(__file__).with_name("plays") / "terminus2_quickstart.json"
+#: swebench-mini's jpvanhal__inflection-1: grep, the sed fix and the issue's example, task_complete twice.
+INFLECTION_PLAYS = Path(__file__).with_name("plays") / "terminus2_inflection.json"
 SCAFFOLDS = ROOT / ".arena" / "scaffolds"
 #: The plays' turns: look, fix and test, task_complete, task_complete again (Terminus-2 asks to confirm).
 TURNS = 4
+
+
+def script(directory: Path) -> Path:
+    """The scripted backend's plays: the quickstart's (right and wrong, drawn by the seed) and
+    inflection-1's (its own ``match``), in one file."""
+    plays = [p for f in (PLAYS, INFLECTION_PLAYS) for p in json.loads(f.read_text())["plays"]]
+    path = directory / "terminus2_plays.json"
+    path.write_text(json.dumps({"plays": plays}))
+    return path
 
 
 def _installed() -> bool:
@@ -68,7 +81,7 @@ def stack(tmp_path_factory):
     )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ARENA_SCAFFOLDS_DIR", str(SCAFFOLDS))  # the sandbox service reads it at start
-        stack = Stack(settings, llm_script=PLAYS, nats_sync="1s", log=lambda m: None)
+        stack = Stack(settings, llm_script=script(data_dir), nats_sync="1s", log=lambda m: None)
         asyncio.run(stack.start())
     try:
         yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
@@ -148,3 +161,29 @@ def test_terminus2_solves_the_quickstart_task_and_a_wrong_play_scores_zero(stack
         assert ("7 passed" if view.reward == 1.0 else "failed") in "".join(later)
         # the second call carried the pane back to the model
         assert "return (ordered[mid] + ordered[mid + 1]) / 2" in json.dumps(traj.steps[1].request_messages)
+
+
+def test_terminus2_solves_a_swebench_task(stack, tmp_path):
+    stack_, client = stack
+    row = next(r for r in read_rows(SWEBENCH / "dataset.jsonl") if r.instance_id == "jpvanhal__inflection-1")
+    checkout(mirror_of(SWEBENCH / "repos", row.repo), row.base_commit, tmp_path / "repo")
+    task = terminus_task(to_task(row, source=PathSource(path=str(tmp_path / "repo")), timeout_s=120))
+    started = time.monotonic()
+    view = client.wait(client.submit(task).rollout_id, timeout=600)
+    elapsed = time.monotonic() - started
+    assert view.state.value == "completed", view.reason
+    assert view.reward == 1.0 and view.steps == TURNS
+    traj = client.wait_trajectory(view.rollout_id, timeout=60)
+    check_steps(traj, TURNS)  # one training sequence, the loss mask exactly the completions
+    seq = traj.sequences[0]
+    print(f"\nswebench-mini inflection-1 with Terminus-2: {elapsed:.1f} s, {len(traj.steps)} steps, one sequence of "
+          f"{len(seq.token_ids)} tokens, loss mask {sum(seq.loss_mask)}")
+    assert '+    word = re.sub(r"_id$", "", word)' in traj.sandbox.diff
+    assert traj.verification.counts.f2p_failed == 0
+    assert traj.sandbox.result["task_complete"] is True and traj.sandbox.result["episodes"] == TURNS
+    # the issue's example ran in the sandbox's tmux: its output is in the pane Terminus-2 read
+    atif = artifact(stack_, traj, "terminus-2.trajectory.json")
+    agent_steps = [s for s in atif["steps"] if s["source"] == "agent"]
+    assert "word = re.sub(r" in json.dumps(agent_steps[0]["observation"])  # grep's line, before the fix
+    assert "User identity" in json.dumps(agent_steps[1]["observation"])
+    assert "User identity" in json.dumps(traj.steps[2].request_messages[-1])  # and back to the model
