@@ -76,6 +76,15 @@ PLAYS = [
         {"content": "Fixed."}]},
 ]
 
+def right_play(path: Path, marker: str) -> dict:
+    """The right play of a scaffold's end-to-end test, matched on the benchmark's marker."""
+    play = next(p for p in json.loads(path.read_text())["plays"] if p["label"] == "right")
+    return {**play, "match": marker, "weight": 1.0}
+
+
+PLAYS += [right_play(ROOT / "tests" / "e2e" / "openhands_plays.json", "[tools: openhands]"),
+          right_play(ROOT / "tests" / "e2e" / "plays" / "terminus2_quickstart.json", "[tools: terminus]")]
+
 # The baseline: a raw `command` agent, the thinnest loop over the same bash tool calls.
 BASELINE_AGENT = r'''
 import json, os, subprocess, urllib.request
@@ -106,6 +115,8 @@ SCAFFOLDS = {  # name -> (play marker, provider, what it needs)
     "mini-swe-agent": ("[tools: bash]", "local", "venv"),
     "claude-code": ("[tools: claude]", "docker", "arena/claude-code:latest"),
     "opencode": ("[tools: opencode]", "docker", "arena/opencode:latest"),
+    "openhands": ("[tools: openhands]", "local", "venv"),
+    "terminus-2": ("[tools: terminus]", "local", "venv"),
 }
 
 
