@@ -189,3 +189,17 @@ async def test_an_answer_no_client_took_is_abandoned_counts_its_tokens_but_no_tu
     assert (await patient.chat.completions.create(**chat(max_tokens=40))).choices[0].message.content
     steps = await s.steps(rid, 2)
     assert [st.abandoned for st in steps] == [True, False]
+
+
+def test_trimming_an_answer_leaves_the_captured_document_whole():
+    from arena_rollout.proxy.answers import stripped, without
+
+    doc = {"id": "c", "prompt_token_ids": [1, 2], "choices": [
+        {"index": 0, "message": {"content": "x"}, "logprobs": {"content": [{"logprob": -0.5}]}, "token_ids": [7]}]}
+    trimmed = without(doc, True, True)
+    assert trimmed == {"id": "c", "choices": [{"index": 0, "message": {"content": "x"}, "logprobs": None}]}
+    assert doc["prompt_token_ids"] == [1, 2] and doc["choices"][0]["token_ids"] == [7]  # capture still sees them
+    assert without(doc, False, True)["choices"][0]["logprobs"] == {"content": [{"logprob": -0.5}]}
+    assert without({"choices": [{"index": 0, "logprobs": None}]}, True, True) is None  # nothing to remove
+    raw = b'{"id": "c", "choices": [{"index": 0, "delta": {}, "logprobs": null}]}'
+    assert stripped(raw, True, True) is raw  # relayed byte for byte

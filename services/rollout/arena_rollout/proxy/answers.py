@@ -22,22 +22,33 @@ def unasked(api: str, payload: Any) -> tuple[bool, bool]:
 
 
 def stripped(data: bytes, logprobs: bool, ids: bool) -> bytes:
-    """A whole answer or a stream chunk (JSON) without the fields the client did not ask for."""
+    """A stream chunk (JSON) without the fields the client did not ask for."""
     try:
-        answer = msgspec.json.decode(data)
+        doc = msgspec.json.decode(data)
     except msgspec.DecodeError:
         return data
-    if not isinstance(answer, dict):
-        return data
-    changed = ids and answer.pop("prompt_token_ids", None) is not None
-    for choice in answer.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        if logprobs and choice.get("logprobs") is not None:
-            choice["logprobs"] = None  # OpenAI's own answers say null when not asked
-            changed = True
-        if ids and ("token_ids" in choice or "prompt_token_ids" in choice):
-            choice.pop("token_ids", None)
-            choice.pop("prompt_token_ids", None)
-            changed = True
-    return msgspec.json.encode(answer) if changed else data
+    out = without(doc, logprobs, ids)
+    return data if out is None else msgspec.json.encode(out)
+
+
+def without(doc: Any, logprobs: bool, ids: bool) -> dict[str, Any] | None:
+    """A decoded answer or chunk less the fields the client did not ask for, as a new
+    (shallow) document: ``doc`` itself is left whole for capture. None: nothing to remove."""
+    if not isinstance(doc, dict):
+        return None
+    out = doc
+    if ids and "prompt_token_ids" in doc:
+        out = {k: v for k, v in doc.items() if k != "prompt_token_ids"}
+    choices = doc.get("choices")
+    if isinstance(choices, list):
+        trimmed = []
+        for choice in choices:
+            if isinstance(choice, dict) and ((logprobs and choice.get("logprobs") is not None) or (
+                    ids and ("token_ids" in choice or "prompt_token_ids" in choice))):
+                choice = {k: v for k, v in choice.items() if not (ids and k in ("token_ids", "prompt_token_ids"))}
+                if logprobs and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None  # OpenAI's own answers say null when not asked
+            trimmed.append(choice)
+        if any(a is not b for a, b in zip(trimmed, choices)):
+            out = {**out, "choices": trimmed} if out is not doc else {**doc, "choices": trimmed}
+    return None if out is doc else out

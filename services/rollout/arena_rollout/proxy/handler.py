@@ -364,14 +364,20 @@ class ProxyHandler:
             # the answer goes back as the backend sent it (less what the client did not ask
             # for); its tokens are captured while recording
             cap.usage = shape.usage  # counted against the budget now
-            self._spawn(call, up, cap, total_ms, total_ms, None, answer=data)
-            return answers.stripped(data, *call.strip) if any(call.strip) else data
+            if not any(call.strip):
+                self._spawn(call, up, cap, total_ms, total_ms, None, answer=data)
+                return data
+            doc = msgspec.json.decode(data)  # decoded once: the client's copy, then the capture
+            trimmed = answers.without(doc, *call.strip)
+            self._spawn(call, up, cap, total_ms, total_ms, None, answer=doc)
+            return data if trimmed is None else msgspec.json.encode(trimmed)
         answer = msgspec.json.decode(data)
         self._fill(call, cap, answer)
         self._spawn(call, up, cap, total_ms, total_ms, None)
         if call.api == "anthropic.messages":
             return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
-        return answers.stripped(data, *call.strip) if any(call.strip) else data
+        trimmed = answers.without(answer, *call.strip) if any(call.strip) else None
+        return data if trimmed is None else msgspec.json.encode(trimmed)
 
     @staticmethod
     def _fill_chunks(call: _Call, cap: Capture, chunks: list[bytes]) -> None:
@@ -485,7 +491,7 @@ class ProxyHandler:
                                        total_tokens=max(ahead[1], record.total_tokens))
 
     def _spawn(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
-               error: str | None, *, answer: bytes | None = None,
+               error: str | None, *, answer: bytes | dict | None = None,
                chunks: list[bytes] | None = None) -> asyncio.Task:
         """Record a step in the background, after the rollout's previous one (steps keep their
         order); its turn and tokens count at once in ``_ahead``. ``answer`` / ``chunks``: a
@@ -524,12 +530,13 @@ class ProxyHandler:
         return task
 
     async def _finish(self, call: _Call, up: Upstream, cap: Capture, first_ms: float | None, total_ms: float,
-                      error: str | None, answer: bytes | None = None, chunks: list[bytes] | None = None) -> None:
+                      error: str | None, answer: bytes | dict | None = None,
+                      chunks: list[bytes] | None = None) -> None:
         up.close()
         if answer is not None or chunks:
             try:
                 if answer is not None:
-                    self._fill(call, cap, msgspec.json.decode(answer))
+                    self._fill(call, cap, msgspec.json.decode(answer) if isinstance(answer, bytes) else answer)
                 else:
                     self._fill_chunks(call, cap, chunks)
             except (UpstreamError, msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
