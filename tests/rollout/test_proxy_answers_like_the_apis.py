@@ -203,3 +203,30 @@ def test_trimming_an_answer_leaves_the_captured_document_whole():
     assert without({"choices": [{"index": 0, "logprobs": None}]}, True, True) is None  # nothing to remove
     raw = b'{"id": "c", "choices": [{"index": 0, "delta": {}, "logprobs": null}]}'
     assert stripped(raw, True, True) is raw  # relayed byte for byte
+
+
+async def test_tool_call_arguments_sent_back_reserialized_reach_the_backend_as_sampled(stack, tmp_path):
+    """A scaffold that re-serializes the arguments of the tool calls it replays (OpenCode:
+    compact JSON; Claude Code: ``input`` objects) would break the conversation's token chain
+    at every tool call: the proxy restores the sampled text when both mean the same JSON."""
+    from tests.rollout.test_proxy_with_sdks import OPENAI_TOOLS
+
+    s = await stack()
+    rid, key = await s.rollout(tmp_path)
+    client = s.openai(rid, key)
+    first = await client.chat.completions.create(model="default", messages=MSGS, tools=OPENAI_TOOLS, seed=1)
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.arguments == '{"path": "a.py"}'  # as sampled
+    replayed = {"id": call.id, "type": "function", "function": {"name": "read_file", "arguments": '{"path":"a.py"}'}}
+    other = {"id": "call_other", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"b.py"}'}}
+    history = MSGS + [{"role": "assistant", "content": None, "tool_calls": [replayed]},
+                      {"role": "tool", "tool_call_id": call.id, "content": "def median(): ..."},
+                      {"role": "assistant", "content": None, "tool_calls": [other]},
+                      {"role": "tool", "tool_call_id": "call_other", "content": "..."}]
+    await client.chat.completions.create(model="default", messages=history, tools=OPENAI_TOOLS, seed=1)
+    sent = msgspec.json.decode(s.backends["default"].requests[1])
+    assert sent["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'  # restored
+    assert sent["messages"][3]["tool_calls"][0]["function"]["arguments"] == '{"path":"b.py"}'  # not sampled here
+    steps = await s.steps(rid, 2)
+    chained = steps[0].prompt_token_ids + steps[0].completion_token_ids
+    assert steps[1].prompt_token_ids[:len(chained)] == chained  # the second call extends the first

@@ -8,6 +8,7 @@ exact in memory; a stream that ends early is recorded ``incomplete``. docs/rollo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from arena_core.errors import (
     UpstreamError,
     WallClockExceeded,
 )
-from arena_core.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings
+from arena_core.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings, ToolCall
 
 from arena_rollout.proxy import answers, anthropic
 from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound
@@ -51,6 +52,7 @@ from arena_rollout.store import RolloutStore
 log = logging.getLogger("arena.rollout.proxy")
 
 _SIDE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+_SAMPLED_PER_ROLLOUT = 1024
 _PATHS = {"openai.chat": "/chat/completions", "openai.completions": "/completions",
           "anthropic.messages": "/chat/completions"}
 
@@ -160,6 +162,8 @@ class ProxyHandler:
         self._flights: dict[str, _Flight] = {}
         #: calls whose client left before the answer, for the retry that takes it
         self.orphans = Orphans()
+        #: per rollout: tool call id -> the arguments text the backend sampled (restore_arguments)
+        self._sampled: dict[str, dict[str, str]] = {}
 
     # ---------------------------------------------------------------- entry
 
@@ -175,6 +179,8 @@ class ProxyHandler:
             body = validate_completions_body(payload)
         else:
             body = validate_chat_body(payload)
+        if api != "openai.completions":
+            self._restore_arguments(rid, body)
         stream = bool(body.get("stream"))
         client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         counting_failovers: list[Failover] = []
@@ -283,6 +289,37 @@ class ProxyHandler:
         if flight.calls <= 0:
             del self._flights[call.rollout_id]
             flight.idle.set()
+
+    # ---------------------------------------------------------------- tool call arguments
+
+    def _remember(self, rollout_id: str, calls: list[ToolCall]) -> None:
+        sampled = self._sampled.setdefault(rollout_id, {})
+        for tc in calls:
+            if tc.id:
+                sampled[tc.id] = tc.arguments
+        while len(sampled) > _SAMPLED_PER_ROLLOUT:
+            del sampled[next(iter(sampled))]
+
+    def _restore_arguments(self, rollout_id: str, body: dict[str, Any]) -> None:
+        """Tool calls the agent sends back re-serialized (another spacing or key order,
+        Anthropic ``input`` objects) get the arguments text the backend sampled when both
+        mean the same JSON: the conversation stays token-exact for training (docs/rollout.md)."""
+        sampled = self._sampled.get(rollout_id)
+        if not sampled:
+            return
+        for message in body.get("messages") or ():
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            for tc in message.get("tool_calls") or ():
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                text = sampled.get(tc.get("id")) if fn is not None else None
+                if text is None or not isinstance(fn, dict) or fn.get("arguments") == text:
+                    continue
+                try:
+                    if json.loads(fn.get("arguments") or "null") == json.loads(text):
+                        fn["arguments"] = text
+                except (TypeError, ValueError):
+                    continue
 
     # ---------------------------------------------------------------- side routes
 
@@ -542,6 +579,8 @@ class ProxyHandler:
             except (UpstreamError, msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
                 error = f"the answer could not be captured: {getattr(exc, 'message', exc)}"
                 log.warning("%s", error, extra={"rollout_id": call.rollout_id})
+        if cap.tool_calls:
+            self._remember(call.rollout_id, cap.tool_calls)
         abandoned = call.abandoned
         if call.delivery is not None and not abandoned:
             abandoned = not await call.delivery.delivered()
@@ -556,6 +595,7 @@ class ProxyHandler:
         """Wait until the steps of ``rollout_id`` being recorded here have landed (or failed);
         its orphaned answers are abandoned (the rollout ended: no retry will take them)."""
         self.orphans.abandon(rollout_id)
+        self._sampled.pop(rollout_id, None)
         tail = self._tail.get(rollout_id)
         if tail is not None:
             await asyncio.gather(asyncio.shield(tail), return_exceptions=True)
