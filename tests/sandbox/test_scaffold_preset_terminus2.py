@@ -30,7 +30,8 @@ def launch(context: Context = CONTEXT, **config) -> Launch:
 def test_the_preset_runs_its_driver_with_the_scaffolds_python_against_the_proxy():
     out = launch()
     assert out.command == ["/opt/scaffolds/terminus-2/bin/python", terminus2.DRIVER, terminus2.CONFIG]
-    assert launch(msgspec.structs.replace(CONTEXT, home="")).command[0] == "python3"  # on PATH
+    # the docker provider names no installation (home ""): arena/terminus-2 holds it in /opt/terminus-2
+    assert launch(msgspec.structs.replace(CONTEXT, home="")).command[0] == "/opt/terminus-2/bin/python"
     assert set(out.files) == {terminus2.DRIVER, terminus2.CONFIG}
     assert all(path.startswith(f"{SCAFFOLD_DIR}/") for path in out.files)
     assert out.artifacts == {"terminus-2.trajectory.json": "/sandbox/.arena/terminus-2.trajectory.json",
@@ -134,7 +135,8 @@ def run_driver(tmp_path: Path, mode: str) -> tuple[int | None, Path, str]:
         pytest.skip(f"no bubblewrap: {local.available()}")
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
-    out = launch(msgspec.structs.replace(CONTEXT, home=""))
+    out = launch(CONTEXT)
+    command = ["python3", *out.command[1:]]  # the host's Python, harbor being the stand-in below
     workspace, arena, agent = tmp_path / "workspace", tmp_path / "arena", tmp_path / "agent"
     (workspace / "pkg").mkdir(parents=True)
     for path, data in out.files.items():
@@ -146,7 +148,7 @@ def run_driver(tmp_path: Path, mode: str) -> tuple[int | None, Path, str]:
         (agent / name).write_text(text)
     log = tmp_path / "log"
     result = asyncio.run(local.run(local.SandboxSpec(
-        command=out.command, workspace=workspace, arena_dir=arena, agent_dir=agent, log_path=log, timeout_s=60,
+        command=command, workspace=workspace, arena_dir=arena, agent_dir=agent, log_path=log, timeout_s=60,
         workdir="pkg", env={**local._base_env(), **out.env, "PYTHONPATH": "/sandbox/agent", "FAKE_MODE": mode})))
     return result.exit_code, arena, log.read_text()
 

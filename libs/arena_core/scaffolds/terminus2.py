@@ -19,6 +19,10 @@ NAME = "terminus-2"
 REQUIREMENTS = ("harbor==0.26.0",)
 #: harbor needs Python 3.12 or later (the installer copies the host's into the scaffold's directory).
 PYTHON = "3.12"
+#: Where its image (``arena/terminus-2``, deploy/images) holds that directory: used when the provider
+#: names no installation (``Context.home`` empty: the docker provider), as the image's own ``python3``
+#: is the tasks' 3.11.
+IMAGE_HOME = "/opt/terminus-2"
 CONFIG = f"{SCAFFOLD_DIR}/terminus-2.json"
 DRIVER = f"{SCAFFOLD_DIR}/terminus-2.py"
 TRAJECTORY = "/sandbox/.arena/terminus-2.trajectory.json"
@@ -177,7 +181,7 @@ if __name__ == "__main__":
 
 
 def launch(scaffold: ScaffoldSpec, context: Context) -> Launch:
-    python = f"{context.home.rstrip('/')}/bin/python" if context.home else "python3"
+    python = f"{(context.home or IMAGE_HOME).rstrip('/')}/bin/python"
     return Launch(
         command=[python, DRIVER, CONFIG],
         env=dict(ENV),
