@@ -47,9 +47,11 @@ images:
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES="$${ARENA_IMAGES:-all}" bash deploy/docker-engine.sh images; \
 	else bash deploy/images/build.sh $${ARENA_IMAGES:-all}; fi
 
-## Claude Code and OpenCode in their images through the real stack (docker provider on Podman, scripted LLM)
+## the scaffolds in their images through the real stack (docker provider on Podman, scripted LLM), and
+## OpenHands and Terminus-2 on the local provider too (their Python 3.12 virtualenvs)
 test-agents: venv images
-	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py
+	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
+		tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv

@@ -6,13 +6,18 @@
 #   arena/claude-code:latest     FROM arena/agent-node, + Claude Code (npm @anthropic-ai/claude-code)
 #   arena/opencode:latest        FROM arena/agent-node, + OpenCode (npm opencode-ai)
 #   arena/mini-swe-agent:latest  FROM arena/agent-node, + mini-swe-agent (PyPI mini-swe-agent)
+#   arena/openhands:latest       FROM arena/agent-node, + OpenHands (PyPI openhands) on Python 3.12, tmux
+#   arena/terminus-2:latest      FROM arena/agent-node, + Terminus-2 (PyPI harbor) on Python 3.12, tmux
 #
 #   build.sh [NAME...]   the named images (and the ones they are built from); `all` = every one.
 #                        Without names: $ARENA_IMAGES, else `agent-base quickstart`.
 # Scaffolds are installed on the host (npm install --prefix / pip install --target into a
 # staging directory, through the host's configured mirrors) and copied into the image:
 # inside `podman build` no mirror is configured. Versions: $ARENA_CLAUDE_CODE_VERSION,
-# $ARENA_OPENCODE_VERSION, $ARENA_MINI_SWE_AGENT_VERSION (defaults below).
+# $ARENA_OPENCODE_VERSION, $ARENA_MINI_SWE_AGENT_VERSION (defaults below). OpenHands and
+# Terminus-2 need Python 3.12: `python -m arena_core.scaffolds.install NAME` builds their
+# self-contained directory (a virtualenv on a copy of the host's 3.12, the versions of the
+# preset's REQUIREMENTS) in the staging directory, which becomes /opt/NAME in the image.
 # Each image carries the label arena.build = a hash of what defines it (its Containerfile
 # or rootfs script, the code here that stages it, its parent's hash, the scaffold's
 # version); an image that exists with the same hash is kept (so a change to the
@@ -36,9 +41,10 @@ base_changes=('USER 1000:1000' 'WORKDIR /sandbox/workspace' 'ENV PATH=/usr/local
               'ENV HOME=/tmp' 'ENV LANG=C.UTF-8' 'LABEL arena.image=agent-base')
 
 # ------------------------------------------------------------------ which images
-order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent)
+order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2)
 declare -A parent=([quickstart]=agent-base [agent-node]=agent-base [claude-code]=agent-node
-                   [opencode]=agent-node [mini-swe-agent]=agent-node)
+                   [opencode]=agent-node [mini-swe-agent]=agent-node [openhands]=agent-node
+                   [terminus-2]=agent-node)
 wanted_names=("$@")
 [ "${#wanted_names[@]}" -gt 0 ] || read -r -a wanted_names <<< "${ARENA_IMAGES:-agent-base quickstart}"
 declare -A wanted=()
@@ -152,6 +158,35 @@ PY
   stage_libs "$site" "$1"
 }
 
+stage_tmux() {  # tmux (OpenHands' terminal, Terminus-2's session) with its libraries, the base
+  # terminfo (xterm-256color, screen, tmux) and the C.UTF-8 locale (tmux refuses to start without one)
+  command -v tmux >/dev/null || { echo "build.sh: arena/$2 copies the host's tmux, and there is none" >&2; exit 3; }
+  [ -d /usr/lib/locale/C.utf8 ] || { echo "build.sh: arena/$2 needs the host's C.UTF-8 locale (/usr/lib/locale/C.utf8)" >&2; exit 3; }
+  stage_file "$(readlink -f "$(command -v tmux)")" "$1"
+  mkdir -p "$1/rootfs/usr/lib/locale"; cp -a /usr/lib/terminfo "$1/rootfs/usr/lib/"
+  cp -a /usr/lib/locale/C.utf8 "$1/rootfs/usr/lib/locale/"
+}
+stage_python_scaffold() {  # $2's directory as `python -m arena_core.scaffolds.install` makes it, at /opt/$2
+  local opt="$1/rootfs/opt" dest="/opt/$2" stage="$1/rootfs/opt/$2" link target exe
+  # no bytecode from pip: it is compiled once below, for where the files land
+  PIP_COMPILE=0 "$py" -m arena_core.scaffolds.install "$2" --dir "$opt" > "$1/install.log" 2>&1 ||
+    { tail -20 "$1/install.log" >&2; echo "build.sh: installing $2 failed" >&2; exit 3; }
+  rm -f "$opt/.$2.lock" "$1/install.log"
+  exe="$(find "$stage/python/bin" -maxdepth 1 -type f -regex '.*/python3\.[0-9]+' | head -1)"
+  [ -n "$exe" ] || { echo "build.sh: $2's directory has no Python of its own (the host's python3.12 is under /usr?)" >&2; exit 3; }
+  # the virtualenv names the staging directory: its interpreter links, pyvenv.cfg and the scripts' #! lines
+  find "$stage" -type l | while read -r link; do
+    target="$(readlink "$link")"
+    case "$target" in "$stage"/*) ln -sfn "$dest${target#"$stage"}" "$link" ;; esac
+  done
+  grep -rlI --null -F "$stage" "$stage/bin" "$stage/pyvenv.cfg" | xargs -0 -r sed -i "s|$stage|$dest|g"
+  # bytecode for /opt/$2 (the root is read-only; the presets run it with -I or pycache_prefix None)
+  "$exe" -m compileall -q -f -j 0 --invalidation-mode unchecked-hash -s "$1/rootfs" -p / \
+    -x '/(lib2to3|ensurepip|idlelib|tkinter|turtledemo)/' "$stage" >/dev/null 2>&1 || true
+}
+stage_openhands() { stage_tmux "$1" openhands; stage_python_scaffold "$1" openhands; stage_libs "$1/rootfs" "$1"; }
+stage_terminus-2() { stage_tmux "$1" terminus-2; stage_python_scaffold "$1" terminus-2; stage_libs "$1/rootfs" "$1"; }
+
 # ------------------------------------------------------------------ hashes
 # An image's hash covers what defines it: its Containerfile (or the rootfs script and the
 # import's changes), the code that stages its context (the functions' text), the version
@@ -168,6 +203,10 @@ for name in "${order[@]:1}"; do
       claude-code) echo "$claude_code_version" ;;
       opencode) echo "$opencode_version" ;;
       mini-swe-agent) echo "$mini_swe_agent_version" ;;
+      openhands|terminus-2)  # what the installer puts in, and how
+        declare -f stage_tmux stage_python_scaffold
+        "$py" -c 'import sys; from arena_core.scaffolds import install as i; print(i.requirements(sys.argv[1]), i.python_version(sys.argv[1]))' "$name"
+        cat "$repo/libs/arena_core/scaffolds/install.py" ;;
     esac) | h)"
 done
 

@@ -62,9 +62,11 @@ def test_openhands_runs_headless_with_its_llm_settings_from_the_environment():
     assert KEY not in json.dumps([out.command, out.env]) + b"".join(out.files.values()).decode()
 
 
-def test_an_image_that_ships_it_runs_openhands_from_path_and_config_args_are_appended():
+def test_in_its_image_openhands_runs_from_opt_and_config_args_are_appended():
+    # the docker provider names no installation (home ""): arena/openhands holds it in /opt/openhands
     argv = spec_of(launch(with_home(""), args=["--exit-without-confirmation"]))[0]
-    assert argv == ["openhands", "--headless", "--json", "--override-with-envs", "--exit-without-confirmation"]
+    assert argv == ["/opt/openhands/bin/python", "-I", "/opt/openhands/bin/openhands", "--headless", "--json",
+                    "--override-with-envs", "--exit-without-confirmation"]
     for bad in ({"args": "-x"}, {"args": [1]}, {"max_turns": 3}):
         with pytest.raises(ValueError, match="openhands"):
             launch(**bad)

@@ -19,6 +19,9 @@ NAME = "openhands"
 REQUIREMENTS = ("openhands==1.16.0",)
 #: The CLI requires Python 3.12 (``Requires-Python: ==3.12.*``).
 PYTHON = "3.12"
+#: Where its image (``arena/openhands``, deploy/images) holds that directory: used when the provider
+#: names no installation (``Context.home`` empty: the docker provider).
+IMAGE_HOME = "/opt/openhands"
 WRAPPER = f"{SCAFFOLD_DIR}/openhands.py"
 PROMPT = f"{SCAFFOLD_DIR}/openhands-task.txt"
 #: OpenHands' own state (conversations, caches): somewhere the sandbox user may write.
@@ -121,14 +124,10 @@ def _args(config: dict[str, Any]) -> list[str]:
 def command(scaffold: ScaffoldSpec, context: Context) -> list[str]:
     """The ``openhands`` command line, without the task (the wrapper adds ``-t``/``-f``)."""
     args = _args(scaffold.config)
-    if context.home:
-        # Its own interpreter with -I: the sandbox's PYTHONPYCACHEPREFIX (kept for the commands it
-        # runs, so their bytecode stays out of the workspace) would recompile all of OpenHands.
-        home = context.home.rstrip("/")
-        prefix = [f"{home}/bin/python", "-I", f"{home}/bin/openhands"]
-    else:
-        prefix = ["openhands"]  # an image that ships it
-    return [*prefix, "--headless", "--json", "--override-with-envs", *args]
+    # Its own interpreter with -I: the sandbox's PYTHONPYCACHEPREFIX (kept for the commands it
+    # runs, so their bytecode stays out of the workspace) would recompile all of OpenHands.
+    home = (context.home or IMAGE_HOME).rstrip("/")
+    return [f"{home}/bin/python", "-I", f"{home}/bin/openhands", "--headless", "--json", "--override-with-envs", *args]
 
 
 def env(scaffold: ScaffoldSpec, context: Context) -> dict[str, str]:

@@ -1,0 +1,106 @@
+"""OpenHands, unmodified (the V1 CLI, PyPI ``openhands``, in ``arena/openhands``), in a docker sandbox
+(Podman) through the real stack: the same scripted plays as the local provider's test
+(tests/e2e/test_agent_openhands.py, imported), here with OpenHands from the image's ``/opt/openhands``
+(its virtualenv on its own Python 3.12; the preset's ``Context.home`` is empty), its terminal in the
+image's tmux, and the verifier in the same image.
+
+Needs the image (``make images``) and a Docker-API engine (the ``docker_url`` fixture); skipped
+without them. ``make test-agents`` builds the images and runs this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import docker
+import msgspec
+import pytest
+
+from arena.sdk import ArenaClient
+from arena.tasks import load_task
+from arena_core.schemas import SamplingParams
+from arena_core.settings import Settings
+from arena_stack.natsserver import free_port
+from arena_stack.stack import Stack
+from tests.e2e.test_agent_openhands import (PLAYS, QUICKSTART, TOOLS, TURNS, artifact, check_steps, observations,
+                                            openhands_task)
+
+IMAGE = "arena/openhands:latest"
+
+pytestmark = [pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def engine(docker_url):
+    client = docker.DockerClient(base_url=docker_url)
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"no {IMAGE} on the engine: build it with `make images`")
+    finally:
+        client.close()
+    return docker_url
+
+
+@pytest.fixture(scope="module")
+def stack(engine, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("arena-openhands-image")
+    owner = f"oh-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        allow_host_paths=True,  # the task's repository is a path on this machine
+        nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir),
+        rollout_port=(rp := free_port()), trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
+        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
+        sandbox_provider="docker", docker_url=engine, sandbox_owner=owner, sandbox_concurrency=2,
+        verify_concurrency=2,
+    )
+    stack = Stack(settings, llm_script=PLAYS, nats_sync="1s", log=lambda m: None)
+    asyncio.run(stack.start(timeout=120))
+    try:
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    finally:
+        stack.stop()
+    client = docker.DockerClient(base_url=engine)
+    try:
+        assert not client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})
+    finally:
+        client.close()
+
+
+def test_openhands_in_its_image_solves_the_quickstart_task_and_a_wrong_play_scores_zero(stack):
+    stack_, client = stack
+    task = msgspec.structs.replace(openhands_task(load_task(QUICKSTART)), image=IMAGE)
+    started = time.monotonic()
+    # seed 1 draws the right play, seed 0 the wrong one
+    rids = [client.submit(task, sampling=SamplingParams(seed=seed), provider="docker").rollout_id for seed in (1, 0)]
+    views = [client.wait(rid, timeout=600) for rid in rids]
+    elapsed = time.monotonic() - started
+    assert [v.state.value for v in views] == ["completed", "completed"], [(v.state, v.reason) for v in views]
+    assert [v.reward for v in views] == [1.0, 0.0]
+    assert [v.steps for v in views] == [TURNS, TURNS]
+    print(f"\ntwo quickstart rollouts with OpenHands in {IMAGE} (concurrently): {elapsed:.1f} s")
+
+    for view, expected in zip(views, ("(ordered[mid - 1] + ordered[mid]) / 2", "(ordered[mid - 1] + ordered[mid]) // 2"),
+                              strict=True):
+        traj = client.wait_trajectory(view.rollout_id, timeout=60)
+        assert traj.sandbox.provider == "docker" and traj.sandbox.outcome.value == "completed"
+        check_steps(traj, TURNS)  # one training sequence
+        seq = traj.sequences[0]
+        print(f"{view.rollout_id}: reward {view.reward}, {len(traj.steps)} steps, one sequence of "
+              f"{len(seq.token_ids)} tokens, loss mask {sum(seq.loss_mask)}")
+        assert f"+    return {expected}" in traj.sandbox.diff
+        assert [c.name for s in traj.steps for c in s.tool_calls] == TOOLS
+        result = traj.sandbox.result
+        assert result["execution_status"] == "finished" and result["exit_code"] == 0 and result["errors"] == []
+        # OpenHands ran its tools in the container: their outputs are in its own record
+        conversation = json.loads(artifact(stack_, traj, "openhands.conversation.json"))
+        assert conversation["base_state"]["execution_status"] == "finished"
+        outputs = observations(conversation)
+        assert "return (ordered[mid] + ordered[mid + 1]) / 2" in outputs[0]  # the view, before the edit
+        assert "has been edited" in outputs[1]
+        assert ("7 passed" if view.reward == 1.0 else "failed") in outputs[2], outputs[2][-3000:]  # pytest, in tmux
+        # the second call carried the view's output back to the model
+        assert "return (ordered[mid] + ordered[mid + 1]) / 2" in json.dumps(traj.steps[1].request_messages)
