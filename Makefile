@@ -25,9 +25,15 @@ demo: venv
 demo-rl: venv
 	$(PY) examples/grpo-loop/run.py
 
-## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes)
+## the scaffolds' end-to-end tests that need images or Python 3.12 virtualenvs: `make test-agents`
+AGENT_TESTS := tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py \
+	tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
+	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
+
+## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
+## mini-swe-agent end to end on the local provider; the other scaffolds' end-to-end tests are `make test-agents`
 test: venv scaffolds-venv
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS))
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv
@@ -50,8 +56,7 @@ images:
 ## the scaffolds in their images through the real stack (docker provider on Podman, scripted LLM), and
 ## OpenHands and Terminus-2 on the local provider too (their Python 3.12 virtualenvs)
 test-agents: venv images
-	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
-		tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
+	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs $(AGENT_TESTS)
 
 ## regenerate proto/ from the msgspec schemas
 proto: venv
