@@ -31,8 +31,9 @@ AGENT_TESTS := tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode
 	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
-## mini-swe-agent end to end on the local provider; the other scaffolds' end-to-end tests are `make test-agents`
-test: venv scaffolds-venv
+## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
+## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
+test: venv
 	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS))
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)

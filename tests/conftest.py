@@ -75,3 +75,47 @@ def docker_url(tmp_path_factory):
     finally:
         if pidfile.exists():
             subprocess.run([str(script), "stop", str(pidfile)], check=False)
+
+
+# --------------------------------------------------------------------------- scaffolds
+
+_SCAFFOLD_BUILDS: list = []
+
+
+def pytest_collection_finish(session):
+    """mini-swe-agent's virtualenv (about 90 s on a fresh machine) builds in the background
+    while the tests before its end-to-end tests run; those wait for it (``install.ensure``
+    takes the same lock) and use it as built."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from arena_core.scaffolds import install
+
+    if not any("test_agent_mini_swe_agent" in item.nodeid for item in session.items):
+        return
+    base = Path(__file__).resolve().parents[1] / ".arena" / "scaffolds"
+    if install.installed("mini-swe-agent", base):
+        return
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base.parent / "scaffolds-build.log", "wb") as log:  # its own session: pip is stopped with it
+        _SCAFFOLD_BUILDS.append(subprocess.Popen(
+            [sys.executable, "-m", "arena_core.scaffolds.install", "mini-swe-agent", "--dir", str(base)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A build still running when the session ends (its tests deselected or failed early) is
+    stopped by its PID; the half-built virtualenv is rebuilt next time."""
+    import os
+    import signal
+    import subprocess
+
+    for proc in _SCAFFOLD_BUILDS:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the builder and its pip, by the group of its PID
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

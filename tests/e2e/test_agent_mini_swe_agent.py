@@ -190,3 +190,19 @@ def test_mini_swe_agent_in_text_mode_solves_a_swebench_task(stack, tmp_path):
     assert '+    word = re.sub(r"_id$", "", word)' in traj.sandbox.diff
     assert traj.verification.counts.f2p_failed == 0
     assert "User identity" in json.dumps(traj.steps[2].request_messages)  # the command's output, back to the model
+
+
+def test_an_exhausted_turn_budget_ends_mini_at_once_without_retries(stack):
+    """mini retries every error but a few (10 times, waiting 4-60 s between): the proxy's final
+    refusal is a 403, which it does not retry, so a rollout over its turn budget ends at once."""
+    _, client = stack
+    task = mini_task(load_task(QUICKSTART))
+    task = msgspec.structs.replace(task, budget=Budget(max_turns=2, wall_clock_s=300))
+    started = time.monotonic()
+    view = client.wait(client.submit(task, sampling=SamplingParams(seed=1)).rollout_id, timeout=600)
+    elapsed = time.monotonic() - started
+    assert view.state.value == "budget_exhausted", (view.state, view.reason)
+    assert view.steps == 2 and "turn budget exhausted: 2 of 2" in view.reason
+    assert elapsed < 60, f"mini took {elapsed:.1f} s to stop: it retried the refusal"
+    traj = client.wait_trajectory(view.rollout_id, timeout=60)
+    assert traj.reward == 0.0 and not traj.infrastructure and len(traj.steps) == 2
