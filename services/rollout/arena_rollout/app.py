@@ -419,7 +419,12 @@ class RolloutApp:
         except ArenaError as exc:
             status, data, extra = errors.of(exc, flavor, request_id)
             delivery = None
-        await _send_whole(send, status, data, extra or _request_headers(request_id))
+        try:
+            await _send_whole(send, status, data, extra or _request_headers(request_id))
+        except BaseException:
+            if delivery is not None:
+                delivery.settle(False)
+            raise
         if delivery is not None:
             delivery.settle(True)
 
@@ -451,6 +456,12 @@ class RolloutApp:
             rid = errors.request_id()
             result = 500, errors.body(flavor, 500, "internal", f"internal error: {type(exc).__name__}"), \
                 errors.headers(rid, retry=True), None
+        except BaseException:  # cancelled (the server is stopping): nobody will get this answer
+            delivery.settle(False)
+            if orphan:
+                orphan[0].answer.cancel()
+            watch.cancel()
+            raise
         finally:
             answered = True
         if orphan:
@@ -470,6 +481,8 @@ class RolloutApp:
         finally:
             if not watch.done():
                 watch.cancel()
+        if orphan.answer.cancelled():
+            return  # the call it retried was cancelled: the client gets no answer, as from a stopping server
         if not orphan.answer.done() or (watch.done() and not watch.cancelled()):
             orphans.put_back(key, orphan)  # this client left too
             return

@@ -583,7 +583,11 @@ class ProxyHandler:
             self._remember(call.rollout_id, cap.tool_calls)
         abandoned = call.abandoned
         if call.delivery is not None and not abandoned:
-            abandoned = not await call.delivery.delivered()
+            try:  # settled by the server at once, or within the retry window for an orphan
+                abandoned = not await asyncio.wait_for(call.delivery.delivered(), self.orphans.window_s + 10.0)
+            except TimeoutError:  # never settled (a bug): record the step as delivered rather than wait on
+                log.warning("rollout %s: no word on whether an answer reached the agent; recorded as delivered",
+                            call.rollout_id, extra={"rollout_id": call.rollout_id})
         try:
             await self._record(call, up, cap, first_token_ms=first_ms or total_ms, total_ms=total_ms,
                                incomplete=error is not None, error=error, abandoned=abandoned)
