@@ -183,7 +183,8 @@ def main() -> None:
                         rollout_port=(rp := free_port()), trajectory_port=free_port(),
                         public_url=f"http://127.0.0.1:{rp}", backend_url=f"http://127.0.0.1:{free_port()}/v1",
                         backend_policy_version="0", allow_host_paths=True,
-                        docker_url=args.docker_url or "")
+                        docker_url=args.docker_url or "",
+                        sandbox_provider="local,docker" if args.docker_url else "local")  # a consumer each
     os.environ["ARENA_SCAFFOLDS_DIR"] = str(SCAFFOLDS_DIR)
     stack = Stack(settings, llm_script=tmp / "script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
