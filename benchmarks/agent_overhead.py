@@ -120,8 +120,10 @@ SCAFFOLDS = {  # name -> (play marker, provider, what it needs)
 }
 
 
-def task_for(name: str, marker: str, agent_dir: Path) -> Task:
+def task_for(name: str, marker: str, agent_dir: Path, image: str | None = None) -> Task:
     task = load_task(QUICKSTART)
+    if image is not None:  # the docker provider runs the agent in the scaffold's image
+        task = msgspec.structs.replace(task, image=image)
     if name == "baseline":
         agent = AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(agent_dir))
     else:
@@ -201,7 +203,8 @@ def main() -> None:
                 continue
             runs = []
             for _ in range(args.rollouts):
-                rid = client.submit(task_for(name, marker, agent_dir), provider=provider).rollout_id
+                image = need if provider == "docker" else None
+                rid = client.submit(task_for(name, marker, agent_dir, image), provider=provider).rollout_id
                 view = client.wait(rid, timeout=600)
                 if view.state is not RolloutState.COMPLETED or view.reward != 1.0:
                     skipped[name] = f"rollout {rid} ended {view.state.value} (reward {view.reward}): {view.reason}"
