@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from pathlib import Path
 
 import docker
@@ -28,9 +27,9 @@ from arena.tasks import load_task
 from arena_core.bus import Bus
 from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, PathSource, SamplingParams, ScaffoldSpec,
                                 SubmitGroupRequest, Task, Trajectory)
-from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
+
+from tests.e2e.scaffold_stacks import docker_stack, require_image
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -88,14 +87,7 @@ TURNS = 3
 
 @pytest.fixture(scope="module")
 def engine(docker_url):
-    client = docker.DockerClient(base_url=docker_url)
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"no {IMAGE} on the engine: build it with `make images`")
-    finally:
-        client.close()
-    return docker_url
+    return require_image(docker_url, IMAGE)
 
 
 @pytest.fixture(scope="module")
@@ -103,26 +95,8 @@ def stack(engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-opencode")
     script = data_dir / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    owner = f"oc-{uuid.uuid4().hex[:8]}"
-    settings = Settings(
-        allow_host_paths=True,  # the task's repository is a path on this machine
-        nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir),
-        rollout_port=(rp := free_port()), trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
-        sandbox_provider="docker", docker_url=engine, sandbox_owner=owner, sandbox_concurrency=2,
-        verify_concurrency=2,
-    )
-    stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)
-    asyncio.run(stack.start(timeout=120))
-    try:
+    with docker_stack(engine, data_dir, script, "oc") as (stack, settings):
         yield stack, settings
-    finally:
-        stack.stop()
-    client = docker.DockerClient(base_url=engine)
-    try:
-        assert not client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})
-    finally:
-        client.close()
 
 
 def opencode_task(task: Task | None = None) -> Task:

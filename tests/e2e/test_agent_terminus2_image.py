@@ -10,10 +10,8 @@ without them. ``make test-agents`` builds the images and runs this file.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import uuid
 
 import docker
 import msgspec
@@ -22,9 +20,8 @@ import pytest
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
 from arena_core.schemas import SamplingParams
-from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
-from arena_stack.stack import Stack
+
+from tests.e2e.scaffold_stacks import docker_stack, require_image
 from tests.e2e.test_agent_terminus2 import QUICKSTART, TURNS, artifact, check_steps, script, terminus_task
 
 IMAGE = "arena/terminus-2:latest"
@@ -34,39 +31,14 @@ pytestmark = [pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def engine(docker_url):
-    client = docker.DockerClient(base_url=docker_url)
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"no {IMAGE} on the engine: build it with `make images`")
-    finally:
-        client.close()
-    return docker_url
+    return require_image(docker_url, IMAGE)
 
 
 @pytest.fixture(scope="module")
 def stack(engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-terminus2-image")
-    owner = f"t2-{uuid.uuid4().hex[:8]}"
-    settings = Settings(
-        allow_host_paths=True,  # the task's repository is a path on this machine
-        nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir),
-        rollout_port=(rp := free_port()), trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
-        sandbox_provider="docker", docker_url=engine, sandbox_owner=owner, sandbox_concurrency=2,
-        verify_concurrency=2,
-    )
-    stack = Stack(settings, llm_script=script(data_dir), nats_sync="1s", log=lambda m: None)
-    asyncio.run(stack.start(timeout=120))
-    try:
+    with docker_stack(engine, data_dir, script(data_dir), "t2") as (stack, settings):
         yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
-    finally:
-        stack.stop()
-    client = docker.DockerClient(base_url=engine)
-    try:
-        assert not client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})
-    finally:
-        client.close()
 
 
 def test_terminus2_in_its_image_solves_the_quickstart_task_and_a_wrong_play_scores_zero(stack):
