@@ -6,6 +6,9 @@ vLLM-shaped) behind both:
 - direct: client -> backend (the baseline)
 - arena: client -> rollout service proxy (``python -m arena_rollout``, NATS JetStream,
   every call captured as a Step and published) -> backend
+- floor-uvicorn, floor-aiohttp: client -> a bare pass-through proxy from the libraries
+  Arena's proxy uses (``passthrough_proxy.py``: aiohttp's client behind uvicorn or
+  aiohttp.web; no key, budget or capture) -> backend: what the libraries alone cost
 - litellm: client -> ``litellm --config`` (``litellm[proxy]`` from PyPI, installed by
   this script into its own venv, ``.arena/bench-litellm``) -> backend
 
@@ -221,6 +224,18 @@ def start_litellm(tmp: Path, backend_url: str) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
 
 
+#: the floors measured: a bare pass-through on each server (``passthrough_proxy.py``)
+FLOORS = ("uvicorn", "aiohttp")
+
+
+def start_floor(server: str, backend_url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "passthrough_proxy.py"), server, str(port),
+                             backend_url], stdout=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc, 30)
+    return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
 def stop(proc) -> None:
     if hasattr(proc, "stop"):
         proc.stop()
@@ -269,6 +284,13 @@ def main() -> None:
         for stream in (False, True):
             rps, _, _ = asyncio.run(throughput(direct_url, {}, stream, args.seconds, args.concurrency, []))
             results["direct/" + ("stream" if stream else "whole")] = {"rps": rps}
+        # the floor: a bare pass-through from the same libraries (no key, budget or capture)
+        for server in FLOORS:
+            floor_proc, floor_url = start_floor(server, backend_url)
+            procs.append(floor_proc)
+            measure(f"floor-{server}", floor_url, {}, [floor_proc.pid])
+            stop(floor_proc)
+            procs.remove(floor_proc)
         # one proxy at a time, so neither's background work (LiteLLM's logging and spend
         # tracking, Arena's step recording) lands on the other's measurement
         arena_procs, arena_url, arena_headers = start_arena(tmp, backend_url)
@@ -292,16 +314,16 @@ def main() -> None:
     print(f"backend fixed latency {args.latency_ms:g} ms; {args.requests} sequential calls for latency; "
           f"{args.seconds:g} s at concurrency {args.concurrency} for throughput; {os.cpu_count()} cores (shared); "
           f"load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"{'mode':7s} {'proxy':8s} {'added p50 ms':>13s} {'added p99 ms':>13s} {'max rps':>9s} "
+    print(f"{'mode':7s} {'proxy':13s} {'added p50 ms':>13s} {'added p99 ms':>13s} {'max rps':>9s} "
           f"{'rps/core':>9s} {'errors':>7s}")
     for mode in ("whole", "stream"):
-        print(f"{mode:7s} {'direct':8s} {'':>13s} {'':>13s} {results[f'direct/{mode}']['rps']:9.1f}")
-        for name in ("arena", "litellm"):
+        print(f"{mode:7s} {'direct':13s} {'':>13s} {'':>13s} {results[f'direct/{mode}']['rps']:9.1f}")
+        for name in ("arena", *(f"floor-{f}" for f in FLOORS), "litellm"):
             r = results.get(f"{name}/{mode}")
             if r is None:
                 continue
             per_core = f"{r['per_core']:9.1f}" if r["per_core"] else f"{'n/a':>9s}"
-            print(f"{mode:7s} {name:8s} {r['p50'] - r['base_p50']:13.2f} {r['p99'] - r['base_p99']:13.2f} "
+            print(f"{mode:7s} {name:13s} {r['p50'] - r['base_p50']:13.2f} {r['p99'] - r['base_p99']:13.2f} "
                   f"{r['rps']:9.1f} {per_core} {r['errors']:7d}")
         a, l = results.get(f"arena/{mode}"), results.get(f"litellm/{mode}")
         if a and l:
@@ -309,6 +331,11 @@ def main() -> None:
             print(f"{mode:7s} ratio    arena/litellm added p50 {added_a / added_l if added_l > 0 else float('nan'):.2f}"
                   f"; rps x{a['rps'] / l['rps']:.2f}"
                   + (f"; rps/core x{a['per_core'] / l['per_core']:.2f}" if a["per_core"] and l["per_core"] else ""))
+    for mode in ("whole", "stream"):
+        a, f = results.get(f"arena/{mode}"), results.get(f"floor-uvicorn/{mode}")
+        if a and f:
+            print(f"{mode:7s} arena over its libraries' bare pass-through (uvicorn + aiohttp): "
+                  f"{(a['p50'] - a['base_p50']) - (f['p50'] - f['base_p50']):+.2f} ms p50")
     if litellm_error:
         print(f"litellm could not be run: {litellm_error} (log: {tmp / 'litellm.log'})")
     shutil.rmtree(tmp, ignore_errors=True) if not litellm_error else None
