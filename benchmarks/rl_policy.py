@@ -17,6 +17,7 @@ import torch
 from arena_core.grpo import group_advantages
 from arena_rl.generate import GenRequest
 from arena_rl.model import new_policy
+from arena_rl.openai_api import CharEngine
 from arena_rl.policy_server import Policy, PolicyServer
 from arena_rl.tasks import ALPHABET, majority, majority_family
 from arena_rl.tokenizer import CharTokenizer
@@ -41,7 +42,7 @@ async def bench_server(tok: CharTokenizer) -> None:
     reqs = [GenRequest(prompt_ids=prompt, max_tokens=4, seed=i) for i in range(256)]
     print(f"{'policy server (in-process)':<34} {'concurrency':>11} {'req/s':>8}")
     for max_batch in (1, 32):
-        server = PolicyServer(Policy(model, tok, 0), max_batch=max_batch, batch_wait_ms=2)
+        server = PolicyServer(Policy(CharEngine(model, tok), 0), max_batch=max_batch, batch_wait_ms=2)
         await server.start()
         for conc in (1, 8, 32):
             rate = await serve_rate(server, reqs, conc)

@@ -34,14 +34,15 @@ class GenResult:
     finish_reason: str = "length"
 
 
-def _filter(logits: torch.Tensor, req: GenRequest) -> torch.Tensor:
-    if req.top_k and req.top_k < logits.numel():
-        kth = torch.topk(logits, req.top_k).values[-1]
+def top_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``logits`` (1-D) with the tokens outside top-k and top-p set to -inf."""
+    if top_k and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if req.top_p < 1.0:
+    if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, -1) >= req.top_p  # keep the token that crosses top_p
+        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep the token that crosses top_p
         logits = logits.clone()
         logits[order[drop]] = float("-inf")
     return logits
@@ -83,7 +84,7 @@ def generate(model: PolicyModel, requests: list[GenRequest]) -> list[GenResult]:
             if req.temperature == 0:
                 tok = int(torch.argmax(logits[i]))
             else:
-                probs = torch.softmax(_filter(logits[i] / req.temperature, req), -1)
+                probs = torch.softmax(top_filter(logits[i] / req.temperature, req.top_k, req.top_p), -1)
                 tok = int(torch.multinomial(probs, 1, generator=gens[i]))
             res = results[i]
             res.token_ids.append(tok)

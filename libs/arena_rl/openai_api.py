@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from arena_rl.generate import GenRequest, GenResult
+import msgspec
+
+from arena_rl.generate import GenRequest, GenResult, generate
 from arena_rl.model import PolicyModel
 from arena_rl.tokenizer import EOS, CharTokenizer
 
@@ -22,12 +25,53 @@ class BadRequest(ValueError):
     """The request is invalid; answered with a 400 and this message."""
 
 
+class Engine(Protocol):
+    """What the policy server samples from: a model with its tokenizer and chat template."""
+
+    vocab_size: int
+    max_len: int
+
+    def generate(self, requests: list[GenRequest],
+                 on_token: Callable[[int, int, float, list], None] | None = None) -> list[GenResult]: ...
+    def render_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]: ...
+    def render_prompt(self, prompt: str) -> list[int]: ...
+    def text(self, ids: list[int]) -> str: ...
+    def token_str(self, token_id: int) -> str: ...
+
+
+class CharEngine:
+    """The demo's character-level policy as an :class:`Engine`."""
+
+    def __init__(self, model: PolicyModel, tokenizer: CharTokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.vocab_size, self.max_len = tokenizer.vocab_size, model.cfg.max_len
+
+    def generate(self, requests, on_token=None):
+        results = generate(self.model, requests)
+        if on_token is not None:  # sampled as a whole: handed over token by token after
+            for i, result in enumerate(results):
+                for j, (tok, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
+                    on_token(i, tok, lp, result.top_logprobs[j] if result.top_logprobs else [])
+        return results
+
+    def render_chat(self, messages, tools=None):
+        return self.tokenizer.render_chat(messages)
+
+    def render_prompt(self, prompt):
+        return self.tokenizer.render_prompt(prompt)
+
+    def text(self, ids):
+        return self.tokenizer.decode([t for t in ids if t != EOS])
+
+    def token_str(self, token_id):
+        return self.tokenizer.token_str(token_id)
+
+
 @dataclass(frozen=True)
 class Policy:
-    """One immutable (model, tokenizer, version): swapped as a whole."""
+    """One (engine, version): swapped as a whole."""
 
-    model: PolicyModel
-    tokenizer: CharTokenizer
+    engine: Engine
     version: int
 
 
@@ -44,8 +88,6 @@ def _num(body: dict, name: str, kind: type, default: Any) -> Any:
 
 
 def gen_request(body: dict, prompt_ids: list[int]) -> GenRequest:
-    if body.get("stream"):
-        raise BadRequest("streaming is not supported by the Arena policy server; send stream=false")
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported")
     if body.get("stop"):
@@ -62,45 +104,38 @@ def gen_request(body: dict, prompt_ids: list[int]) -> GenRequest:
                       top_k=max(top_k, 0), seed=_num(body, "seed", int, None), top_logprobs=max(top_logprobs, 0))
 
 
-def chat_prompt(tokenizer: CharTokenizer, body: dict) -> list[int]:
+def chat_prompt(engine: Engine, body: dict) -> list[int]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest("'messages' must be a non-empty list of objects")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
     try:
-        return tokenizer.render_chat(messages)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        return engine.render_chat(messages, tools)
+    except Exception as exc:  # noqa: BLE001 - a chat template raises template errors of its own kinds
+        raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
 
 
-def completion_prompt(tokenizer: CharTokenizer, body: dict) -> list[int]:
+def completion_prompt(engine: Engine, body: dict) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return tokenizer.render_prompt(prompt)
+        return engine.render_prompt(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-        if any(not 0 <= i < tokenizer.vocab_size for i in prompt):
-            raise BadRequest(f"prompt token ids must be in [0, {tokenizer.vocab_size})")
+        if any(not 0 <= i < engine.vocab_size for i in prompt):
+            raise BadRequest(f"prompt token ids must be in [0, {engine.vocab_size})")
         return list(prompt)
     raise BadRequest("'prompt' must be a string or a non-empty list of token ids (batches are not supported)")
 
 
-def _text(tokenizer: CharTokenizer, result: GenResult) -> str:
-    return tokenizer.decode([t for t in result.token_ids if t != EOS])
-
-
 def chat_response(body: dict, prompt_ids: list[int], result: GenResult, policy: Policy, model: str) -> dict:
-    tok = policy.tokenizer
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": _text(tok, result)},
+    eng = policy.engine
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": eng.text(result.token_ids)},
                               "finish_reason": result.finish_reason, "logprobs": None}
     if body.get("logprobs"):
-        content = []
-        for i, (tid, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
-            s = tok.token_str(tid)
-            top = [{"token": tok.token_str(t), "logprob": v, "bytes": list(tok.token_str(t).encode())}
-                   for t, v in (result.top_logprobs[i] if result.top_logprobs else [])]
-            content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": top})
-        choice["logprobs"] = {"content": content}
+        choice["logprobs"] = {"content": chat_logprobs(eng, result.token_ids, result.logprobs, result.top_logprobs)}
     if body.get("return_token_ids"):
         choice["token_ids"] = list(result.token_ids)
     out = _envelope("chat.completion", policy, model, prompt_ids, result)
@@ -111,8 +146,8 @@ def chat_response(body: dict, prompt_ids: list[int], result: GenResult, policy: 
 
 
 def completion_response(body: dict, prompt_ids: list[int], result: GenResult, policy: Policy, model: str) -> dict:
-    tok = policy.tokenizer
-    choice: dict[str, Any] = {"index": 0, "text": _text(tok, result), "finish_reason": result.finish_reason,
+    tok = policy.engine
+    choice: dict[str, Any] = {"index": 0, "text": tok.text(result.token_ids), "finish_reason": result.finish_reason,
                               "logprobs": None}
     if body.get("logprobs") is not None and body.get("logprobs") is not False:
         tokens = [tok.token_str(t) for t in result.token_ids]
@@ -132,6 +167,18 @@ def completion_response(body: dict, prompt_ids: list[int], result: GenResult, po
     return out
 
 
+def chat_logprobs(engine: Engine, ids: list[int], logprobs: list[float],
+                  top: list[list[tuple[int, float]]]) -> list[dict[str, Any]]:
+    """OpenAI's ``choices[].logprobs.content`` entries for ``ids``."""
+    content = []
+    for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
+        s = engine.token_str(tid)
+        alts = [{"token": engine.token_str(t), "logprob": v, "bytes": list(engine.token_str(t).encode())}
+                for t, v in (top[i] if i < len(top) else [])]
+        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": alts})
+    return content
+
+
 def _envelope(kind: str, policy: Policy, model: str, prompt_ids: list[int], result: GenResult) -> dict:
     return {
         "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24],
@@ -143,3 +190,76 @@ def _envelope(kind: str, policy: Policy, model: str, prompt_ids: list[int], resu
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
                   "total_tokens": len(prompt_ids) + len(result.token_ids)},
     }
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+class StreamShaper:
+    """Server-sent events of one streamed answer, vLLM-shaped: a first chunk (the role, and
+    ``prompt_token_ids`` when asked), one chunk per token (its text delta, ``token_ids`` and
+    logprobs when asked), the finish chunk, a usage chunk when ``stream_options.include_usage``,
+    then ``[DONE]``."""
+
+    def __init__(self, kind: str, body: dict, policy: Policy, model: str, prompt_ids: list[int]):
+        self.chat = kind == "chat"
+        self.body, self.policy, self.model, self.prompt_ids = body, policy, model, prompt_ids
+        self.ids: list[int] = []
+        self.sent = ""  # the text already sent
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.want_ids = bool(body.get("return_token_ids"))
+        logprobs = body.get("logprobs")
+        self.want_logprobs = bool(logprobs) if self.chat else logprobs is not None and logprobs is not False
+
+    def _event(self, choices: list[dict], **extra: Any) -> bytes:
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                 "created": self.created, "model": self.model,
+                 "system_fingerprint": f"arena-policy-v{self.policy.version}",
+                 "policy_version": str(self.policy.version), "choices": choices, **extra}
+        return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
+    def first(self) -> bytes | None:
+        if self.chat:
+            extra = {"prompt_token_ids": self.prompt_ids} if self.want_ids else {}
+            return self._event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}], **extra)
+        return None  # completions: the prompt's ids go with the first token's chunk
+
+    def token(self, tok: int, lp: float, top: list) -> bytes:
+        self.ids.append(tok)
+        text = self.policy.engine.text(self.ids)
+        delta = ""
+        if not text.endswith("\ufffd") and text.startswith(self.sent):  # hold back a partial character
+            delta, self.sent = text[len(self.sent):], text
+        engine = self.policy.engine
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": delta}, "finish_reason": None,
+                                      "logprobs": {"content": chat_logprobs(engine, [tok], [lp], [top])}
+                                      if self.want_logprobs else None}
+        else:
+            choice = {"index": 0, "text": delta, "finish_reason": None, "logprobs": {
+                "tokens": [engine.token_str(tok)], "token_logprobs": [lp], "text_offset": [len(self.sent) - len(delta)],
+                "top_logprobs": [{engine.token_str(t): v for t, v in top}] if top else None,
+            } if self.want_logprobs else None}
+            if self.want_ids and len(self.ids) == 1:
+                choice["prompt_token_ids"] = self.prompt_ids
+        if self.want_ids:
+            choice["token_ids"] = [tok]
+        return self._event([choice])
+
+    def end(self, result: GenResult) -> list[bytes]:
+        text = self.policy.engine.text(result.token_ids)
+        rest = text[len(self.sent):] if text.startswith(self.sent) else ""
+        if self.chat:
+            final = {"index": 0, "delta": {"content": rest} if rest else {}, "logprobs": None,
+                     "finish_reason": result.finish_reason}
+        else:
+            final = {"index": 0, "text": rest, "logprobs": None, "finish_reason": result.finish_reason}
+        events = [self._event([final])]
+        if (self.body.get("stream_options") or {}).get("include_usage"):
+            n = len(result.token_ids)
+            events.append(self._event([], usage={"prompt_tokens": len(self.prompt_ids), "completion_tokens": n,
+                                                 "total_tokens": len(self.prompt_ids) + n}))
+        events.append(b"data: [DONE]\n\n")
+        return events

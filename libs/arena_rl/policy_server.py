@@ -15,13 +15,15 @@ from dataclasses import dataclass
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
-from arena_rl.generate import GenRequest, GenResult, generate
+from arena_rl.generate import GenRequest, GenResult
 from arena_rl.model import from_blob, load_checkpoint, new_policy
 from arena_rl.openai_api import (
     BadRequest,
+    CharEngine,
     Policy,
+    StreamShaper,
     chat_prompt,
     chat_response,
     completion_prompt,
@@ -39,6 +41,8 @@ VERSION_HEADER = "X-Arena-Policy-Version"
 class _Pending:
     request: GenRequest
     future: asyncio.Future
+    #: a stream's events: ("token", policy, id, logprob, top) as each is sampled, then ("end",)
+    events: asyncio.Queue | None = None
 
 
 class PolicyServer:
@@ -55,6 +59,7 @@ class PolicyServer:
         self.on_swap: list = []  # async callables(version) run after every swap
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task | None = None
+        self._turn = asyncio.Lock()  # a batch or a weight update, never both at once
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -69,18 +74,35 @@ class PolicyServer:
                 pass
 
     async def submit(self, request: GenRequest) -> tuple[GenResult, Policy]:
+        return await self.enqueue(request)
+
+    def enqueue(self, request: GenRequest, events: asyncio.Queue | None = None) -> asyncio.Future:
+        """Queue ``request`` for the next batch; ``events`` gets its tokens as they are sampled."""
         if self._queue is None:
             raise RuntimeError("PolicyServer.start() was not awaited")
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(request, future))
-        return await future
+        self._queue.put_nowait(_Pending(request, future, events))
+        return future
 
-    async def swap(self, blob: bytes) -> int:
-        """Load a policy blob and make it current for every batch that starts from now on."""
-        model, tokenizer, version = await asyncio.to_thread(from_blob, blob)
-        if tokenizer != self.policy.tokenizer:
-            raise BadRequest("the pushed policy has a different tokenizer alphabet than the served one")
-        self.policy = Policy(model, tokenizer, version)  # one reference assignment: atomic
+    async def swap(self, blob: bytes, version: int | None = None) -> int:
+        """New weights for every batch that starts from now on: a whole character-level policy
+        (its blob carries its version), or a LoRA adapter for the served language model
+        (``version`` required, above the current one). Never during a batch."""
+        engine = self.policy.engine
+        if isinstance(engine, CharEngine):
+            model, tokenizer, version = await asyncio.to_thread(from_blob, blob)
+            if tokenizer != engine.tokenizer:
+                raise BadRequest("the pushed policy has a different tokenizer alphabet than the served one")
+            async with self._turn:
+                self.policy = Policy(CharEngine(model, tokenizer), version)
+        else:
+            if version is None:
+                raise BadRequest(f"a LoRA adapter needs its policy version in the {VERSION_HEADER} header")
+            if version <= self.policy.version:
+                raise BadRequest(f"policy version {version} is not newer than the served {self.policy.version}")
+            async with self._turn:
+                await asyncio.to_thread(engine.load_adapter, blob)
+                self.policy = Policy(engine, version)
         log.info("now serving policy version %d", version)
         for hook in self.on_swap:
             await hook(version)
@@ -99,28 +121,44 @@ class PolicyServer:
                     batch.append(await asyncio.wait_for(self._queue.get(), timeout))
                 except asyncio.TimeoutError:
                     break
-            policy = self.policy  # read once: the whole batch runs on one version
-            self.batches += 1
-            self.largest_batch = max(self.largest_batch, len(batch))
-            try:
-                results = await asyncio.to_thread(generate, policy.model, [p.request for p in batch])
-            except ValueError:
-                # one bad request must not fail its neighbours: run each alone to find it
-                for pending in batch:
-                    try:
-                        result = (await asyncio.to_thread(generate, policy.model, [pending.request]))[0]
-                        pending.future.set_result((result, policy))
-                    except ValueError as exc:
-                        pending.future.set_exception(BadRequest(str(exc)))
-                continue
-            except Exception as exc:  # noqa: BLE001 - surfaced to every waiting request
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                continue
-            for pending, result in zip(batch, results, strict=True):
-                if not pending.future.done():
+            async with self._turn:
+                await self._run(batch)
+            for pending in batch:
+                if pending.events is not None:
+                    pending.events.put_nowait(("end",))
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        policy = self.policy  # read once: the whole batch runs on one version
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        loop = asyncio.get_running_loop()
+
+        def dispatch(group: list[_Pending]):
+            def on_token(i: int, tok: int, lp: float, top: list) -> None:
+                if group[i].events is not None:
+                    loop.call_soon_threadsafe(group[i].events.put_nowait, ("token", policy, tok, lp, top))
+            return on_token
+
+        try:
+            results = await asyncio.to_thread(policy.engine.generate, [p.request for p in batch], dispatch(batch))
+        except ValueError:
+            # one bad request must not fail its neighbours: run each alone to find it
+            for pending in batch:
+                try:
+                    result = (await asyncio.to_thread(policy.engine.generate, [pending.request],
+                                                      dispatch([pending])))[0]
                     pending.future.set_result((result, policy))
+                except ValueError as exc:
+                    pending.future.set_exception(BadRequest(str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - surfaced to every waiting request
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.future.done():
+                pending.future.set_result((result, policy))
 
 
 # ----------------------------------------------------------------------------- HTTP
@@ -149,12 +187,43 @@ def create_app(server: PolicyServer) -> FastAPI:
     async def serve(request: Request, prompt_of, respond) -> Response:
         try:
             body = await body_of(request)
-            policy = server.policy
-            prompt_ids = prompt_of(policy.tokenizer, body)
-            result, used = await server.submit(gen_request(body, prompt_ids))
+            prompt_ids = prompt_of(server.policy.engine, body)
+            gen = gen_request(body, prompt_ids)
+            if body.get("stream"):
+                return await stream(body, prompt_ids, gen, "chat" if prompt_of is chat_prompt else "completion")
+            result, used = await server.submit(gen)
         except BadRequest as exc:
             return error(400, str(exc))
         return ok(respond(body, prompt_ids, result, used, str(body.get("model") or server.model_name)), used.version)
+
+    async def stream(body: dict, prompt_ids: list[int], gen: GenRequest, kind: str) -> Response:
+        """Answered once the first token is sampled (a request the model refuses is still a 400)."""
+        events: asyncio.Queue = asyncio.Queue()
+        future = server.enqueue(gen, events)
+        first = await events.get()
+        if first[0] == "end":
+            future.result()  # raises the request's error (BadRequest: a 400)
+            raise BadRequest("the model produced no token")
+        policy = first[1]
+        shaper = StreamShaper(kind, body, policy, str(body.get("model") or server.model_name), prompt_ids)
+
+        async def pieces():
+            head = shaper.first()
+            if head is not None:
+                yield head
+            item = first
+            while item[0] == "token":
+                yield shaper.token(item[2], item[3], item[4])
+                item = await events.get()
+            try:
+                result, _ = future.result()
+            except Exception as exc:  # noqa: BLE001 - the head is gone: the error goes as an event
+                yield b"data: " + msgspec.json.encode({"error": {"message": str(exc), "type": "server_error"}}) + b"\n\n"
+                return
+            for piece in shaper.end(result):
+                yield piece
+
+        return StreamingResponse(pieces(), media_type="text/event-stream", headers={VERSION_HEADER: str(policy.version)})
 
     @app.get("/health")
     async def health() -> dict:
@@ -180,19 +249,22 @@ def create_app(server: PolicyServer) -> FastAPI:
             body = await body_of(request)
             policy = server.policy  # one version for the whole answer
             if "messages" in body:
-                ids = chat_prompt(policy.tokenizer, body)
+                ids = chat_prompt(policy.engine, body)
             elif isinstance(body.get("prompt"), str):
-                ids = completion_prompt(policy.tokenizer, body)
+                ids = completion_prompt(policy.engine, body)
             else:
                 raise BadRequest("/tokenize takes 'messages' (a chat) or 'prompt' (a string)")
         except BadRequest as exc:
             return error(400, str(exc))
-        return ok({"count": len(ids), "max_model_len": policy.model.cfg.max_len, "tokens": ids}, policy.version)
+        return ok({"count": len(ids), "max_model_len": policy.engine.max_len, "tokens": ids}, policy.version)
 
     @app.post("/v1/weights")
     async def weights(request: Request) -> Response:
         try:
-            version = await server.swap(await request.body())
+            header = request.headers.get(VERSION_HEADER)
+            if header is not None and not header.isdigit():
+                raise BadRequest(f"{VERSION_HEADER} must be a non-negative integer")
+            version = await server.swap(await request.body(), int(header) if header is not None else None)
         except (ValueError, BadRequest) as exc:
             return error(400, str(exc), "invalid_weights")
         return ok({"policy_version": str(version)}, version)
@@ -255,6 +327,11 @@ class Registration:
 
 
 def load_policy(args: argparse.Namespace) -> Policy:
+    if args.engine == "smollm2":
+        from arena_rl.lm import LanguageModel, LoRASpec
+
+        lm = LanguageModel.load(lora=LoRASpec(r=args.lora_r, alpha=args.lora_alpha), max_len=args.lm_max_len)
+        return Policy(lm, 0)
     if args.checkpoint:
         model, tokenizer, version = load_checkpoint(args.checkpoint)
     else:
@@ -263,7 +340,7 @@ def load_policy(args: argparse.Namespace) -> Policy:
                            n_heads=args.n_heads, max_len=args.max_len)
         version = 0
     model.eval()
-    return Policy(model, tokenizer, version)
+    return Policy(CharEngine(model, tokenizer), version)
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -292,6 +369,11 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m arena_rl.policy_server", description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("char", "smollm2"), default="char",
+                        help="char: the demo's character-level policy; smollm2: SmolLM2-135M-Instruct with LoRA")
+    parser.add_argument("--lora-r", type=int, default=16, help="smollm2: the LoRA adapter's rank")
+    parser.add_argument("--lora-alpha", type=int, default=32)
+    parser.add_argument("--lm-max-len", type=int, default=2048, help="smollm2: the context served")
     parser.add_argument("--checkpoint", help="policy checkpoint (else a fresh policy from --init-seed)")
     parser.add_argument("--init-seed", type=int, default=0)
     parser.add_argument("--alphabet", default=DEFAULT_ALPHABET)

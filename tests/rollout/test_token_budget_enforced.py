@@ -178,15 +178,15 @@ async def test_calls_in_flight_at_once_never_overshoot_together(stack, tmp_path)
 
 async def test_the_policy_server_counts_its_prompts_for_the_budget(bus, tmp_path):
     pytest.importorskip("torch")
-    from arena_rl.openai_api import Policy
+    from arena_rl.openai_api import CharEngine, Policy
     from arena_rl.model import new_policy
     from arena_rl.policy_server import PolicyServer
     from arena_rl.policy_server import create_app as create_policy_app
     from arena_rl.tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer(alphabet="0123456789+=? ")
-    server = PolicyServer(Policy(new_policy(tokenizer, seed=0, d_model=16, n_layers=1, max_len=48).eval(),
-                                 tokenizer, 3), model_name="policy")
+    model = new_policy(tokenizer, seed=0, d_model=16, n_layers=1, max_len=48).eval()
+    server = PolicyServer(Policy(CharEngine(model, tokenizer), 3), model_name="policy")
     await server.start()
     stops: list = []
     http = httpx.AsyncClient(timeout=10)
