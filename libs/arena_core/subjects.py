@@ -122,6 +122,11 @@ def dead(stream: str) -> str:
     return f"arena.dead.{stream}"
 
 
+def trainer_metrics(run: str) -> str:
+    """A trainer's step metrics, live (core NATS, no stream: the trajectory service stores them)."""
+    return f"arena.trainer.metrics.{token(run)}"
+
+
 def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
     """The ``Nats-Msg-Id`` of a publish: ``{rollout_id}:{kind}:{seq}``."""
     return f"{rollout_id}:{kind}:{seq}"
@@ -151,6 +156,7 @@ def catalog() -> dict:
             "trajectory": "arena.trajectory.{task_id}.{rollout_id}",
             "group": "arena.group.{group_id}",
             "dead": "arena.dead.{stream}",
+            "trainer_metrics": "arena.trainer.metrics.{run}",
         },
         "messages": {
             "arena.rollout.submitted.{rollout_id}": "RolloutSubmitted",
@@ -164,6 +170,7 @@ def catalog() -> dict:
             "arena.trajectory.{task_id}.{rollout_id}": "Trajectory",
             "arena.group.{group_id}": "GroupCompleted",
             "arena.dead.{stream}": "DeadLetter",
+            "arena.trainer.metrics.{run}": "TrainerMetrics",
         },
         "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS],
         "object_stores": [OBJECT_ARTIFACTS],

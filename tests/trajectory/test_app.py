@@ -116,6 +116,31 @@ async def test_trainer_metrics_round_trip(tmp_path):
         await store.close()
 
 
+async def test_trainer_metrics_are_published_live_on_their_subject(tmp_path, nats_server, bus):
+    import msgspec
+
+    from arena_core import subjects
+    from arena_core.bus import Bus
+    from arena_core.schemas import TrainerMetrics
+
+    store = TrajectoryStore(ChdbBackend(str(tmp_path / "ch")))
+    await store.init()
+    dashboard = await Bus.connect(nats_server.url, "dashboard")  # another client, as a dashboard is
+    live = await dashboard.nc.subscribe(subjects.trainer_metrics("*"))
+    await dashboard.nc.flush()  # the subscription is at the server before anything is published
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(store, bus)),
+                                     base_url="http://t") as api:
+            body = TrainerMetrics(run="chat.ppo", step=3, at=3.0, policy_version="3", metrics={"kl": 0.01})
+            assert (await api.post("/v1/trainer-metrics", content=msgspec.json.encode(body))).status_code == 201
+        msg = await live.next_msg(timeout=5)
+        assert msg.subject == "arena.trainer.metrics.chat_ppo"  # the run name made one subject token
+        assert msgspec.json.decode(msg.data, type=TrainerMetrics) == body
+    finally:
+        await dashboard.close()
+        await store.close()
+
+
 async def test_counts_of_every_table_or_of_the_ones_asked_for(client):
     c, _ = client
     everything = (await c.get("/v1/counts")).json()

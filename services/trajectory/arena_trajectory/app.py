@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from arena_core import health, openapi
+from arena_core import health, openapi, subjects
 from arena_core.bodies import decode_body
 from arena_core.bus import Bus
 from arena_core.errors import ArenaError, InvalidRequest, NotFound
@@ -204,12 +204,15 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     @app.post("/v1/trainer-metrics", status_code=201, openapi_extra=openapi.request_body(TrainerMetrics),
               responses={201: openapi.answer(obj, "stored")})
     async def post_trainer_metrics(request: Request) -> Response:
-        """One trainer step's metrics, for the dashboard (``TrainerMetrics``)."""
+        """One trainer step's metrics, stored and published live on ``arena.trainer.metrics.{run}``
+        for the dashboard (``TrainerMetrics``)."""
         body = await request.body()
         if len(body) > MAX_METRICS_BODY:
             raise InvalidRequest(f"trainer metrics body over {MAX_METRICS_BODY} bytes")
         metrics = decode_body(body, TrainerMetrics, what="trainer metrics")
         await store.insert_trainer_metrics(metrics)
+        if bus is not None:
+            await bus.nc.publish(subjects.trainer_metrics(metrics.run), msgspec.json.encode(metrics))
         return _json({"stored": True}, 201)
 
     @app.get("/v1/trainer-metrics", responses={200: openapi.answer(obj)})
