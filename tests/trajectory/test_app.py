@@ -116,7 +116,7 @@ async def test_trainer_metrics_round_trip(tmp_path):
         await store.close()
 
 
-async def test_trainer_metrics_are_published_live_on_their_subject(tmp_path, nats_server, bus):
+async def test_trainer_metrics_are_published_live_on_their_subject(tmp_path, nats_server):
     import msgspec
 
     from arena_core import subjects
@@ -125,8 +125,10 @@ async def test_trainer_metrics_are_published_live_on_their_subject(tmp_path, nat
 
     store = TrajectoryStore(ChdbBackend(str(tmp_path / "ch")))
     await store.init()
+    bus = await Bus.connect(nats_server.url, "trajectory")
+    assert subjects.trainer_metrics("chat.ppo") == "arena.trainer.metrics.chat_ppo"  # one subject token
     dashboard = await Bus.connect(nats_server.url, "dashboard")  # another client, as a dashboard is
-    live = await dashboard.nc.subscribe(subjects.trainer_metrics("*"))
+    live = await dashboard.nc.subscribe("arena.trainer.metrics.>")
     await dashboard.nc.flush()  # the subscription is at the server before anything is published
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(store, bus)),
@@ -138,6 +140,7 @@ async def test_trainer_metrics_are_published_live_on_their_subject(tmp_path, nat
         assert msgspec.json.decode(msg.data, type=TrainerMetrics) == body
     finally:
         await dashboard.close()
+        await bus.close()
         await store.close()
 
 
