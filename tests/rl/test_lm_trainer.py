@@ -94,7 +94,7 @@ async def test_every_loss_trains_and_reports_kl_to_the_reference(lm, sampled, lo
 async def test_ppo_value_function_learns_the_returns(lm, sampled, critic):
     reset(lm)
     prompt, completions = sampled
-    trainer = LMTrainer(lm, LMTrainerConfig(loss="ppo", lr=5e-3, critic=critic))
+    trainer = LMTrainer(lm, LMTrainerConfig(loss="ppo", lr=1e-3, critic=critic))
     losses = []
     async with httpx.AsyncClient() as http:
         for version in range(4):
