@@ -626,6 +626,13 @@ class TopLogprob(Base, kw_only=True):
     token_id: int | None = None
 
 
+class PolicySpan(Base, kw_only=True):
+    """Completion tokens from ``start`` on (to the next span) were sampled by ``version``."""
+
+    version: str
+    start: int
+
+
 class Usage(Base, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -703,6 +710,10 @@ class Step(Base, kw_only=True):
     model: str
     backend: str
     policy_version: str | None = None
+    #: A partial rollout: the generation was interrupted by a weight update and continued under
+    #: the new policy; each version and the completion token it took over at (empty: one
+    #: version, ``policy_version``, sampled every token).
+    policy_spans: list[PolicySpan] = []
     request_messages: list[dict[str, Any]] = []
     sampling: SamplingParams = SamplingParams()
     prompt_token_ids: list[int] | None = None

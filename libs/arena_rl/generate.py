@@ -32,6 +32,8 @@ class GenResult:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str = "length"
+    #: (completion token index, policy version): a weight update took over from that token on
+    switches: list[tuple[int, int]] = field(default_factory=list)
 
 
 def top_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

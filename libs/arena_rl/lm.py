@@ -148,6 +148,12 @@ class LanguageModel:
         return save({k: v.detach().contiguous().cpu() for k, v in state.items()})
 
     def load_adapter(self, blob: bytes) -> None:
+        """New LoRA weights (``adapter_blob``'s bytes), between generations."""
+        with self.lock:
+            self.apply_adapter(blob)
+
+    def apply_adapter(self, blob: bytes) -> None:
+        """``load_adapter`` for a caller that holds ``lock`` (a generation's ``interrupt``)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load
 
@@ -159,8 +165,7 @@ class LanguageModel:
         if set(state) != expected:
             missing, extra = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
             raise ValueError(f"the adapter does not fit this model's LoRA (missing {missing}, unexpected {extra})")
-        with self.lock:
-            set_peft_model_state_dict(self.model, state)
+        set_peft_model_state_dict(self.model, state)
 
     # ---------------------------------------------------------------- log-probabilities
 
@@ -191,31 +196,39 @@ class LanguageModel:
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest],
-                 on_token: Callable[[int, int, float, list], None] | None = None) -> list[GenResult]:
+                 on_token: Callable[[int, int, float, list], None] | None = None,
+                 interrupt: Callable[[], int | None] | None = None) -> list[GenResult]:
         """Sample each request's completion in one batch (left-padded, KV cache); stops at a
         stop token (kept) or ``max_tokens``. Each token's logprob is the model's raw
         (temperature 1, unfiltered) one, as vLLM's default; ``on_token(i, id, logprob, top)`` is
-        called as each token of request ``i`` is sampled (with its top logprobs, when asked)."""
+        called as each token of request ``i`` is sampled (with its top logprobs, when asked).
+        ``interrupt()``, asked after each token, may load new weights and return their policy
+        version: the generation goes on under them (its cache recomputed), each result noting
+        the token they took over at (``switches``): a partial rollout."""
         if not requests:
             return []
         for req in requests:
             _check(req, self.max_len, self.vocab_size)
         with self.lock:
-            return self._generate(requests, on_token)
+            return self._generate(requests, on_token, interrupt)
 
-    def _generate(self, requests: list[GenRequest], on_token) -> list[GenResult]:
+    def _prefill(self, rows: list[list[int]]):
+        """The model's output (logits, cache) over left-padded ``rows``, with its mask and positions."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True), mask, positions
+
+    def _generate(self, requests: list[GenRequest], on_token, interrupt) -> list[GenResult]:
         gens = [torch.Generator().manual_seed(r.seed if r.seed is not None else random.getrandbits(62))
                 for r in requests]
         budgets = [min(r.max_tokens, self.max_len - len(r.prompt_ids)) for r in requests]
         results = [GenResult() for _ in requests]
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(requests), width, dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out, mask, positions = self._prefill([r.prompt_ids for r in requests])
         active = [True] * len(requests)
         while True:
             logits = out.logits[:, -1, :].float()
@@ -244,6 +257,14 @@ class LanguageModel:
                     active[i], res.finish_reason = False, "length"
             if not any(active):
                 return results
+            version = interrupt() if interrupt is not None else None
+            if version is not None:  # new weights: the cache is recomputed under them
+                for i, res in enumerate(results):
+                    if active[i]:
+                        res.switches.append((len(res.token_ids), version))
+                out, mask, positions = self._prefill([r.prompt_ids + res.token_ids
+                                                      for r, res in zip(requests, results, strict=True)])
+                continue
             mask = torch.cat([mask, torch.ones(len(requests), 1, dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=nxt, attention_mask=mask, position_ids=positions,

@@ -18,7 +18,7 @@ import msgspec
 import torch
 
 from arena_core.grpo import group_advantages
-from arena_core.schemas import GroupCompleted
+from arena_core.schemas import GroupCompleted, TrainingSequence, Trajectory
 from arena_rl.lm import LanguageModel
 from arena_rl.loss import Variant, entropy, gae, pad, policy_loss, value_loss
 from arena_rl.policy_server import VERSION_HEADER
@@ -53,7 +53,7 @@ class Row(msgspec.Struct, kw_only=True):
     logprobs: list[float]
     reward: float
     advantage: float  # group-relative (GRPO family); PPO computes its own per token
-    ages: list[int]  # the policy age of each of its steps (trainer version - the version that sampled)
+    ages: list[int]  # the policy age of each policy token (trainer version - the version that sampled it)
 
 
 class LMStepMetrics(msgspec.Struct, kw_only=True):
@@ -112,7 +112,7 @@ def rows_from_groups(groups: list[GroupCompleted], *, version: int, loss: Varian
             continue
         for trajectory, advantage in zip(members, advantages or [0.0] * len(members), strict=True):
             for seq in trajectory.sequences:
-                ages = [version - int(v) if v.isdigit() else 0 for v in seq.policy_versions] or [0]
+                ages = [version - v for v in token_versions(trajectory, seq)] or [0]
                 rows.append(Row(token_ids=list(seq.token_ids), loss_mask=list(seq.loss_mask),
                                 logprobs=list(seq.logprobs), reward=float(trajectory.reward),
                                 advantage=advantage, ages=ages))
@@ -228,7 +228,7 @@ class LMTrainer:
         if cfg.max_staleness is not None:
             fresh = [r for r in rows if max(r.ages) <= cfg.max_staleness]
             dropped, rows = len(rows) - len(fresh), fresh
-        ages = [age for r in rows for age in _token_ages(r)]
+        ages = [age for r in rows for age in r.ages]
         started = time.monotonic()
         losses = await asyncio.to_thread(self.train_on, rows)
         train_s = time.monotonic() - started
@@ -247,18 +247,25 @@ class LMTrainer:
             push_s=time.monotonic() - pushed, at=time.time())
 
 
-def _token_ages(row: Row) -> list[int]:
-    """The policy age of each policy token of ``row``: its step's (a step's completion is one
-    run of loss-mask ones); the oldest step's for all when the runs do not match the steps."""
-    runs, current = [], 0
-    for bit in row.loss_mask:
-        if bit:
-            current += 1
-        elif current:
-            runs.append(current)
-            current = 0
-    if current:
-        runs.append(current)
-    if len(runs) != len(row.ages):
-        return [max(row.ages)] * sum(runs)
-    return [age for age, n in zip(row.ages, runs, strict=True) for _ in range(n)]
+def token_versions(trajectory: Trajectory, seq: TrainingSequence) -> list[int]:
+    """The policy version that sampled each policy token of ``seq`` (a partial rollout's step
+    has several: ``Step.policy_spans``); unknown versions count as 0."""
+    steps = {s.step_index: s for s in trajectory.steps}
+    out: list[int] = []
+    for index, step_version in zip(seq.step_indexes, seq.policy_versions, strict=False):
+        step = steps.get(index)
+        n = len(step.completion_token_ids or []) if step is not None else 0
+        spans = [(span.start, _int(span.version)) for span in step.policy_spans] if step is not None else []
+        if not spans:
+            spans = [(0, _int(step_version))]
+        for k in range(n):  # the latest span that started at or before token k
+            out.append(max((span for span in spans if span[0] <= k), default=spans[0])[1])
+    masked = sum(seq.loss_mask)
+    if len(out) != masked:  # steps and sequence disagree: the oldest version for every token
+        oldest = min((_int(v) for v in seq.policy_versions), default=0)
+        out = [oldest] * masked
+    return out
+
+
+def _int(version: str | None) -> int:
+    return int(version) if version and version.isdigit() else 0

@@ -32,7 +32,8 @@ class Engine(Protocol):
     max_len: int
 
     def generate(self, requests: list[GenRequest],
-                 on_token: Callable[[int, int, float, list], None] | None = None) -> list[GenResult]: ...
+                 on_token: Callable[[int, int, float, list], None] | None = None,
+                 interrupt: Callable[[], int | None] | None = None) -> list[GenResult]: ...
     def render_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]: ...
     def render_prompt(self, prompt: str) -> list[int]: ...
     def text(self, ids: list[int]) -> str: ...
@@ -46,8 +47,8 @@ class CharEngine:
         self.model, self.tokenizer = model, tokenizer
         self.vocab_size, self.max_len = tokenizer.vocab_size, model.cfg.max_len
 
-    def generate(self, requests, on_token=None):
-        results = generate(self.model, requests)
+    def generate(self, requests, on_token=None, interrupt=None):
+        results = generate(self.model, requests)  # short: weight updates wait for the batch
         if on_token is not None:  # sampled as a whole: handed over token by token after
             for i, result in enumerate(results):
                 for j, (tok, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
@@ -179,14 +180,24 @@ def chat_logprobs(engine: Engine, ids: list[int], logprobs: list[float],
     return content
 
 
+def versions(policy: Policy, result: GenResult) -> dict[str, Any]:
+    """``policy_version`` (the version that sampled the last token) and, for a partial rollout,
+    ``policy_versions``: ``[{"version", "from_token"}, ...]``."""
+    if not result.switches:
+        return {"system_fingerprint": f"arena-policy-v{policy.version}", "policy_version": str(policy.version)}
+    last = result.switches[-1][1]
+    spans = [{"version": str(policy.version), "from_token": 0}]
+    spans += [{"version": str(v), "from_token": at} for at, v in result.switches]
+    return {"system_fingerprint": f"arena-policy-v{last}", "policy_version": str(last), "policy_versions": spans}
+
+
 def _envelope(kind: str, policy: Policy, model: str, prompt_ids: list[int], result: GenResult) -> dict:
     return {
         "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24],
         "object": kind,
         "created": int(time.time()),
         "model": model,
-        "system_fingerprint": f"arena-policy-v{policy.version}",
-        "policy_version": str(policy.version),
+        **versions(policy, result),
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
                   "total_tokens": len(prompt_ids) + len(result.token_ids)},
     }
@@ -212,11 +223,10 @@ class StreamShaper:
         logprobs = body.get("logprobs")
         self.want_logprobs = bool(logprobs) if self.chat else logprobs is not None and logprobs is not False
 
-    def _event(self, choices: list[dict], **extra: Any) -> bytes:
+    def _event(self, choices: list[dict], result: GenResult | None = None, **extra: Any) -> bytes:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                  "created": self.created, "model": self.model,
-                 "system_fingerprint": f"arena-policy-v{self.policy.version}",
-                 "policy_version": str(self.policy.version), "choices": choices, **extra}
+                 **versions(self.policy, result or GenResult()), "choices": choices, **extra}
         return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
     def first(self) -> bytes | None:
@@ -256,7 +266,7 @@ class StreamShaper:
                      "finish_reason": result.finish_reason}
         else:
             final = {"index": 0, "text": rest, "logprobs": None, "finish_reason": result.finish_reason}
-        events = [self._event([final])]
+        events = [self._event([final], result)]  # the versions that sampled it, all known now
         if (self.body.get("stream_options") or {}).get("include_usage"):
             n = len(result.token_ids)
             events.append(self._event([], usage={"prompt_tokens": len(self.prompt_ids), "completion_tokens": n,

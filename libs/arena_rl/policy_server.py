@@ -49,7 +49,7 @@ class PolicyServer:
     """The batching engine; :func:`create_app` puts HTTP in front of it."""
 
     def __init__(self, policy: Policy, *, model_name: str = "arena-policy", max_batch: int = 32,
-                 batch_wait_ms: float = 5.0):
+                 batch_wait_ms: float = 5.0, partial_rollouts: bool = False):
         self.policy = policy
         self.model_name = model_name
         self.max_batch = max_batch
@@ -60,6 +60,10 @@ class PolicyServer:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task | None = None
         self._turn = asyncio.Lock()  # a batch or a weight update, never both at once
+        #: partial rollouts: a weight update arriving during a batch is taken between two of its
+        #: tokens (the generation goes on under the new policy) instead of waiting for its end
+        self.partial_rollouts = partial_rollouts
+        self._staged: tuple[bytes, int, asyncio.Future] | None = None
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -98,11 +102,15 @@ class PolicyServer:
         else:
             if version is None:
                 raise BadRequest(f"a LoRA adapter needs its policy version in the {VERSION_HEADER} header")
-            if version <= self.policy.version:
+            if version <= self.policy.version or (self._staged is not None and version <= self._staged[1]):
                 raise BadRequest(f"policy version {version} is not newer than the served {self.policy.version}")
-            async with self._turn:
-                await asyncio.to_thread(engine.load_adapter, blob)
-                self.policy = Policy(engine, version)
+            if self.partial_rollouts and self._turn.locked() and self._staged is None:
+                self._staged = (blob, version, asyncio.get_running_loop().create_future())
+                await self._staged[2]  # taken by the running batch, or after it (``_batcher``)
+            else:
+                async with self._turn:
+                    await asyncio.to_thread(engine.load_adapter, blob)
+                    self.policy = Policy(engine, version)
         log.info("now serving policy version %d", version)
         for hook in self.on_swap:
             await hook(version)
@@ -123,9 +131,28 @@ class PolicyServer:
                     break
             async with self._turn:
                 await self._run(batch)
+                if self._staged is not None:  # staged too late for the batch's tokens: taken now
+                    await asyncio.to_thread(self._take_staged)
             for pending in batch:
                 if pending.events is not None:
                     pending.events.put_nowait(("end",))
+
+    def _take_staged(self) -> int | None:
+        """In the generating thread (it holds the engine's lock): load the staged adapter and
+        serve it from now on; its version, or None when nothing is staged or it failed."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return None
+        blob, version, future = staged
+        loop = future.get_loop()
+        try:
+            self.policy.engine.apply_adapter(blob)
+        except Exception as exc:  # noqa: BLE001 - the push's answer says why; the generation goes on
+            loop.call_soon_threadsafe(future.set_exception, BadRequest(str(exc)))
+            return None
+        self.policy = Policy(self.policy.engine, version)
+        loop.call_soon_threadsafe(future.set_result, version)
+        return version
 
     async def _run(self, batch: list[_Pending]) -> None:
         policy = self.policy  # read once: the whole batch runs on one version
@@ -139,14 +166,16 @@ class PolicyServer:
                     loop.call_soon_threadsafe(group[i].events.put_nowait, ("token", policy, tok, lp, top))
             return on_token
 
+        interrupt = self._take_staged if self.partial_rollouts else None
         try:
-            results = await asyncio.to_thread(policy.engine.generate, [p.request for p in batch], dispatch(batch))
+            results = await asyncio.to_thread(policy.engine.generate, [p.request for p in batch], dispatch(batch),
+                                              interrupt)
         except ValueError:
             # one bad request must not fail its neighbours: run each alone to find it
             for pending in batch:
                 try:
                     result = (await asyncio.to_thread(policy.engine.generate, [pending.request],
-                                                      dispatch([pending])))[0]
+                                                      dispatch([pending]), interrupt))[0]
                     pending.future.set_result((result, policy))
                 except ValueError as exc:
                     pending.future.set_exception(BadRequest(str(exc)))
@@ -194,7 +223,8 @@ def create_app(server: PolicyServer) -> FastAPI:
             result, used = await server.submit(gen)
         except BadRequest as exc:
             return error(400, str(exc))
-        return ok(respond(body, prompt_ids, result, used, str(body.get("model") or server.model_name)), used.version)
+        answer = respond(body, prompt_ids, result, used, str(body.get("model") or server.model_name))
+        return ok(answer, int(answer["policy_version"]))
 
     async def stream(body: dict, prompt_ids: list[int], gen: GenRequest, kind: str) -> Response:
         """Answered once the first token is sampled (a request the model refuses is still a 400)."""
@@ -350,7 +380,7 @@ async def _main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     server = PolicyServer(load_policy(args), model_name=args.model, max_batch=args.max_batch,
-                          batch_wait_ms=args.batch_wait_ms)
+                          batch_wait_ms=args.batch_wait_ms, partial_rollouts=args.partial_rollouts)
     await server.start()
     registration = None
     if args.nats_url:
@@ -374,6 +404,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lora-r", type=int, default=16, help="smollm2: the LoRA adapter's rank")
     parser.add_argument("--lora-alpha", type=int, default=32)
     parser.add_argument("--lm-max-len", type=int, default=2048, help="smollm2: the context served")
+    parser.add_argument("--partial-rollouts", action="store_true",
+                        help="smollm2: a weight update interrupts running generations, which go on under it")
     parser.add_argument("--checkpoint", help="policy checkpoint (else a fresh policy from --init-seed)")
     parser.add_argument("--init-seed", type=int, default=0)
     parser.add_argument("--alphabet", default=DEFAULT_ALPHABET)

@@ -30,11 +30,13 @@ def dedupe_steps(steps: Iterable[Step]) -> list[Step]:
 
 
 def policy_versions(steps: Sequence[Step]) -> list[str]:
-    """The distinct policy versions that served ``steps``, in order of first use."""
+    """The distinct policy versions that served ``steps`` (every one of a partial rollout's
+    spans), in order of first use."""
     seen: dict[str, None] = {}
     for step in steps:
-        if step.policy_version is not None and step.policy_version != "":
-            seen.setdefault(step.policy_version, None)
+        for version in [span.version for span in step.policy_spans] or [step.policy_version]:
+            if version is not None and version != "":
+                seen.setdefault(version, None)
     return list(seen)
 
 

@@ -12,7 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from arena_core.errors import UpstreamError
-from arena_core.schemas import Failover, PromptCount, SamplingParams, Step, Timings, ToolCall, TopLogprob, Usage
+from arena_core.schemas import (
+    Failover,
+    PolicySpan,
+    PromptCount,
+    SamplingParams,
+    Step,
+    Timings,
+    ToolCall,
+    TopLogprob,
+    Usage,
+)
 
 from arena_rollout.proxy.policy import Api
 
@@ -25,6 +35,7 @@ class Capture:
         #: top-level ``policy_version`` of the answer (Arena's policy server sets it): the
         #: version that actually served the call, preferred over the registry's.
         self.served_version: str | None = None
+        self.spans: list[PolicySpan] = []  # the answer's ``policy_versions`` (a partial rollout)
         self.prompt_ids: list[int] | None = None
         self.completion_ids: list[int] = []
         self.ids_missing = False  # some content arrived without its token ids
@@ -90,6 +101,7 @@ class Capture:
         choice = self._first_choice(response)
         self.model = str(response.get("model") or "")
         self.served_version = _served_version(response)
+        self.spans = _spans(response)
         self.prompt_ids = response.get("prompt_token_ids")
         message = choice.get("message") or {}
         content = message.get("content") or ""
@@ -104,6 +116,7 @@ class Capture:
         choice = self._first_choice(response)
         self.model = str(response.get("model") or "")
         self.served_version = _served_version(response)
+        self.spans = _spans(response)
         self.prompt_ids = choice.get("prompt_token_ids", response.get("prompt_token_ids"))
         self.text.append(choice.get("text") or "")
         self._ids(choice.get("token_ids"), True)
@@ -120,6 +133,7 @@ class Capture:
             self.prompt_ids = chunk["prompt_token_ids"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        self._chunk_versions(chunk)
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -136,6 +150,7 @@ class Capture:
         self.model = self.model or str(chunk.get("model") or "")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        self._chunk_versions(chunk)
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -146,6 +161,11 @@ class Capture:
             self._ids(choice.get("token_ids"), bool(text))
             self._completion_logprobs(choice.get("logprobs"))
             self._finish(choice)
+
+    def _chunk_versions(self, chunk: dict[str, Any]) -> None:
+        """A stream's version is the last chunk's that names one (a partial rollout's changes)."""
+        self.served_version = _served_version(chunk) or self.served_version
+        self.spans = _spans(chunk) or self.spans
 
     # ---------------------------------------------------------------- results
 
@@ -181,6 +201,7 @@ class Capture:
             backend=backend,
             backend_replica=replica,
             policy_version=self.served_version or policy_version,
+            policy_spans=list(self.spans),
             request_messages=list(request.get("messages") or []),
             request_prompt=request.get("prompt"),
             tools=request.get("tools"),
@@ -207,6 +228,20 @@ class Capture:
 def _served_version(response: dict[str, Any]) -> str | None:
     version = response.get("policy_version")
     return str(version) if isinstance(version, (str, int)) and not isinstance(version, bool) and version != "" else None
+
+
+def _spans(response: dict[str, Any]) -> list[PolicySpan]:
+    """``policy_versions`` of an answer: ``[{"version", "from_token"}, ...]`` when more than one
+    policy sampled it (Arena's policy server, partial rollouts); malformed entries are ignored."""
+    raw = response.get("policy_versions")
+    if not isinstance(raw, list) or len(raw) < 2:
+        return []
+    spans = []
+    for item in raw:
+        if isinstance(item, dict) and isinstance(item.get("from_token"), int) and _served_version(
+                {"policy_version": item.get("version")}) is not None:
+            spans.append(PolicySpan(version=str(item["version"]), start=item["from_token"]))
+    return spans if len(spans) == len(raw) else []
 
 
 def capture(*, rollout_id: str, step_index: int, request: dict[str, Any], response: Any,
