@@ -28,9 +28,9 @@ import torch
 
 from arena.sdk import ArenaClient
 from arena.stream import TrajectoryStream
-from arena_core.schemas import SamplingParams
+from arena_core.schemas import LlmJudgeVerifier, SamplingParams
 from arena_core.settings import Settings
-from arena_rl.chat_tasks import chat_family, chat_task
+from arena_rl.chat_tasks import JUDGE_RUBRIC, chat_family, chat_task
 from arena_rl.lm import LanguageModel, LoRASpec
 from arena_rl.lm_trainer import LMTrainer, LMTrainerConfig
 from arena_rl.trainer import post_metrics
@@ -38,9 +38,10 @@ from arena_stack.natsserver import free_port, wait_port
 from arena_stack.stack import Child, Stack
 
 
-def evaluate(client: ArenaClient, items: list[int], *, repeats: int, turns: int, max_tokens: int) -> float:
-    """Mean rubric reward of the held-out tasks (fixed seeds); blocking."""
-    ids = [client.submit(chat_task(i, split="heldout", turns=turns, max_tokens=max_tokens),
+def evaluate(client: ArenaClient, items: list[int], *, repeats: int, turns: int, max_tokens: int,
+             judge: LlmJudgeVerifier | None) -> float:
+    """Mean reward of the held-out tasks (fixed seeds); blocking."""
+    ids = [client.submit(chat_task(i, split="heldout", turns=turns, max_tokens=max_tokens, judge=judge),
                          sampling=SamplingParams(temperature=1.0, seed=1000 + k)).rollout_id
            for k, i in enumerate(i for i in items for _ in range(repeats))]
     rewards = [client.wait(rid, timeout=900).reward or 0.0 for rid in ids]
@@ -72,6 +73,8 @@ async def run(args: argparse.Namespace) -> int:
     train, heldout = chat_family(seed=args.seed)
     rng = random.Random(args.seed)
     run_name = f"chat-rubric-{args.loss}"
+    judge = LlmJudgeVerifier(rubric=JUDGE_RUBRIC, model=args.judge_model, base_url=args.judge_url) \
+        if args.judge_url else None
     try:
         await stack.start()
         server = Child("policy-server", [sys.executable, "-m", "arena_rl.policy_server", "--engine", "smollm2",
@@ -92,7 +95,7 @@ async def run(args: argparse.Namespace) -> int:
         with ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120) as client:
             def held_out() -> float:
                 return evaluate(client, heldout, repeats=args.eval_repeats, turns=args.turns,
-                                max_tokens=args.max_tokens)
+                                max_tokens=args.max_tokens, judge=judge)
 
             score = await asyncio.to_thread(held_out)
             curve.append((0, score, time.monotonic() - t0))
@@ -103,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
                     httpx.AsyncClient(timeout=120) as http:
                 while time.monotonic() - t0 < args.minutes * 60 and trainer.step < args.max_steps:
                     for _ in range(args.batch_groups):
-                        task = chat_task(rng.choice(train), turns=args.turns, max_tokens=args.max_tokens)
+                        task = chat_task(rng.choice(train), turns=args.turns, max_tokens=args.max_tokens, judge=judge)
                         await asyncio.to_thread(client.submit_group, task, n=args.group_size,
                                                 seed=rng.getrandbits(30), sampling=SamplingParams(temperature=1.0))
                     groups = await collect(stream, args.batch_groups)
@@ -145,6 +148,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--judge-url", default="", help="also grade with an LLM judge at this OpenAI-compatible URL")
+    p.add_argument("--judge-model", default="judge")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-repeats", type=int, default=2)

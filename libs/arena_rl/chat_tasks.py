@@ -11,7 +11,16 @@ import json
 import random
 from pathlib import Path
 
-from arena_core.schemas import AgentSpec, Budget, RubricItem, RubricVerifier, Task
+from arena_core.schemas import (
+    AgentSpec,
+    Budget,
+    CompositeVerifier,
+    LlmJudgeVerifier,
+    RubricItem,
+    RubricVerifier,
+    Task,
+    WeightedVerifier,
+)
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "chat-rubric-rl"
 HELDOUT_PREFIX = "heldout-"
@@ -43,8 +52,14 @@ RUBRIC = [
 ]
 
 
+JUDGE_RUBRIC = ("Score how empathetic these replies to a friend in trouble are: 1 when they acknowledge "
+                "the feeling and offer support warmly, 0 when they dismiss it or ignore it.")
+
+
 def chat_task(index: int, *, split: str = "train", turns: int = 2, max_tokens: int = 40,
-              stream: str = "alternate") -> Task:
+              stream: str = "alternate", judge: LlmJudgeVerifier | None = None, judge_weight: float = 1.0) -> Task:
+    """The ``index``-th trouble as a task; with ``judge``, graded by the rubric and that LLM
+    judge together (a composite: ``rubric`` and ``judge`` components)."""
     trouble = TROUBLES[index % len(TROUBLES)]
     partner = [trouble, *FOLLOW_UPS[: max(turns - 1, 0)]]
     prefix = HELDOUT_PREFIX if split == "heldout" else "train-"
@@ -53,7 +68,9 @@ def chat_task(index: int, *, split: str = "train", turns: int = 2, max_tokens: i
         repo=str(EXAMPLE_DIR / "repo"),
         instructions=trouble,
         agent=AgentSpec(command=["python3", "/sandbox/agent/agent.py"], path=str(EXAMPLE_DIR / "agent")),
-        verifier=RubricVerifier(items=list(RUBRIC)),
+        verifier=RubricVerifier(items=list(RUBRIC)) if judge is None else CompositeVerifier(verifiers=[
+            WeightedVerifier(name="rubric", verifier=RubricVerifier(items=list(RUBRIC))),
+            WeightedVerifier(name="judge", verifier=judge, weight=judge_weight)]),
         budget=Budget(max_turns=len(partner), max_total_tokens=len(partner) * (max_tokens + 400), wall_clock_s=900),
         metadata={"partner": json.dumps(partner), "system": SYSTEM, "max_tokens": str(max_tokens),
                   "stream": stream, "split": split},
