@@ -36,7 +36,8 @@ model: venv
 
 ## the real model through the real stack, and its trainers (docs/rl.md); the model loads from
 ## .arena/models after the first run (~30 s to de-quantize the first time)
-RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm_trainer.py tests/rl/test_partial_rollouts.py
+RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm_trainer.py tests/rl/test_partial_rollouts.py \
+	tests/rl/test_trl_grpo_through_arena.py
 test-rl: model
 	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
 
