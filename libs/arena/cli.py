@@ -22,10 +22,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "examples" / "quickstart"
 
 
+#: Where ``arena up`` leaves the CLI's key (under the data directory).
+LOCAL_KEY_FILE = "api-key"
+
+
 def _client(args):
+    """A client with ``ARENA_API_KEY``, else the key ``arena up`` wrote under the data directory."""
     from arena.sdk import ArenaClient
 
-    return ArenaClient(args.url, args.trajectory_url)
+    key = os.environ.get("ARENA_API_KEY", "")
+    local = Path(os.environ.get("ARENA_DATA_DIR", ".arena")) / LOCAL_KEY_FILE
+    if not key and local.is_file():
+        key = local.read_text().strip()
+    return ArenaClient(args.url, args.trajectory_url, api_key=key or None)
 
 
 def _fmt_time(ts: float, t0: float) -> str:
@@ -339,6 +348,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_backend)
+
+    p = sub.add_parser("keys", help="API keys of the rollout and trajectory APIs (create, list, revoke)")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("--name", default="", help="create: who or what the key is for")
+    p.add_argument("--scope", action="append", choices=["submit", "read", "admin"],
+                   help="create: a scope (repeatable): submit (POST), read (GET), admin (both)")
+    p.add_argument("--id", help="revoke: the key's id (`arena keys list`)")
+    p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS (default $ARENA_NATS_URL or %(default)s)")
+    p.set_defaults(func=cmd_keys)
     return parser
 
 
@@ -490,6 +509,37 @@ def cmd_backend(args) -> int:
                     r = msgspec.json.decode(entry.value, type=BackendReplica)
                     print(f"{r.replica_id:20s} {r.url:40s} policy={r.policy_version or '-'} "
                           f"models={','.join(r.models) or '*'} max_inflight={r.max_inflight}")
+            return 0
+        finally:
+            await bus.close()
+
+    return asyncio.run(run())
+
+
+def cmd_keys(args) -> int:
+    """Create, list or revoke API keys (stored hashed in NATS; the services pick changes up at once)."""
+    from arena_core import apikeys
+    from arena_core.bus import Bus
+
+    async def run() -> int:
+        bus = await Bus.connect(args.nats_url, "arena-cli")
+        try:
+            if args.action == "create":
+                if not args.name or not args.scope:
+                    raise ArenaError("keys create needs --name and at least one --scope")
+                key, record = await apikeys.issue(bus, args.name, args.scope)
+                print(f"created key {record.key_id} ({record.name}; {', '.join(record.scopes)}); "
+                      "it is shown once:", file=sys.stderr)
+                print(key)
+            elif args.action == "revoke":
+                if not args.id:
+                    raise ArenaError("keys revoke needs --id")
+                record = await apikeys.revoke(bus, args.id)
+                print(f"revoked {record.key_id} ({record.name})")
+            else:
+                for r in await apikeys.listing(bus):
+                    print(f"{r.key_id:14s} {r.name:24s} {','.join(r.scopes):20s} "
+                          f"{'revoked' if r.revoked else 'active'}  created {time.strftime('%Y-%m-%d %H:%M', time.gmtime(r.created_at))}")
             return 0
         finally:
             await bus.close()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
+from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, InvalidRequest, Unavailable
 from arena.export import ExportOptions, ExportStats, View, export_rows
 from arena_core.schemas import Trajectory
@@ -64,7 +65,7 @@ class HttpSource:
     async def trajectories(self) -> AsyncIterator[Trajectory]:
         params: dict[str, str] = {**self.filter.params(), "limit": str(self.page)}
         decoder = msgspec.json.Decoder(_Page)
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
+        async with httpx.AsyncClient(timeout=self.timeout, headers=auth_headers()) as client:
             while True:
                 try:
                     r = await client.get(f"{self.url}/v1/export/trajectories", params=params)

@@ -15,6 +15,7 @@ import httpx
 import msgspec
 
 from arena_core import sources
+from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
 from arena_core.schemas import (
     BundleSource,
@@ -35,12 +36,15 @@ T = TypeVar("T")
 
 class ArenaClient:
     def __init__(self, url: str = "http://127.0.0.1:9090", trajectory_url: str = "http://127.0.0.1:9092", *,
-                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None, overload_wait: float = 600.0):
+                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None, overload_wait: float = 600.0,
+                 api_key: str | None = None):
         """``overload_wait``: seconds a submission keeps retrying while the server answers 429
-        ``overloaded`` (after each ``Retry-After``) before raising ``Overloaded``; 0 raises at once."""
+        ``overloaded`` (after each ``Retry-After``) before raising ``Overloaded``; 0 raises at once.
+        ``api_key``: sent as ``Authorization: Bearer`` (default ``ARENA_API_KEY``; none: no header)."""
         self.overload_wait = overload_wait
-        self._http = httpx.Client(base_url=url, timeout=timeout, transport=transport)
-        self._traj = httpx.Client(base_url=trajectory_url, timeout=timeout, transport=transport)
+        headers = auth_headers(api_key)
+        self._http = httpx.Client(base_url=url, timeout=timeout, transport=transport, headers=headers)
+        self._traj = httpx.Client(base_url=trajectory_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self._http.close()

@@ -42,6 +42,13 @@ class Unauthorized(ArenaError):
     status = 401
 
 
+class Forbidden(ArenaError):
+    """A known API key without the scope the route needs."""
+
+    code = "forbidden"
+    status = 403
+
+
 class BudgetExhausted(ArenaError):
     """A rollout's turns or tokens are spent: the proxy refuses its calls for good. 403, a
     status no SDK or scaffold retries (a 429 would be retried until the rollout ended and
@@ -125,6 +132,7 @@ BY_CODE: dict[str, type[ArenaError]] = {
         NotFound,
         Conflict,
         Unauthorized,
+        Forbidden,
         BudgetExhausted,
         WallClockExceeded,
         UpstreamRejected,

@@ -20,6 +20,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str = "nats://127.0.0.1:4222"
     data_dir: str = ".arena"
     host: str = "127.0.0.1"
+    #: API keys on the rollout and trajectory APIs (``arena keys create``; docs/deploy.md,
+    #: "Authentication"): ``keys`` always, ``off`` never, ``auto`` unless ``host`` is loopback.
+    auth: str = "auto"
     rollout_port: int = 9090
     dashboard_port: int = 9091
     trajectory_port: int = 9092
@@ -141,6 +144,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_MAX_QUEUED must be >= 1")
         if self.rollout_cache_ended < 1:
             raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
+        if self.auth not in ("auto", "keys", "off"):
+            raise SettingsError(f"ARENA_AUTH must be auto, keys or off, got {self.auth!r}")
 
     def to_env(self) -> dict[str, str]:
         """The ``ARENA_*`` variables that reproduce these settings in a child process."""

@@ -68,6 +68,7 @@ KV_ROLLOUTS = "arena_rollouts"
 KV_BACKENDS = "arena_backends"
 #: Tasks' private parts (verifiers), keyed by the sha256 of their JSON: read by verification only.
 KV_VERIFIERS = "arena_verifiers"
+KV_API_KEYS = "arena_api_keys"  # API key id -> ApiKey (hashed; arena_core.apikeys)
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).
@@ -172,7 +173,7 @@ def catalog() -> dict:
             "arena.dead.{stream}": "DeadLetter",
             "arena.trainer.metrics.{run}": "TrainerMetrics",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS],
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

@@ -20,6 +20,7 @@ import httpx
 import msgspec
 import torch
 
+from arena_core.apikeys import auth_headers
 from arena_core.grpo import group_advantages
 from arena_rl.loss import grpo_loss, pad
 from arena_rl.model import PolicyModel, completion_logprobs, save_checkpoint, to_blob
@@ -284,7 +285,7 @@ async def post_metrics(http: httpx.AsyncClient, url: str, run: str, metrics: Ste
                           metrics=values)
     try:
         resp = await http.post(url.rstrip("/") + "/v1/trainer-metrics", content=msgspec.json.encode(body),
-                               headers={"content-type": "application/json"})
+                               headers={"content-type": "application/json", **auth_headers()})
         if resp.status_code >= 400:
             log.warning("trajectory service refused metrics of step %d: %s", metrics.step, resp.text[:300])
     except httpx.HTTPError as exc:

@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from arena_core import logs, subjects, telemetry
+from arena_core import apikeys, logs, subjects, telemetry
 from arena_core.bus import Bus
 from arena_core.runtime import run, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
@@ -47,7 +47,8 @@ async def main(settings: Settings) -> int:
                                                  verify_deadline_s=settings.verify_deadline_s,
                                                  queue_timeout_s=settings.queue_timeout_s).run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
-        code = await serve(stop, consumers=[*consumers(bus, service), bus.watch()], app=create_app(service),
+        app, keys = apikeys.protect(create_app(service), bus, auth=settings.auth, host=settings.host)
+        code = await serve(stop, consumers=[*consumers(bus, service), bus.watch(), *keys], app=app,
                            host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()

@@ -12,7 +12,7 @@ import gc
 import logging
 import sys
 
-from arena_core import logs, runtime, telemetry
+from arena_core import apikeys, logs, runtime, telemetry
 from arena_core.bus import Bus
 from arena_core.runtime import stop_on_signals
 from arena_core.settings import Settings
@@ -42,7 +42,8 @@ async def serve(settings: Settings, bus: Bus, store: TrajectoryStore) -> int:
     worker = TrajectoryWorker(bus, store, group_timeout=settings.trajectory_group_timeout_s)
     stop = stop_on_signals()
     log.info("trajectory service on %s", settings.trajectory_url)
-    code = await runtime.serve(stop, consumers=[*worker.consumers(), CycleCollector(), bus.watch()], app=create_app(store, bus),
+    app, keys = apikeys.protect(create_app(store, bus), bus, auth=settings.auth, host=settings.host)
+    code = await runtime.serve(stop, consumers=[*worker.consumers(), CycleCollector(), bus.watch(), *keys], app=app,
                                host=settings.host, port=settings.trajectory_port)
     log.info("stopped")
     return code

@@ -1,0 +1,219 @@
+"""API keys for the rollout and trajectory APIs: scoped, stored hashed in NATS, checked on
+every route but health. docs/deploy.md ("Authentication").
+
+A key is ``ak_<id>_<secret>``; the ``arena_api_keys`` bucket holds ``<id>`` -> ``ApiKey``
+(the secret's SHA-256, never the secret). ``KeyGuard`` wraps an ASGI app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from typing import Literal
+
+import msgspec
+
+from arena_core import subjects
+from arena_core.bus import follow_kv
+
+log = logging.getLogger("arena.apikeys")
+
+Scope = Literal["submit", "read", "admin"]
+SCOPES: tuple[Scope, ...] = ("submit", "read", "admin")
+PREFIX = "ak_"
+#: Routes anyone may call: liveness and readiness (supervisors and load balancers), and the
+#: API's own description. The LLM proxy (``/proxy``) and the judge route (``/judge``) take
+#: their own keys (each rollout's, the judge's).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OWN_KEYS = ("/proxy/", "/judge/")
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
+    key_id: str
+    name: str
+    scopes: list[Scope]
+    sha256: str  # of the whole key
+    created_at: float
+    revoked: bool = False
+
+    def allows(self, scope: Scope) -> bool:
+        return not self.revoked and (scope in self.scopes or "admin" in self.scopes)
+
+
+def new_key(name: str, scopes: list[Scope]) -> tuple[str, ApiKey]:
+    """(the key to hand over once, its stored record)."""
+    unknown = [s for s in scopes if s not in SCOPES]
+    if not scopes or unknown:
+        raise ValueError(f"scopes must be among {', '.join(SCOPES)} (got {', '.join(scopes) or 'none'})")
+    key_id = secrets.token_hex(6)
+    key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(24)}"
+    return key, ApiKey(key_id=key_id, name=name, scopes=list(dict.fromkeys(scopes)), sha256=_digest(key),
+                       created_at=time.time())
+
+
+async def issue(bus, name: str, scopes: list[Scope]) -> tuple[str, ApiKey]:
+    """A new key stored in ``arena_api_keys``: (the key, shown once; its record)."""
+    key, record = new_key(name, scopes)
+    await (await bus.kv(subjects.KV_API_KEYS)).put(record.key_id, msgspec.json.encode(record))
+    return key, record
+
+
+async def listing(bus) -> list[ApiKey]:
+    kv = await bus.kv(subjects.KV_API_KEYS)
+    try:
+        ids = await kv.keys()
+    except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+        return []
+    records = [msgspec.json.decode((await kv.get(i)).value, type=ApiKey) for i in ids]
+    return sorted(records, key=lambda r: r.created_at)
+
+
+async def revoke(bus, key_id: str) -> ApiKey:
+    """Mark a key revoked (kept, so its id is never reused or silently forgotten)."""
+    from arena_core.errors import NotFound
+
+    kv = await bus.kv(subjects.KV_API_KEYS)
+    try:
+        record = msgspec.json.decode((await kv.get(key_id)).value, type=ApiKey)
+    except Exception:  # noqa: BLE001 - KeyNotFoundError and friends
+        raise NotFound(f"no API key {key_id!r}") from None
+    record = msgspec.structs.replace(record, revoked=True)
+    await kv.put(key_id, msgspec.json.encode(record))
+    return record
+
+
+def auth_headers(api_key: str | None = None) -> dict[str, str]:
+    """The header a client sends: ``api_key``, else ``ARENA_API_KEY``; none when neither is set."""
+    key = api_key if api_key is not None else os.environ.get("ARENA_API_KEY", "")
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def key_id_of(key: str) -> str | None:
+    if not key.startswith(PREFIX):
+        return None
+    key_id, sep, _ = key[len(PREFIX):].partition("_")
+    return key_id if sep and key_id else None
+
+
+def scope_for(method: str, path: str) -> Scope | None:
+    """The scope a request needs; None for a public route or one with its own keys."""
+    if path in PUBLIC_PATHS or path.startswith(OWN_KEYS):
+        return None
+    return "read" if method in ("GET", "HEAD", "OPTIONS") else "submit"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+Auth = Literal["auto", "keys", "off"]
+
+
+def enforced(auth: str, host: str) -> bool:
+    """Whether keys are checked: ``keys`` always, ``off`` never, ``auto`` unless the API
+    listens on loopback only."""
+    if auth not in ("auto", "keys", "off"):
+        raise ValueError(f"ARENA_AUTH must be auto, keys or off, got {auth!r}")
+    return auth == "keys" or (auth == "auto" and host not in LOOPBACK)
+
+
+def protect(app, bus, *, auth: str, host: str) -> tuple[object, list]:
+    """``app`` behind a ``KeyGuard`` when keys are enforced, with the ``KeyRing`` to run
+    beside it (a runner of ``arena_core.runtime.serve``)."""
+    if not enforced(auth, host):
+        if host not in LOOPBACK:
+            log.warning("ARENA_AUTH=off on %s: anyone who reaches this API may use it", host)
+        return app, []
+    ring = KeyRing(bus)
+    return KeyGuard(app, ring), [ring]
+
+
+class KeyRing:
+    """The bucket's keys, followed by a watch; ``check`` answers from memory."""
+
+    def __init__(self, bus=None) -> None:
+        self.bus = bus
+        self.keys: dict[str, ApiKey] = {}
+        self.ready = asyncio.Event()
+        self._decoder = msgspec.json.Decoder(ApiKey)
+
+    def check(self, key: str | None) -> ApiKey | None:
+        """The key's record when ``key`` is a known, unrevoked key; else None."""
+        key_id = key_id_of(key) if key else None
+        record = self.keys.get(key_id) if key_id else None
+        if record is None or record.revoked or not hmac.compare_digest(record.sha256, _digest(key)):
+            return None
+        return record
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow ``arena_api_keys`` on the bus until ``stop``."""
+        await self.watch(await self.bus.kv(subjects.KV_API_KEYS), stop)
+
+    async def watch(self, kv, stop: asyncio.Event) -> None:
+        def on_entry(entry) -> None:
+            if entry.value is None or entry.operation is not None:  # deleted or purged
+                self.keys.pop(entry.key, None)
+                return
+            try:
+                self.keys[entry.key] = self._decoder.decode(entry.value)
+            except msgspec.DecodeError as exc:
+                log.error("arena_api_keys entry %s is not an ApiKey: %s", entry.key, exc)
+
+        await follow_kv(kv, stop, on_entry, self.ready.set)
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class KeyGuard:
+    """ASGI middleware: a request to a guarded route needs ``Authorization: Bearer <key>`` (or
+    ``X-Api-Key``) of a key with the route's scope: 401 without a known key, 403 with one of
+    another scope, 503 until the keys are loaded."""
+
+    def __init__(self, app, ring: KeyRing):
+        self.app, self.ring = app, ring
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        needed = scope_for(scope.get("method", "GET"), scope["path"])
+        if needed is None:
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers") or []
+        auth = _header(headers, b"authorization") or ""
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else _header(headers, b"x-api-key")
+        if not self.ring.ready.is_set():
+            await self._deny(send, 503, "unavailable", "API keys are not loaded yet; retry shortly")
+            return
+        record = self.ring.check(key)
+        if record is None:
+            why = "an API key is required (Authorization: Bearer <key>; `arena keys create`)" if not key \
+                else "unknown or revoked API key"
+            await self._deny(send, 401, "unauthorized", why)
+            return
+        if not record.allows(needed):
+            await self._deny(send, 403, "forbidden",
+                             f"API key {record.key_id} ({record.name}) lacks the {needed!r} scope for "
+                             f"{scope.get('method')} {scope['path']} (it has: {', '.join(record.scopes)})")
+            return
+        await self.app(scope, receive, send)
+
+    async def _deny(self, send, status: int, code: str, message: str) -> None:
+        body = msgspec.json.encode({"error": {"code": code, "message": message}})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="arena"'))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

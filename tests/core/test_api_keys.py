@@ -1,0 +1,61 @@
+"""API keys: issued with scopes, stored hashed, checked in constant time; which scope each
+route needs; when keys are enforced."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from arena_core import apikeys
+from arena_core.apikeys import KeyRing, enforced, new_key, scope_for
+
+
+def test_a_key_is_checked_against_its_hash_and_never_stored_in_clear():
+    key, record = new_key("trainer", ["read"])
+    assert key.startswith("ak_") and key not in record.sha256 and record.key_id in key
+    ring = KeyRing()
+    ring.keys[record.key_id] = record
+    assert ring.check(key) == record
+    assert ring.check(key[:-1] + ("x" if key[-1] != "x" else "y")) is None  # same id, wrong secret
+    assert ring.check("ak_unknown_secret") is None and ring.check("") is None and ring.check(None) is None
+    ring.keys[record.key_id] = msgspec.structs.replace(record, revoked=True)
+    assert ring.check(key) is None  # revoked
+
+
+def test_scopes_admin_covers_all_and_unknown_scopes_are_refused():
+    _, reader = new_key("r", ["read"])
+    _, admin = new_key("a", ["admin"])
+    assert reader.allows("read") and not reader.allows("submit")
+    assert admin.allows("read") and admin.allows("submit")
+    with pytest.raises(ValueError, match="scopes"):
+        new_key("x", ["write"])
+    with pytest.raises(ValueError, match="scopes"):
+        new_key("x", [])
+
+
+def test_each_route_needs_read_to_look_and_submit_to_change_health_and_proxies_are_apart():
+    assert scope_for("GET", "/v1/rollouts") == "read"
+    assert scope_for("GET", "/v1/trajectories/r1") == "read"
+    assert scope_for("POST", "/v1/rollouts") == "submit"
+    assert scope_for("POST", "/v1/rollouts/r1/cancel") == "submit"
+    assert scope_for("POST", "/v1/trainer-metrics") == "submit"
+    for public in ("/healthz", "/readyz", "/openapi.json"):
+        assert scope_for("GET", public) is None
+    # the LLM proxy and the judge route take their own keys (the rollout's, the judge's)
+    assert scope_for("POST", "/proxy/r1/v1/chat/completions") is None
+    assert scope_for("POST", "/judge/r1/v1/chat/completions") is None
+
+
+def test_keys_are_enforced_unless_off_or_auto_on_loopback():
+    assert enforced("keys", "127.0.0.1") and enforced("auto", "0.0.0.0") and enforced("auto", "10.0.0.5")
+    assert not enforced("auto", "127.0.0.1") and not enforced("off", "0.0.0.0")
+    with pytest.raises(ValueError):
+        enforced("maybe", "0.0.0.0")
+
+
+def test_clients_send_the_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ARENA_API_KEY", "ak_1_s")
+    assert apikeys.auth_headers() == {"authorization": "Bearer ak_1_s"}
+    assert apikeys.auth_headers("ak_2_t") == {"authorization": "Bearer ak_2_t"}
+    monkeypatch.delenv("ARENA_API_KEY")
+    assert apikeys.auth_headers() == {}

@@ -1,0 +1,85 @@
+"""NATS users per service on a real nats-server: each publishes only its own subjects (a
+sandbox worker cannot publish verification results nor a verification worker sandbox
+outcomes), a wrong password is refused, and the credentials travel in the service's URL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+
+from arena_stack import natsauth
+from arena_stack.natsserver import NatsServer
+
+
+@pytest.fixture
+def server(tmp_path):
+    secrets = natsauth.passwords()
+    srv = NatsServer(tmp_path / "nats", sync="1s", extra_config=natsauth.authorization_block(secrets)).start()
+    try:
+        yield srv, secrets
+    finally:
+        srv.stop()
+
+
+async def connect(srv, user: str, password: str):
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(natsauth.with_user(srv.url, user, password), error_cb=on_error,
+                            allow_reconnect=False, connect_timeout=5)
+    return nc, errors
+
+
+async def published(nc, errors: list[str], subject: str) -> bool:
+    """Whether a core publish on ``subject`` went through (the server answers a refused one
+    with a permissions violation)."""
+    before = len(errors)
+    await nc.publish(subject, b"{}")
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    return not any("permissions violation" in e.lower() for e in errors[before:])
+
+
+async def test_each_service_publishes_only_its_own_subjects(server):
+    srv, secrets = server
+    listener, _ = await connect(srv, "admin", secrets["admin"])
+    sandbox, sandbox_errors = await connect(srv, "sandbox", secrets["sandbox"])
+    verifier, verifier_errors = await connect(srv, "verification", secrets["verification"])
+    trainer, trainer_errors = await connect(srv, "trainer", secrets["trainer"])
+    try:
+        seen = await listener.subscribe("arena.>")
+        await listener.flush()
+        assert await published(sandbox, sandbox_errors, "arena.sandbox.done.r1")
+        assert not await published(sandbox, sandbox_errors, "arena.verify.done.r1")  # a forged verdict
+        assert not await published(sandbox, sandbox_errors, "arena.trajectory.t.r1")
+        assert await published(verifier, verifier_errors, "arena.verify.done.r1")
+        assert not await published(verifier, verifier_errors, "arena.sandbox.done.r1")
+        assert not await published(trainer, trainer_errors, "arena.step.r1")
+        got = []
+        while True:
+            try:
+                got.append((await seen.next_msg(timeout=0.5)).subject)
+            except nats.errors.TimeoutError:
+                break
+        assert got == ["arena.sandbox.done.r1", "arena.verify.done.r1"]  # the refused ones never arrived
+    finally:
+        for nc in (listener, sandbox, verifier, trainer):
+            await nc.close()
+
+
+async def test_a_wrong_password_is_refused(server):
+    srv, secrets = server
+    with pytest.raises(Exception, match="(?i)authorization"):
+        await nats.connect(natsauth.with_user(srv.url, "sandbox", secrets["sandbox"] + "x"),
+                           allow_reconnect=False, connect_timeout=5, max_reconnect_attempts=0)
+
+
+def test_credentials_go_into_every_url_of_a_server_list():
+    url = natsauth.with_user("nats://a:4222,nats://b:4223", "sandbox", "p@ss/word")
+    assert url == "nats://sandbox:p%40ss%2Fword@a:4222,nats://sandbox:p%40ss%2Fword@b:4223"
+    block = natsauth.authorization_block({u: "pw" for u in natsauth.PERMISSIONS})
+    assert block.count("user:") == len(natsauth.PERMISSIONS) and '"arena.verify.done.>"' in block
