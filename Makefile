@@ -38,7 +38,8 @@ rl-deps: venv
 ## the real model through the real stack, its trainers, TRL, ART and veRL (docs/rl.md); the model loads from
 ## .arena/models after the first run (~30 s to de-quantize the first time)
 RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm_trainer.py tests/rl/test_partial_rollouts.py \
-	tests/rl/test_trl_grpo_through_arena.py tests/rl/test_art_adapter.py tests/rl/test_verl_adapter.py
+	tests/rl/test_trl_grpo_through_arena.py tests/rl/test_art_adapter.py tests/rl/test_verl_adapter.py \
+	tests/rl/test_real_model_completions_and_streams.py
 test-rl: rl-deps
 	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
 
