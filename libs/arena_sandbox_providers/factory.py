@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 from pathlib import Path
 
 from arena_core.settings import Settings, SettingsError
 from arena_sandbox_providers.provider import SandboxProvider
 
-PROVIDERS = ("local", "docker", "mock")
+PROVIDERS = ("local", "docker", "kubernetes", "mock")
 
 
 def owner_of(settings: Settings) -> str:
@@ -31,6 +32,12 @@ def build_provider(name: str, settings: Settings) -> SandboxProvider:
 
         return DockerProvider(data_dir=data_dir, owner=owner, base_url=settings.docker_url,
                               default_image=settings.sandbox_image)
+    if name == "kubernetes":
+        from arena_sandbox_providers.kubernetes_provider import KubernetesConfig, KubernetesProvider
+
+        config = KubernetesConfig.from_env(os.environ, public_url=settings.public_url)
+        return KubernetesProvider(owner=owner, config=config, default_image=settings.sandbox_image,
+                                  max_wall_clock_s=settings.max_wall_clock_s)
     if name == "mock":
         from arena_sandbox_providers.mock_provider import MockProvider
 

@@ -1,0 +1,166 @@
+"""The Kubernetes manifests in deploy/k8s are valid: every resource against the official
+Kubernetes JSON schemas (``kubernetes-validate``, which bundles them: no network, no
+cluster), strictly (an unknown field is an error), for the oldest and the newest
+Kubernetes version Arena supports; the kustomize overlays as rendered by
+``kubectl kustomize`` when kubectl is installed; and Arena's own rules (limits, tokens,
+non-root, RBAC scope, NATS as the official chart with JetStream and 3 replicas).
+
+No cluster runs here: nothing is applied. See docs/kubernetes.md ("verified here / not run here").
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed "
+                         "(pip install kubernetes-validate): the manifests' schema cannot be checked")
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+#: appArmorProfile (verification pods) is a field from 1.30 on.
+VERSIONS = ("1.30.0", kv.latest_version())
+NOT_MANIFESTS = {"kustomization.yaml", "values.yaml"}
+KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/prod")
+WORKLOADS = {"Deployment", "StatefulSet"}
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*.yaml") if p.name not in NOT_MANIFESTS)
+
+
+def docs_of(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def validate_all(docs: list[dict], where: str) -> None:
+    problems = []
+    for doc in docs:
+        for version in VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as exc:
+                path = "/".join(str(p) for p in exc.path)
+                problems.append(f"{where}: {doc['kind']}/{doc['metadata']['name']} (k8s {version}) at {path}: "
+                                f"{exc.message}")
+            except (kv.SchemaNotFoundError, kv.InvalidSchemaError) as exc:
+                problems.append(f"{where}: {doc.get('kind')}: no schema ({exc})")
+    assert problems == []
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_every_manifest_is_valid_against_the_kubernetes_schema(path: Path):
+    docs = docs_of(path.read_text())
+    assert docs, f"{path} holds no resource"
+    validate_all(docs, str(path.relative_to(ROOT)))
+
+
+def test_the_validator_rejects_what_it_should():
+    """The check has teeth: an unknown field, a wrong type and a missing required field fail."""
+    deployment = docs_of((K8S / "base" / "rollout.yaml").read_text())[0]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    for bad in ({**container, "limitz": {}}, {**container, "ports": "9090"}, {k: v for k, v in container.items()
+                                                                                  if k != "name"}):
+        broken = {**deployment, "spec": {**deployment["spec"], "template": {**deployment["spec"]["template"],
+                  "spec": {**deployment["spec"]["template"]["spec"], "containers": [bad]}}}}
+        with pytest.raises(kv.ValidationError):
+            kv.validate(broken, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_kustomizations_name_files_that_exist(directory: str):
+    kustomization = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())
+    for entry in kustomization.get("resources", []):
+        assert (K8S / directory / entry).exists(), f"{directory}: {entry} does not exist"
+
+
+def rendered(directory: str) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the overlays are not rendered (each file is still validated)")
+    done = subprocess.run([kubectl, "kustomize", str(K8S / directory)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return docs_of(done.stdout)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_rendered_overlays_are_valid(directory: str):
+    docs = rendered(directory)
+    validate_all(docs, f"kubectl kustomize {directory}")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for name in ("arena-rollout", "arena-trajectory", "arena-verification"):
+        assert ("Deployment", name) in kinds and ("Service", name) in kinds
+    assert ("StatefulSet", "arena-sandbox") in kinds and ("Service", "arena-sandbox") in kinds
+    assert ("ConfigMap", "arena-config") in kinds
+    assert {("Role", "arena-sandbox-worker"), ("RoleBinding", "arena-sandbox-worker")} <= kinds
+
+
+def all_docs() -> list[dict]:
+    return [d for p in manifest_files() for d in docs_of(p.read_text())]
+
+
+def test_workloads_are_bounded_and_hardened():
+    for doc in all_docs():
+        if doc["kind"] not in WORKLOADS:
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        name = doc["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert "automountServiceAccountToken" in pod, f"{name}: token mounting must be explicit"
+        assert pod["automountServiceAccountToken"] is (pod.get("serviceAccountName") == "arena-sandbox"), name
+        for container in pod["containers"]:
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"]["drop"] == ["ALL"], name
+            assert ctx["readOnlyRootFilesystem"] is True, name
+
+
+def test_every_service_reads_the_config_map_and_the_credentials_secret():
+    for doc in all_docs():
+        if doc["kind"] in WORKLOADS and doc["metadata"]["name"].startswith("arena-"):
+            env_from = doc["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+            assert {"configMapRef": {"name": "arena-config"}} in env_from
+            assert any(e.get("secretRef", {}).get("name") == "arena-credentials" for e in env_from)
+
+
+def test_the_config_map_sets_every_arena_setting():
+    from arena_core.settings import Settings
+
+    config = next(d for d in all_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "arena-config")
+    secret_ones = {"ARENA_JUDGE_KEY", "ARENA_CLICKHOUSE_URL"}  # from the Secret
+    elsewhere = {"ARENA_SANDBOX_OWNER",  # the sandbox worker's pod name (sandbox.yaml)
+                 "ARENA_DOCKER_URL"}  # the docker provider's: no engine on Kubernetes
+    wanted = {k for k in Settings().to_env()} - secret_ones - elsewhere
+    assert wanted - set(config["data"]) == set()
+    Settings.from_env(config["data"])  # and the values parse
+
+
+def test_the_sandbox_worker_may_only_manage_pods_and_policies_in_the_sandbox_namespace():
+    docs = all_docs()
+    roles = [d for d in docs if d["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}]
+    assert all(d["kind"] in {"Role", "RoleBinding"} for d in roles), "no cluster-wide RBAC"
+    role = next(d for d in roles if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "arena-sandboxes"
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {("", "pods"), ("", "pods/exec"), ("networking.k8s.io", "networkpolicies")}
+    binding = next(d for d in roles if d["kind"] == "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "arena-sandbox", "namespace": "arena"}]
+    deny = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert deny["metadata"]["namespace"] == "arena-sandboxes" and deny["spec"]["podSelector"] == {}
+    assert set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"} and "egress" not in deny["spec"]
+
+
+def test_nats_is_the_official_chart_clustered_with_jetstream():
+    kustomization = yaml.safe_load((K8S / "nats" / "kustomization.yaml").read_text())
+    (chart,) = kustomization["helmCharts"]
+    assert chart["name"] == "nats" and chart["repo"] == "https://nats-io.github.io/k8s/helm/charts/"
+    assert chart["releaseName"] == "nats" and chart["namespace"] == "arena"
+    values = yaml.safe_load((K8S / "nats" / chart["valuesFile"]).read_text())
+    assert values["config"]["cluster"] == {"enabled": True, "replicas": 3}
+    assert values["config"]["jetstream"]["enabled"] is True
+    assert values["config"]["jetstream"]["fileStore"]["pvc"]["enabled"] is True
