@@ -40,6 +40,7 @@ class LMTrainerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_staleness: int | None = None  # sequences sampled more versions ago than this are dropped
     critic: Literal["value_head", "critic"] = "value_head"  # PPO: a head on the policy, or its own net
     value_coef: float = 0.5
+    whiten: bool = True  # PPO: advantages to zero mean and unit std over a micro-batch's policy tokens
     gamma: float = 1.0
     lam: float = 0.95
     grad_clip: float = 1.0
@@ -183,6 +184,10 @@ class LMTrainer:
                             rewards[i, last[-1]] = r.reward
                     old_values = values.detach()
                     adv, returns = gae(rewards, old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
+                    if cfg.whiten and mask.sum() > 1:
+                        mean = (adv * mask).sum() / mask.sum()
+                        std = (((adv - mean) ** 2 * mask).sum() / mask.sum()).sqrt()
+                        adv = (adv - mean) / (std + 1e-6) * mask
                     v_loss = value_loss(values, old_values, returns, mask)
                 else:
                     adv = torch.tensor([r.advantage for r in part])[:, None].expand_as(mask)
