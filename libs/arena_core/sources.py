@@ -172,13 +172,42 @@ def resolve_inside(path: str, links: dict[str, str], depth: int = 0) -> str | No
     return "/".join(done)
 
 
+def safe_extractall(tar: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo] | None = None) -> None:
+    """Extract with tarfile's ``data`` filter (Python >= 3.11.4); on an older 3.11 (Debian 12's
+    3.11.2) the same rules checked here: regular files, directories and links only, nothing
+    outside ``dest``, no setuid / setgid / sticky bits."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, members=members, filter="data")
+        return
+    root = Path(dest).resolve()
+    chosen = members if members is not None else tar.getmembers()
+
+    def inside(path: Path) -> bool:
+        return path == root or root in path.parents
+
+    for member in chosen:
+        member.name = member.name.lstrip("/")  # as the data filter: absolute names land inside
+        target = (root / member.name).resolve()
+        if not inside(target):
+            raise tarfile.TarError(f"{member.name!r} would land outside the destination")
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise tarfile.TarError(f"{member.name!r} is not a file, directory or link")
+        if member.issym() and not inside((target.parent / member.linkname).resolve()):
+            raise tarfile.TarError(f"{member.name!r} links outside the destination")
+        if member.islnk() and not inside((root / member.linkname).resolve()):
+            raise tarfile.TarError(f"{member.name!r} links outside the destination")
+        if member.isfile() or member.isdir():
+            member.mode &= 0o755
+    tar.extractall(dest, members=chosen)
+
+
 def extract_bundle(data: bytes, dest: Path) -> None:
     """Unpack a bundle into ``dest``: regular files, directories and links inside it only
     (tarfile's ``data`` filter: no absolute paths, no ``..``, no devices, no links out)."""
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            tar.extractall(dest, filter="data")
+            safe_extractall(tar, dest)
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as exc:
         raise SourceError(f"the bundle is not a valid archive: {exc}") from exc
 
@@ -377,7 +406,7 @@ def fetch_git(source: GitSource, dest: Path, *, allow_file: bool = False) -> Non
 def _extract(archive: Path, dest: Path, *, what: str) -> None:
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
+            safe_extractall(tar, dest)
     except (tarfile.TarError, OSError) as exc:
         raise SourceError(f"{what}: cannot unpack it here: {exc}") from exc
 
@@ -416,7 +445,7 @@ def extract_image(source: ImageSource, dest: Path, docker_url: str) -> None:
                     member.name = str(Path(*parts[1:]))
                     members.append(member)
                 try:
-                    tar.extractall(dest, members=members, filter="data")
+                    safe_extractall(tar, dest, members)
                 except (tarfile.TarError, OSError) as exc:
                     raise SourceError(f"image source {source.image}:{source.path}: {exc}") from exc
     finally:
