@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
+.PHONY: test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -42,6 +42,10 @@ RL_MODEL_TESTS := tests/rl/test_real_model_through_the_stack.py tests/rl/test_lm
 	tests/rl/test_real_model_completions_and_streams.py
 test-rl: rl-deps
 	$(VENV)/bin/pytest -q -rs $(RL_MODEL_TESTS)
+
+## a NATS node lost mid-run: 100 rollouts on a 3-node JetStream cluster, one node SIGKILLed and restarted
+test-cluster: venv
+	ARENA_NATS_CLUSTER=1 $(VENV)/bin/pytest -q -s tests/e2e/test_nats_node_loss.py
 
 ## compose for real (Podman here): arena/server and arena/nats built locally (as `make images`), the stack
 ## up with podman-compose, a quickstart group submitted from the host, rewards and trajectories read, down -v

@@ -44,14 +44,17 @@ def _fmt_time(ts: float, t0: float) -> str:
 # ---------------------------------------------------------------------------- up
 
 
-async def _up(settings: Settings, llm_script: str | None) -> None:
+async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> None:
     from arena_core.runtime import stop_on_signals
     from arena_stack.stack import Stack
 
     stop = stop_on_signals()
-    stack = Stack(settings, llm_script=llm_script)
+    stack = Stack(settings, llm_script=llm_script, nats_cluster=cluster)
     await stack.start()
     print(f"\nArena is up. Rollout API and proxy: {settings.rollout_url}  trajectories: {settings.trajectory_url}")
+    if cluster:
+        print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.settings.nats_url} "
+              f"(replicas {stack.settings.nats_replicas})")
     print(f"Logs in {stack.data_dir / 'logs'}. Ctrl-C to stop.", flush=True)
     try:
         await stack.supervise(stop)
@@ -63,7 +66,9 @@ async def _up(settings: Settings, llm_script: str | None) -> None:
 
 def cmd_up(args) -> int:
     settings = Settings.from_env(**({"data_dir": args.data_dir} if args.data_dir else {}))
-    asyncio.run(_up(settings, args.llm_script))
+    if args.cluster is not None and args.cluster < 1:
+        raise ArenaError("--cluster takes the number of nats-servers, e.g. --cluster 3")
+    asyncio.run(_up(settings, args.llm_script, args.cluster or 0))
     return 0
 
 
@@ -251,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start the embedded stack until Ctrl-C")
     p.add_argument("--data-dir", help="where NATS, ClickHouse and logs live (default $ARENA_DATA_DIR or .arena)")
     p.add_argument("--llm-script", help="also start the scripted LLM backend with this script file")
+    p.add_argument("--cluster", type=int, metavar="N",
+                   help="run NATS as a JetStream cluster of N nats-servers (streams and buckets at N "
+                        "replicas, at most 5) instead of one: node 0 on the port of $ARENA_NATS_URL")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("demo", help="start the stack, run a quickstart group, print it, stop")

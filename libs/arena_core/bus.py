@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -60,6 +61,26 @@ class PublishRefused(Permanent):
         self.code = code
 
 
+class TopologyError(RuntimeError):
+    """A stream, KV bucket or object store cannot be declared as asked (e.g. with more
+    replicas than the NATS servers can hold); the message names it and the reason."""
+
+
+def topology_replicas() -> int:
+    """``ARENA_NATS_REPLICAS`` (``Settings.nats_replicas``), else 1."""
+    raw = os.environ.get("ARENA_NATS_REPLICAS", "").strip()
+    try:
+        return int(raw) if raw else 1
+    except ValueError:
+        raise TopologyError(f"ARENA_NATS_REPLICAS={raw!r} is not an integer") from None
+
+
+def _replicas_refused(name: str, replicas: int, exc: APIError) -> str:
+    return (f"JetStream refused stream {name} with {replicas} replica(s) (ARENA_NATS_REPLICAS): "
+            f"{exc.description or exc} (error {exc.err_code}); a single nats-server holds 1, "
+            f"a cluster at most as many as it has servers")
+
+
 class Bus:
     """A connection to NATS with JetStream (nats-py), owned by one service.
 
@@ -72,6 +93,8 @@ class Bus:
         self.service = service
         self.url = url
         self._kv: dict[str, Any] = {}
+        #: JetStream replicas of what ``ensure_topology`` declares (and ``kv``/``artifacts`` create)
+        self.replicas = topology_replicas()
         self.closing = False
         self.publish_timeout = PUBLISH_TIMEOUT_S  # per attempt of ``publish``
         #: Set when nats-py closed the connection for good without ``close`` (a protocol error
@@ -172,8 +195,17 @@ class Bus:
 
     # ----------------------------------------------------------------- topology
 
-    async def ensure_topology(self) -> None:
-        """Declare every stream, KV bucket and object store. Idempotent."""
+    async def ensure_topology(self, replicas: int | None = None) -> None:
+        """Declare every stream, KV bucket and object store, each with ``replicas`` copies
+        (JetStream ``num_replicas``; default ``ARENA_NATS_REPLICAS``, else 1). Idempotent.
+
+        One that exists with another replica count is scaled to ``replicas`` (a cluster moves
+        its data); if JetStream refuses (a single server cannot hold more than 1, a cluster
+        has too few servers), ``TopologyError`` says which one and why."""
+        replicas = topology_replicas() if replicas is None else replicas
+        if replicas < 1:
+            raise TopologyError(f"replicas must be >= 1, got {replicas}")
+        self.replicas = replicas
         for spec in subjects.STREAMS:
             config = jsapi.StreamConfig(
                 name=spec.name,
@@ -187,33 +219,63 @@ class Bus:
                 storage=jsapi.StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
                 max_age=spec.max_age_s or None,
+                num_replicas=replicas,
             )
             try:
-                await self.js.add_stream(config)
-            except BadRequestError:
-                await self.js.update_stream(config)
+                try:
+                    await self.js.add_stream(config)
+                except BadRequestError:  # it exists with another configuration: make it this one
+                    await self.js.update_stream(config)
+            except ServiceUnavailableError:  # JetStream not ready (no leader yet): not a refusal
+                raise
+            except APIError as exc:
+                raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
         for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS):
             await self.kv(bucket)
+            await self._scale(f"KV_{bucket}", replicas)
         await self.artifacts()
+        await self._scale(f"OBJ_{subjects.OBJECT_ARTIFACTS}", replicas)
+
+    async def _scale(self, stream: str, replicas: int) -> None:
+        """Give ``stream`` (a bucket's) ``replicas`` copies if it has another count."""
+        info = await self.js.stream_info(stream)
+        if (info.config.num_replicas or 1) == replicas:
+            return
+        log.warning("stream %s has %s replicas; scaling it to %d", stream, info.config.num_replicas or 1, replicas)
+        try:
+            await self.js.update_stream(info.config.evolve(num_replicas=replicas))
+        except ServiceUnavailableError:
+            raise
+        except APIError as exc:
+            raise TopologyError(_replicas_refused(stream, replicas, exc)) from exc
 
     async def kv(self, bucket: str):
         if bucket not in self._kv:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except (NotFoundError, nats.js.errors.BucketNotFoundError):
-                self._kv[bucket] = await self.js.create_key_value(
-                    jsapi.KeyValueConfig(bucket=bucket, history=1, storage=jsapi.StorageType.FILE)
-                )
+                try:
+                    self._kv[bucket] = await self.js.create_key_value(jsapi.KeyValueConfig(
+                        bucket=bucket, history=1, storage=jsapi.StorageType.FILE, replicas=self.replicas))
+                except ServiceUnavailableError:
+                    raise
+                except APIError as exc:
+                    raise TopologyError(_replicas_refused(f"KV_{bucket}", self.replicas, exc)) from exc
         return self._kv[bucket]
 
     async def artifacts(self):
         try:
             return await self.js.object_store(subjects.OBJECT_ARTIFACTS)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
-            return await self.js.create_object_store(
-                subjects.OBJECT_ARTIFACTS,
-                config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE),
-            )
+            try:
+                return await self.js.create_object_store(
+                    subjects.OBJECT_ARTIFACTS,
+                    config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE, replicas=self.replicas),
+                )
+            except ServiceUnavailableError:
+                raise
+            except APIError as exc:
+                raise TopologyError(_replicas_refused(f"OBJ_{subjects.OBJECT_ARTIFACTS}", self.replicas, exc)) from exc
 
     # ----------------------------------------------------------------- publish
 

@@ -18,6 +18,10 @@ class SettingsError(ValueError):
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str = "nats://127.0.0.1:4222"
+    #: JetStream replicas of Arena's streams, KV buckets and object store: 1 on one
+    #: nats-server, 3 on a cluster of three (``arena up --cluster 3``); an existing one with
+    #: another count is scaled to it at start-up (docs/deploy.md).
+    nats_replicas: int = 1
     data_dir: str = ".arena"
     host: str = "127.0.0.1"
     #: API keys on the rollout and trajectory APIs (``arena keys create``; docs/deploy.md,
@@ -142,6 +146,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_QUEUE_TIMEOUT_S must be between 1 and 604800")
         if self.max_queued < 1:
             raise SettingsError("ARENA_MAX_QUEUED must be >= 1")
+        if self.nats_replicas < 1:
+            raise SettingsError("ARENA_NATS_REPLICAS must be >= 1")
         if self.rollout_cache_ended < 1:
             raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
         if self.auth not in ("auto", "keys", "off"):

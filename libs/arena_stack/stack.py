@@ -1,5 +1,6 @@
-"""The embedded stack behind ``arena up``: nats-server, the four services, optionally the
-scripted LLM, each a child process, started in order, health-checked, stopped by PID.
+"""The embedded stack behind ``arena up``: nats-server (or a cluster of them, ``--cluster``),
+the four services, optionally the scripted LLM, each a child process, started in order,
+health-checked, stopped by PID.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import msgspec
 
 from arena_core import subjects
 from arena_core.settings import Settings
-from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, free_port, wait_port
+from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, wait_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -93,20 +94,40 @@ class Stack:
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
                  nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False,
-                 nats_port: int | None = None):
+                 nats_port: int | None = None, nats_cluster: int = 0):
         """``nats_port``: where nats-server listens when the services reach it elsewhere
-        (``settings.nats_url`` through a proxy or relay); default the port of that URL."""
+        (``settings.nats_url`` through a proxy or relay); default the port of that URL.
+
+        ``nats_cluster``: start that many nats-servers as one JetStream cluster instead of one
+        server (under ``<data_dir>/nats-cluster``): node 0 on ``nats_port`` or the port of
+        ``settings.nats_url`` (or, when that URL lists ``nats_cluster`` servers, each on its
+        own), the others on free ports; the services get every node's URL
+        (``ARENA_NATS_URL=nats://a,nats://b,...``) and ``ARENA_NATS_REPLICAS`` = the node
+        count (at most 5, JetStream's limit) unless ``settings.nats_replicas`` asks for another."""
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         if not settings.sandbox_health_port or not settings.verification_health_port:
             settings = msgspec.structs.replace(
                 settings, sandbox_health_port=settings.sandbox_health_port or free_port(),
                 verification_health_port=settings.verification_health_port or free_port())
-        self.settings = settings
         self.data_dir = Path(settings.data_dir).resolve()
         self.llm_script = Path(llm_script).resolve() if llm_script else None
-        self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
-                               sync=nats_sync)
+        #: the cluster when ``nats_cluster``, else None; ``nats`` is then its node 0
+        self.nats_cluster: NatsCluster | None = None
+        if nats_cluster:
+            listed = [u for u in settings.nats_url.split(",") if u.strip()]
+            ports = ([urlparse(u.strip()).port or 4222 for u in listed] if len(listed) == nats_cluster else
+                     [nats_port or urlparse(listed[0].strip()).port or 4222] + [free_port() for _ in
+                                                                                range(nats_cluster - 1)])
+            self.nats_cluster = NatsCluster(nats_cluster, self.data_dir / "nats-cluster", ports=ports,
+                                            sync=nats_sync, log_dir=self.data_dir / "logs")
+            replicas = settings.nats_replicas if settings.nats_replicas != 1 else min(nats_cluster, 5)
+            settings = msgspec.structs.replace(settings, nats_url=self.nats_cluster.url, nats_replicas=replicas)
+            self.nats = self.nats_cluster.nodes[0]
+        else:
+            self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
+                                   sync=nats_sync)
+        self.settings = settings
         self.children: list[Child] = []
         self.log = log
         #: each service its own data directory (``<data_dir>/services/<name>``), as on
@@ -123,11 +144,19 @@ class Stack:
     async def start(self, timeout: float = 60.0) -> Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         logs = self.data_dir / "logs"
-        self.nats.log_file = logs / "nats-server.log"
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            self.nats.start()
-            self.log(f"nats-server     {self.nats.url} (pid {self.nats.proc.pid}, JetStream in {self.nats.store_dir})")
+            if self.nats_cluster is not None:
+                await asyncio.to_thread(self.nats_cluster.start, timeout)
+                for node in self.nats_cluster.nodes:
+                    self.log(f"nats-server     {node.url} ({node.server_name}, pid {node.proc.pid}, "
+                             f"JetStream in {node.store_dir})")
+                self.log(f"nats cluster    {self.nats_cluster.name}: {len(self.nats_cluster.nodes)} nodes, meta leader "
+                         f"{self.nats_cluster.meta_leader()}, replicas {self.settings.nats_replicas}")
+            else:
+                self.nats.log_file = logs / "nats-server.log"
+                self.nats.start()
+                self.log(f"nats-server     {self.nats.url} (pid {self.nats.proc.pid}, JetStream in {self.nats.store_dir})")
             if self.llm_script is not None:
                 backend = urlparse(self.settings.backend_url)
                 child = Child("scripted-llm", [sys.executable, "-m", "arena_stack.scripted_llm", "--script",
@@ -172,13 +201,20 @@ class Stack:
         async with httpx.AsyncClient(timeout=2.0) as http:
             while not stop.is_set():
                 now = time.monotonic()
-                if self.nats.proc is not None and self.nats.proc.poll() is not None and now >= next_try.get("nats", 0):
-                    self.log(f"nats-server exited with code {self.nats.proc.returncode}; restarting on {self.nats.store_dir}")
+                for i, node in enumerate(self.nats_nodes):
+                    key = f"nats-{i}"
+                    if node.proc is None or node.proc.poll() is None or now < next_try.get(key, 0):
+                        continue
+                    name = f"nats-server {node.server_name}".rstrip()
+                    self.log(f"{name} exited with code {node.proc.returncode}; restarting on {node.store_dir}")
                     try:
-                        await asyncio.to_thread(self.nats.start)
+                        if self.nats_cluster is not None:
+                            await asyncio.to_thread(self.nats_cluster.start_node, i)
+                        else:
+                            await asyncio.to_thread(node.start)
                     except Exception as exc:  # noqa: BLE001 - try again later
-                        self.log(f"nats-server did not start again: {exc}")
-                        next_try["nats"] = now + 5.0
+                        self.log(f"{name} did not start again: {exc}")
+                        next_try[key] = now + 5.0
                 for child in list(self.children):
                     reason = None
                     if not child.alive():
@@ -212,6 +248,11 @@ class Stack:
                 except asyncio.TimeoutError:
                     pass
 
+    @property
+    def nats_nodes(self) -> list[NatsServer]:
+        """The nats-servers this stack runs: one, or the cluster's nodes."""
+        return list(self.nats_cluster.nodes) if self.nats_cluster is not None else [self.nats]
+
     def _wait_port(self, child: Child, host: str, port: int, timeout: float) -> None:
         try:
             wait_port(host, port, timeout, child.proc)
@@ -228,7 +269,7 @@ class Stack:
         durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=first_provider)),
                     "verification": ("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)}
         pending = {c.name for c in self.children if c.name in urls or c.name in durables}
-        bus = await Bus.connect(self.nats.url, "stack")
+        bus = await Bus.connect(self.nats_cluster.url if self.nats_cluster is not None else self.nats.url, "stack")
         try:
             async with httpx.AsyncClient(timeout=1.0) as http:
                 while pending:
@@ -263,7 +304,10 @@ class Stack:
             if code not in (None, 0, -signal.SIGTERM):
                 self.log(f"{child.name} exited with code {code} (log: {child.log_path})")
         self.children.clear()
-        self.nats.stop()
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop()
+        else:
+            self.nats.stop()
 
     async def __aenter__(self) -> Stack:
         return await self.start()
