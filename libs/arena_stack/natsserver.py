@@ -83,9 +83,11 @@ def js_api_info(port: int, timeout: float = 2.0) -> dict | None:
 class NatsServer:
     def __init__(self, store_dir: str | Path, port: int | None = None, *, sync: str = DEFAULT_SYNC,
                  max_payload: int = 8 * 1024 * 1024, log_file: str | Path | None = None, extra_config: str = "",
-                 server_name: str = "", http_port: int = 0):
+                 server_name: str = "", http_port: int = 0, host: str = "127.0.0.1"):
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
+        #: the address clients connect to (``0.0.0.0``: every interface, for workers on other hosts)
+        self.host = host
         self.sync = sync
         self.max_payload = max_payload
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
@@ -103,7 +105,7 @@ class NatsServer:
     def config(self) -> str:
         return (
             (f"server_name: {self.server_name}\n" if self.server_name else "")
-            + f"listen: 127.0.0.1:{self.port}\n"
+            + f"listen: {self.host}:{self.port}\n"
             + (f"http: 127.0.0.1:{self.http_port}\n" if self.http_port else "")
             + f"max_payload: {self.max_payload}\n"
             "jetstream {\n"
