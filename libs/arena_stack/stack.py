@@ -21,6 +21,7 @@ import msgspec
 
 from arena_core import subjects
 from arena_core.settings import Settings
+from arena_stack import natsauth
 from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, wait_port
 
 _PR_SET_PDEATHSIG = 1
@@ -94,7 +95,7 @@ class Stack:
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
                  nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False,
-                 nats_port: int | None = None, nats_cluster: int = 0):
+                 nats_port: int | None = None, nats_cluster: int = 0, nats_users: bool = False):
         """``nats_port``: where nats-server listens when the services reach it elsewhere
         (``settings.nats_url`` through a proxy or relay); default the port of that URL.
 
@@ -103,7 +104,13 @@ class Stack:
         ``settings.nats_url`` (or, when that URL lists ``nats_cluster`` servers, each on its
         own), the others on free ports; the services get every node's URL
         (``ARENA_NATS_URL=nats://a,nats://b,...``) and ``ARENA_NATS_REPLICAS`` = the node
-        count (at most 5, JetStream's limit) unless ``settings.nats_replicas`` asks for another."""
+        count (at most 5, JetStream's limit) unless ``settings.nats_replicas`` asks for another.
+
+        ``nats_users``: nats-server with one user per service, each allowed only its own subjects
+        (``arena_stack.natsauth``); every service gets its own credentials in ``ARENA_NATS_URL``,
+        and ``settings.nats_url`` carries the administrator's (for the CLI and tests)."""
+        if nats_users and nats_cluster:
+            raise ValueError("nats_users is for a single nats-server (a cluster's routes need their own credentials)")
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         if not settings.sandbox_health_port or not settings.verification_health_port:
@@ -127,12 +134,25 @@ class Stack:
         else:
             self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
                                    sync=nats_sync)
+        #: a password per NATS user (``nats_users``), else None
+        self.nats_passwords: dict[str, str] | None = None
+        if nats_users:
+            self.nats_passwords = natsauth.passwords()
+            self.nats.extra_config += natsauth.authorization_block(self.nats_passwords)
+            settings = msgspec.structs.replace(settings, nats_url=natsauth.with_user(
+                self.nats.url, "admin", self.nats_passwords["admin"]))
         self.settings = settings
         self.children: list[Child] = []
         self.log = log
         #: each service its own data directory (``<data_dir>/services/<name>``), as on
         #: separate machines: nothing passes between them but NATS and HTTP
         self.separate_data_dirs = separate_data_dirs
+
+    def direct_nats_url(self) -> str:
+        """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator
+        when there are users."""
+        url = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
+        return natsauth.with_user(url, "admin", self.nats_passwords["admin"]) if self.nats_passwords else url
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -170,6 +190,8 @@ class Stack:
                 self.log(f"scripted LLM    {self.settings.backend_url} (pid {child.pid})")
             for name, module in SERVICES:
                 env = self.env()
+                if self.nats_passwords is not None:
+                    env["ARENA_NATS_URL"] = natsauth.with_user(self.nats.url, name, self.nats_passwords[name])
                 if self.separate_data_dirs:
                     env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
                 child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
@@ -269,7 +291,7 @@ class Stack:
         durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=first_provider)),
                     "verification": ("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)}
         pending = {c.name for c in self.children if c.name in urls or c.name in durables}
-        bus = await Bus.connect(self.nats_cluster.url if self.nats_cluster is not None else self.nats.url, "stack")
+        bus = await Bus.connect(self.direct_nats_url(), "stack")
         try:
             async with httpx.AsyncClient(timeout=1.0) as http:
                 while pending:
