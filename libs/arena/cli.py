@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from arena_core.apikeys import enforced
 from arena_core.errors import ArenaError
 from arena_core.settings import Settings, SettingsError
 
@@ -52,6 +53,10 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
     stack = Stack(settings, llm_script=llm_script, nats_cluster=cluster)
     await stack.start()
     print(f"\nArena is up. Rollout API and proxy: {settings.rollout_url}  trajectories: {settings.trajectory_url}")
+    if enforced(stack.settings.auth, stack.settings.host):
+        await stack.issue_local_key(stack.data_dir / LOCAL_KEY_FILE)
+        print(f"API key for this machine's CLI (submit, read): {stack.data_dir / LOCAL_KEY_FILE} "
+              "(read by `arena` from ARENA_DATA_DIR; ARENA_API_KEY for the SDK)")
     if cluster:
         print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.settings.nats_url} "
               f"(replicas {stack.settings.nats_replicas})")
@@ -66,6 +71,8 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
 
 def cmd_up(args) -> int:
     settings = Settings.from_env(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    if settings.auth == "auto":  # the embedded stack checks keys too, with one made for this machine's CLI
+        settings = msgspec.structs.replace(settings, auth="keys")
     if args.cluster is not None and args.cluster < 1:
         raise ArenaError("--cluster takes the number of nats-servers, e.g. --cluster 3")
     asyncio.run(_up(settings, args.llm_script, args.cluster or 0))
@@ -109,8 +116,11 @@ async def _demo(settings: Settings, n: int, seed: int) -> int:
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", log=lambda m: print("   " + m))
     await stack.start()
     try:
-        return await asyncio.to_thread(_demo_run, ArenaClient(settings.rollout_url, settings.trajectory_url),
-                                       task, n, seed)
+        key = await stack.issue_local_key() if enforced(settings.auth, settings.host) else None
+        if key:
+            print(f"   API keys on: this client's key in {stack.data_dir / LOCAL_KEY_FILE}")
+        return await asyncio.to_thread(_demo_run, ArenaClient(settings.rollout_url, settings.trajectory_url,
+                                                              api_key=key), task, n, seed)
     finally:
         print("\n== stopping the stack")
         stack.stop()
@@ -154,6 +164,8 @@ def cmd_demo(args) -> int:
     if data_dir.exists():
         shutil.rmtree(data_dir)
     settings = Settings.from_env(data_dir=str(data_dir))
+    if settings.auth == "auto":  # the demo shows the APIs as they run beyond one machine: behind keys
+        settings = msgspec.structs.replace(settings, auth="keys")
     return asyncio.run(_demo(settings, args.n, args.seed))
 
 

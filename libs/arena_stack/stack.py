@@ -148,6 +148,23 @@ class Stack:
         #: separate machines: nothing passes between them but NATS and HTTP
         self.separate_data_dirs = separate_data_dirs
 
+    async def issue_local_key(self, path: Path | None = None) -> str:
+        """An API key (submit, read) for this machine's CLI, written to ``path`` (default
+        ``<data_dir>/api-key``, mode 0600); the key."""
+        from arena_core import apikeys
+        from arena_core.bus import Bus
+
+        bus = await Bus.connect(self.direct_nats_url(), "stack")
+        try:
+            key, _ = await apikeys.issue(bus, "local-cli", ["submit", "read"])
+        finally:
+            await bus.close()
+        path = path or self.data_dir / "api-key"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(key + "\n")
+        return key
+
     def direct_nats_url(self) -> str:
         """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator
         when there are users."""
