@@ -197,7 +197,7 @@ def test_factory_builds_each_provider_and_rejects_unknown(tmp_path):
     settings = Settings(data_dir=str(tmp_path), sandbox_provider="local, docker,mock,local", sandbox_owner="a b")
     assert [p.name for p in factory.build_providers(settings)] == ["local", "docker", "mock"]
     assert factory.owner_of(settings) == "a-b"
-    with pytest.raises(SettingsError, match="unknown provider 'kubernetes'"):
-        factory.build_providers(Settings(sandbox_provider="kubernetes"))
+    with pytest.raises(SettingsError, match="unknown provider 'firecracker'"):
+        factory.build_providers(Settings(sandbox_provider="firecracker"))
     with pytest.raises(SettingsError, match="ARENA_SANDBOX_POOL_SIZE"):
         Settings.from_env({"ARENA_SANDBOX_POOL_SIZE": "-1"})
