@@ -50,6 +50,24 @@ def top_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+def sample_into(res: GenResult, req: GenRequest, logits: torch.Tensor, logp: torch.Tensor,
+                gen: torch.Generator) -> int:
+    """Sample one token of ``req`` from a row of next-token ``logits`` (greedy at temperature 0,
+    else top-k / top-p filtered) and append it to ``res`` with its raw logprob (``logp``, the
+    unfiltered temperature-1 log-softmax) and, when asked, the top logprobs; the token."""
+    if req.temperature == 0:
+        tok = int(torch.argmax(logits))
+    else:
+        probs = torch.softmax(top_filter(logits / req.temperature, req.top_k, req.top_p), -1)
+        tok = int(torch.multinomial(probs, 1, generator=gen))
+    res.token_ids.append(tok)
+    res.logprobs.append(float(logp[tok]))
+    if req.top_logprobs:
+        top = torch.topk(logp, min(req.top_logprobs, logp.shape[-1]))
+        res.top_logprobs.append([(int(t), float(v)) for v, t in zip(top.values, top.indices, strict=True)])
+    return tok
+
+
 @torch.no_grad()
 def generate(model: PolicyModel, requests: list[GenRequest]) -> list[GenResult]:
     """Sample a completion for each request; stops at ``</s>`` (included) or ``max_tokens``."""
@@ -83,17 +101,8 @@ def generate(model: PolicyModel, requests: list[GenRequest]) -> list[GenResult]:
         for i, req in enumerate(requests):
             if not active[i]:
                 continue
-            if req.temperature == 0:
-                tok = int(torch.argmax(logits[i]))
-            else:
-                probs = torch.softmax(top_filter(logits[i] / req.temperature, req.top_k, req.top_p), -1)
-                tok = int(torch.multinomial(probs, 1, generator=gens[i]))
             res = results[i]
-            res.token_ids.append(tok)
-            res.logprobs.append(float(logp[i, tok]))
-            if req.top_logprobs:
-                top = torch.topk(logp[i], min(req.top_logprobs, logp.shape[-1]))
-                res.top_logprobs.append([(int(t), float(v)) for v, t in zip(top.values, top.indices, strict=True)])
+            tok = sample_into(res, req, logits[i], logp[i], gens[i])
             nxt[i] = tok
             if tok == EOS:
                 active[i], res.finish_reason = False, "stop"

