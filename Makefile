@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv
+.PHONY: test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -59,11 +59,17 @@ test-compose: venv
 	else bash deploy/images/build.sh server nats; fi
 	ARENA_COMPOSE=1 $(VENV)/bin/pytest -q -s -rs tests/deploy/test_compose.py
 
+## the dashboard in a browser: Playwright driving Chromium headless (ARENA_CHROMIUM, default /usr/bin/chromium)
+## against a real stack with the scripted LLM; saves docs/img/dashboard-*.png (docs/dashboard.md)
+DASHBOARD_TESTS := tests/dashboard/test_dashboard_browser.py
+test-dashboard: venv
+	$(VENV)/bin/pytest -q -rs $(DASHBOARD_TESTS)
+
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
 test: venv
-	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS))
+	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS))
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv
@@ -72,6 +78,10 @@ test-pkg: venv
 ## schemathesis for minutes against both APIs, with the stateful phase (submit -> get -> wait -> cancel)
 fuzz: venv
 	ARENA_FUZZ_SECONDS=$${ARENA_FUZZ_SECONDS:-300} $(VENV)/bin/pytest -q -s tests/e2e/test_api_fuzz.py
+
+## the hack suite on all five instances of examples/swebench-mini (`make test` runs every case on one)
+test-hacks: venv
+	ARENA_DATASET_HACKS=all $(VENV)/bin/pytest -q tests/verification/test_dataset_hacks.py
 
 ## 100 rollouts while every service and nats-server are killed with SIGKILL and restarted; prints figures
 test-chaos: venv

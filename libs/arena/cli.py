@@ -53,10 +53,13 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
     stack = Stack(settings, llm_script=llm_script, nats_cluster=cluster)
     await stack.start()
     print(f"\nArena is up. Rollout API and proxy: {settings.rollout_url}  trajectories: {settings.trajectory_url}")
+    key = None
     if enforced(stack.settings.auth, stack.settings.host):
-        await stack.issue_local_key(stack.data_dir / LOCAL_KEY_FILE)
+        key = await stack.issue_local_key(stack.data_dir / LOCAL_KEY_FILE)
         print(f"API key for this machine's CLI (submit, read): {stack.data_dir / LOCAL_KEY_FILE} "
               "(read by `arena` from ARENA_DATA_DIR; ARENA_API_KEY for the SDK)")
+    if stack.dashboard_started:  # the key signs this browser in once (a cookie), then leaves the address bar
+        print(f"Dashboard: {stack.dashboard_url}" + (f"/?key={key}" if key else ""))
     if cluster:
         print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.settings.nats_url} "
               f"(replicas {stack.settings.nats_replicas})")
@@ -197,6 +200,52 @@ def cmd_submit(args) -> int:
     return 0
 
 
+def cmd_duel(args) -> int:
+    """A duel per task (``--task``, or each task of ``--dataset``): two policies, the same seeds;
+    with ``--wait``, the rounds as they are decided, each duel's result and the leaderboard."""
+    from arena import datasets
+    from arena.tasks import load_task
+
+    if len(args.policy) != 2:
+        raise ArenaError("a duel takes two policies: --policy A --policy B")
+    paths = [Path(args.task)] if args.task else list(datasets.iter_task_files(Path(args.dataset)))
+    if not paths:
+        raise ArenaError(f"no task files in {args.dataset}")
+    with _client(args) as client:
+        submitted = []
+        for path in paths:
+            duel = client.submit_duel(load_task(path), policies=args.policy, n=args.seeds, seed=args.seed,
+                                      provider=args.provider)
+            print(f"duel {duel.duel_id}  task {duel.task_id}  {duel.policies[0]} (a) vs {duel.policies[1]} (b), "
+                  f"{args.seeds} seeds from {args.seed}", flush=True)
+            submitted.append(duel)
+        if not args.wait:
+            return 0
+        undecided = 0
+        for duel in submitted:
+            policies = duel.policies
+
+            def show(r: dict, duel_id: str = duel.duel_id) -> None:
+                rewards = "  ".join("-" if x is None else f"{x:g}" for x in r["rewards"])
+                who = {"a": policies[0], "b": policies[1]}.get(r["winner"], r["winner"])
+                print(f"  {duel_id} seed {r['seed']:<4} rewards {rewards:<10} -> {who}", flush=True)
+
+            result = client.wait_duel(duel.duel_id, timeout=args.timeout, on_round=show)
+            wins, draws, void = result["wins"], result["draws"], result["void"]
+            outcome = result["winner"] or ("a tie" if result["complete"] else "undecided (timed out)")
+            print(f"duel {duel.duel_id}: {policies[0]} {wins[0]} - {wins[1]} {policies[1]}, {draws} draw(s), "
+                  f"{void} void; winner: {outcome}", flush=True)
+            undecided += not result["complete"]
+        board = client.leaderboard()
+        print(f"\nleaderboard ({board['method']}, {board['games']} games; 95% interval)")
+        print(f"{'#':>3}  {'policy':<32} {'rating':>7}  {'interval':>15}  {'games':>5} {'W':>4} {'L':>4} {'D':>4}")
+        for i, r in enumerate(board["ratings"], 1):
+            interval = f"{r['ci_low']:.0f}..{r['ci_high']:.0f}"
+            print(f"{i:>3}  {r['policy']:<32} {r['rating']:>7.1f}  {interval:>15}  {r['games']:>5} {r['wins']:>4} "
+                  f"{r['losses']:>4} {r['draws']:>4}")
+        return 1 if undecided else 0
+
+
 def cmd_status(args) -> int:
     with _client(args) as client:
         if args.id:
@@ -286,6 +335,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for every rollout to finish")
     p.add_argument("--timeout", type=float, default=600.0)
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("duel", help="one task (or each task of a dataset) for two policies on the same seeds")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--task", help="task.json or a directory holding one")
+    which.add_argument("--dataset", help="an import's output directory (`arena tasks import`): a duel per task")
+    p.add_argument("--policy", action="append", default=[], required=True,
+                   help="a model name the backends serve (twice: side a, then side b)")
+    p.add_argument("--seeds", type=int, default=8, help="rounds, one per seed (1-64, default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the first seed (default %(default)s)")
+    p.add_argument("--provider", choices=["local", "docker", "mock"], default="local")
+    p.add_argument("--wait", action="store_true", help="print the rounds as they are decided, the result and "
+                                                       "the leaderboard")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each duel")
+    p.set_defaults(func=cmd_duel)
 
     p = sub.add_parser("tasks", help="task bundles and datasets: push, import, validate")
     tasks = p.add_subparsers(dest="tasks_command", required=True)

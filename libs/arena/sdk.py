@@ -7,7 +7,7 @@ Server errors come back as the matching ``arena_core.errors`` class (``NotFound`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,11 +19,13 @@ from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
 from arena_core.schemas import (
     BundleSource,
+    DuelSubmitted,
     PathSource,
     GroupSubmitted,
     RolloutStateChanged,
     RolloutView,
     SamplingParams,
+    SubmitDuelRequest,
     SubmitGroupRequest,
     SubmitRolloutRequest,
     Task,
@@ -142,6 +144,19 @@ class ArenaClient:
                                  provider=provider)
         return self._submit_call("/v1/rollout-groups", GroupSubmitted, encode(req))
 
+    def submit_duel(self, task: Task, *, policies: Sequence[str], n: int, seed: int | None = None,
+                    sampling: SamplingParams | None = None, metadata: dict[str, str] | None = None,
+                    provider: str = "local") -> DuelSubmitted:
+        """The same task for two policies (model names) on seeds ``seed .. seed + n - 1``
+        (``seed`` unset: ``sampling.seed``, else 0); each round is decided by the verifier."""
+        sampling = sampling or SamplingParams()
+        if seed is not None:
+            sampling = msgspec.structs.replace(sampling, seed=seed)
+        task = self.prepare(task)
+        req = SubmitDuelRequest(task=task, policies=list(policies), n=n, sampling=sampling,
+                                metadata=metadata or {}, provider=provider)
+        return self._submit_call("/v1/duels", DuelSubmitted, encode(req))
+
     def get(self, rollout_id: str) -> RolloutView:
         return self._call(self._http, "GET", f"/v1/rollouts/{rollout_id}", RolloutView)
 
@@ -196,3 +211,41 @@ class ArenaClient:
 
     def group(self, group_id: str) -> dict[str, Any]:
         return self._call(self._traj, "GET", f"/v1/groups/{group_id}")
+
+    # ------------------------------------------------------------------ duels
+
+    def duels(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest duels, newest first (``GET /v1/duels``)."""
+        return self._call(self._traj, "GET", "/v1/duels", params={"limit": limit})["duels"]
+
+    def duel(self, duel_id: str) -> dict[str, Any]:
+        """One duel with its rounds as stored so far; ``NotFound`` until a side is stored."""
+        return self._call(self._traj, "GET", f"/v1/duels/{duel_id}")
+
+    def wait_duel(self, duel_id: str, *, timeout: float = 600.0, on_round=None, poll: float = 0.5) -> dict[str, Any]:
+        """The duel once every round is decided (or as it is when ``timeout`` passes);
+        ``on_round(round)`` is called once for each round as it is decided."""
+        deadline = time.monotonic() + timeout
+        seen: set[int] = set()
+        while True:
+            try:
+                duel = self.duel(duel_id)
+            except NotFound:
+                duel = None
+            if duel is not None:
+                for r in duel["rounds"]:
+                    if r["winner"] != "pending" and r["seed"] not in seen:
+                        seen.add(r["seed"])
+                        if on_round is not None:
+                            on_round(r)
+                if duel["complete"]:
+                    return duel
+            if time.monotonic() >= deadline:
+                if duel is None:
+                    raise NotFound(f"duel {duel_id}: no trajectory stored after {timeout:g} s")
+                return duel
+            time.sleep(poll)
+
+    def leaderboard(self) -> dict[str, Any]:
+        """Bradley–Terry ratings of every policy over every decided duel round (``GET /v1/leaderboard``)."""
+        return self._call(self._traj, "GET", "/v1/leaderboard")

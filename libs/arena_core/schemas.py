@@ -365,6 +365,34 @@ class SubmitGroupRequest(Request, kw_only=True):
     metadata: Labels = {}
 
 
+#: Labels a duel puts on every member rollout (and so on its trajectory): the duel's id, the
+#: side (``a`` / ``b``), the side's model name and the member's seed. Refused in submitted metadata.
+LABEL_DUEL = "arena.duel"
+LABEL_DUEL_SIDE = "arena.duel.side"
+LABEL_DUEL_POLICY = "arena.duel.policy"
+LABEL_DUEL_SEED = "arena.duel.seed"
+#: The most seeds one duel runs.
+MAX_DUEL_SEEDS = 64
+PolicyName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class SubmitDuelRequest(Request, kw_only=True):
+    """``POST /v1/duels``: the same task for two policies (model names the backends serve, a
+    checkpoint or LoRA adapter under its own name) on the same ``n`` seeds.
+
+    Two groups are submitted, one per policy; member ``i`` of each samples with seed
+    ``sampling.seed + i`` (``sampling.seed`` unset: 0), so seed ``s`` is one round, decided by
+    the verifier's rewards (docs/rollout.md, Duels).
+    """
+
+    task: Task
+    policies: Annotated[list[PolicyName], msgspec.Meta(min_length=2, max_length=2)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_DUEL_SEEDS)]
+    sampling: SamplingParams = SamplingParams()
+    provider: Literal["local", "docker", "mock"] = "local"
+    metadata: Labels = {}
+
+
 # --------------------------------------------------------------------------- rollout records
 
 
@@ -405,6 +433,9 @@ class RolloutRecord(Base, kw_only=True):
     verify_budget_s: float = 0.0
     #: The rollout ended because Arena could not run or verify it: no reward, not a policy failure.
     infrastructure: bool = False
+    #: W3C ``traceparent`` of the rollout's submission span ("" when tracing is off): the
+    #: proxy's spans join the rollout's trace through it (docs/observability.md).
+    traceparent: str = ""
 
 
 class RolloutView(Base, kw_only=True):
@@ -469,6 +500,17 @@ class GroupSubmitted(Base, kw_only=True):
 
     group_id: str
     rollout_ids: list[str]
+
+
+class DuelSubmitted(Base, kw_only=True):
+    """Response of ``POST /v1/duels``: side ``a`` is ``policies[0]``, side ``b`` ``policies[1]``;
+    ``groups[k]`` and ``rollout_ids[k]`` (by seed) are side ``k``'s."""
+
+    duel_id: str
+    task_id: str
+    policies: list[str]
+    groups: list[str]
+    rollout_ids: list[list[str]]
 
 
 # --------------------------------------------------------------------------- sandbox plane
@@ -833,6 +875,18 @@ class GroupCompleted(Base, kw_only=True):
     excluded_indexes: list[int] = []
 
 
+class DuelRoundDone(Base, kw_only=True):
+    """``arena.duel.done.{duel_id}`` (core NATS, not a stream): the trajectory plane stored the
+    last side of a duel's round; ``complete`` when it was the duel's last round. A notice to
+    refresh (the dashboard's leaderboard), not a record: read the duel from the query API."""
+
+    duel_id: str
+    seed: int
+    winner: Literal["a", "b", "draw", "void"]
+    complete: bool = False
+    at: float = 0.0
+
+
 class TrainerMetrics(Base, kw_only=True):
     """``POST /v1/trainer-metrics`` on the trajectory service: one trainer step's metrics,
     for the dashboard (mean reward, loss, KL, clip fraction, tokens/s, staleness, ...).
@@ -891,6 +945,9 @@ MESSAGES: dict[str, type] = {
     "SubmitRolloutRequest": SubmitRolloutRequest,
     "SubmitGroupRequest": SubmitGroupRequest,
     "GroupSubmitted": GroupSubmitted,
+    "SubmitDuelRequest": SubmitDuelRequest,
+    "DuelSubmitted": DuelSubmitted,
+    "DuelRoundDone": DuelRoundDone,
     "RolloutRecord": RolloutRecord,
     "RolloutView": RolloutView,
     "RolloutSubmitted": RolloutSubmitted,

@@ -87,6 +87,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: within ``queue_timeout_s``, get 429 with Retry-After (docs/reliability.md).
     max_queued: int = 10_000
     log_level: str = "INFO"
+    #: OTLP collector the services send their traces to ("" = no traces exported):
+    #: ``http://host:4318`` over ``http/protobuf``, ``http://host:4317`` over ``grpc``
+    #: (docs/observability.md).
+    otlp_endpoint: str = ""
+    #: ``http/protobuf`` or ``grpc``.
+    otlp_protocol: str = "http/protobuf"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -152,6 +158,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_ROLLOUT_CACHE_ENDED must be >= 1")
         if self.auth not in ("auto", "keys", "off"):
             raise SettingsError(f"ARENA_AUTH must be auto, keys or off, got {self.auth!r}")
+        if self.otlp_endpoint and (urlparse(self.otlp_endpoint).scheme not in {"http", "https"}
+                                   or not urlparse(self.otlp_endpoint).netloc):
+            raise SettingsError(f"ARENA_OTLP_ENDPOINT={self.otlp_endpoint!r} must be an http(s) URL")
+        if self.otlp_protocol not in ("http/protobuf", "grpc"):
+            raise SettingsError(f"ARENA_OTLP_PROTOCOL must be http/protobuf or grpc, got {self.otlp_protocol!r}")
 
     def to_env(self) -> dict[str, str]:
         """The ``ARENA_*`` variables that reproduce these settings in a child process."""

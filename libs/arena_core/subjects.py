@@ -128,6 +128,11 @@ def trainer_metrics(run: str) -> str:
     return f"arena.trainer.metrics.{token(run)}"
 
 
+def duel_done(duel_id: str) -> str:
+    """A duel's round (or the whole duel) was decided: a ``DuelRoundDone`` notice (core NATS, no stream)."""
+    return f"arena.duel.done.{duel_id}"
+
+
 def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
     """The ``Nats-Msg-Id`` of a publish: ``{rollout_id}:{kind}:{seq}``."""
     return f"{rollout_id}:{kind}:{seq}"
@@ -158,6 +163,7 @@ def catalog() -> dict:
             "group": "arena.group.{group_id}",
             "dead": "arena.dead.{stream}",
             "trainer_metrics": "arena.trainer.metrics.{run}",
+            "duel_done": "arena.duel.done.{duel_id}",
         },
         "messages": {
             "arena.rollout.submitted.{rollout_id}": "RolloutSubmitted",
@@ -172,6 +178,7 @@ def catalog() -> dict:
             "arena.group.{group_id}": "GroupCompleted",
             "arena.dead.{stream}": "DeadLetter",
             "arena.trainer.metrics.{run}": "TrainerMetrics",
+            "arena.duel.done.{duel_id}": "DuelRoundDone",
         },
         "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS],
         "object_stores": [OBJECT_ARTIFACTS],

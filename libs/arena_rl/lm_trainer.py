@@ -22,6 +22,7 @@ from arena_core.schemas import GroupCompleted, TrainingSequence, Trajectory
 from arena_rl.lm import LanguageModel
 from arena_rl.loss import Variant, entropy, gae, pad, policy_loss, value_loss
 from arena_rl.policy_server import VERSION_HEADER
+from arena_rl.trainer import post_logprobs
 
 log = logging.getLogger("arena_rl.lm_trainer")
 
@@ -55,6 +56,8 @@ class Row(msgspec.Struct, kw_only=True):
     reward: float
     advantage: float  # group-relative (GRPO family); PPO computes its own per token
     ages: list[int]  # the policy age of each policy token (trainer version - the version that sampled it)
+    rollout_id: str = ""
+    sequence_index: int = 0  # in ``Trajectory.sequences``
 
 
 class LMStepMetrics(msgspec.Struct, kw_only=True):
@@ -112,11 +115,12 @@ def rows_from_groups(groups: list[GroupCompleted], *, version: int, loss: Varian
             skipped += 1
             continue
         for trajectory, advantage in zip(members, advantages or [0.0] * len(members), strict=True):
-            for seq in trajectory.sequences:
+            for index, seq in enumerate(trajectory.sequences):
                 ages = [version - v for v in token_versions(trajectory, seq)] or [0]
                 rows.append(Row(token_ids=list(seq.token_ids), loss_mask=list(seq.loss_mask),
                                 logprobs=list(seq.logprobs), reward=float(trajectory.reward),
-                                advantage=advantage, ages=ages))
+                                advantage=advantage, ages=ages, rollout_id=trajectory.rollout_id,
+                                sequence_index=index))
     return rows, skipped, rewards
 
 
@@ -127,6 +131,8 @@ class LMTrainer:
         self.version = version
         self.push_urls = list(push_urls)
         self.step = 0
+        #: (rollout_id, sequence_index, logprob of every token) of the last step, before its update
+        self.trainer_logprobs: list[tuple[str, int, list[float]]] = []
         self.critic = _Critic(lm.model.config.hidden_size, config.critic) if config.loss == "ppo" else None
         params = [p for p in lm.model.parameters() if p.requires_grad]
         if self.critic is not None:
@@ -165,6 +171,7 @@ class LMTrainer:
         cfg = self.config
         out = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
                "value_loss": 0.0, "tokens": 0}
+        self.trainer_logprobs = []
         if not rows:
             return out
         self.lm.model.train()
@@ -176,6 +183,10 @@ class LMTrainer:
                 part = rows[start: start + cfg.micro_batch]
                 share = len(part) / len(rows)
                 new, old, ref, mask, logits, values = self._forward(part)
+                if epoch == 0:
+                    self.trainer_logprobs += [(r.rollout_id, r.sequence_index,
+                                               [0.0, *lp[: len(r.token_ids) - 1].clamp(min=-1e30).tolist()])
+                                              for r, lp in zip(part, new.detach(), strict=True)]
                 if cfg.loss == "ppo":
                     rewards = torch.zeros_like(mask)
                     for i, r in enumerate(part):  # the reward on each sequence's last policy token
@@ -225,7 +236,10 @@ class LMTrainer:
 
         await asyncio.gather(*(one(u) for u in self.push_urls))
 
-    async def train_step(self, groups: list[GroupCompleted], http: httpx.AsyncClient) -> LMStepMetrics:
+    async def train_step(self, groups: list[GroupCompleted], http: httpx.AsyncClient, *,
+                         trajectory_url: str | None = None, run: str = "lora") -> LMStepMetrics:
+        """One step; with ``trajectory_url``, the trainer's logprobs of each sequence are posted
+        there under ``run`` (best effort, ``arena_rl.trainer.post_logprobs``)."""
         cfg = self.config
         rows, skipped, rewards = rows_from_groups(groups, version=self.version, loss=cfg.loss,
                                                   normalize_std=cfg.normalize_std)
@@ -240,6 +254,8 @@ class LMTrainer:
         self.version += 1
         pushed = time.monotonic()
         await self.push(http)
+        if trajectory_url and self.trainer_logprobs:
+            await post_logprobs(http, trajectory_url, run, str(self.version - 1), self.trainer_logprobs)
         self.step += 1
         return LMStepMetrics(
             step=self.step, policy_version=self.version, loss_kind=cfg.loss, groups=len(groups), sequences=len(rows),

@@ -25,7 +25,7 @@ from arena_core.grpo import group_advantages
 from arena_rl.loss import grpo_loss, pad
 from arena_rl.model import PolicyModel, completion_logprobs, save_checkpoint, to_blob
 from arena_rl.tokenizer import CharTokenizer
-from arena_core.schemas import GroupCompleted, TrainerMetrics
+from arena_core.schemas import GroupCompleted, TrainerMetrics, Trajectory
 
 log = logging.getLogger("arena_rl.trainer")
 
@@ -241,7 +241,9 @@ class GRPOTrainer:
         """Train ``steps`` steps of ``batch_groups`` groups from ``stream`` (a
         :class:`arena.stream.TrajectoryStream`); groups ``accept`` rejects (held-out
         evaluation) are committed without training. Groups are committed after the step
-        that used them, so a crash mid-step trains on them again after a restart."""
+        that used them, so a crash mid-step trains on them again after a restart. With
+        ``metrics_url`` (the trajectory service) each step's metrics are posted there, and the
+        trainer's logprobs of every sequence it trained on (``post_logprobs``)."""
         history: list[StepMetrics] = []
         buffer: list[GroupCompleted] = []
         handles = []
@@ -255,6 +257,9 @@ class GRPOTrainer:
                 if len(buffer) < self.config.batch_groups:
                     continue
                 take, buffer = buffer[: self.config.batch_groups], buffer[self.config.batch_groups:]
+                if metrics_url:  # the weights that sampled (on-policy), before this step changes them
+                    computed_by = str(self.version)
+                    logprobs = await asyncio.to_thread(trainer_logprobs, self.model, trained_members(take))
                 metrics = await self.train_step(take, http)
                 if not buffer:  # a batch is committed once every group it brought was trained on
                     for handle in handles:
@@ -266,6 +271,7 @@ class GRPOTrainer:
                         f.write(msgspec.json.encode(metrics) + b"\n")
                 if metrics_url:
                     await post_metrics(http, metrics_url, run_name, metrics)
+                    await post_logprobs(http, metrics_url, run_name, computed_by, logprobs)
                 if on_step is not None:
                     on_step(metrics)
                 log.info("step %d: version %d, reward %.3f, loss %.4f, clip %.3f, staleness %.1f",
@@ -290,3 +296,50 @@ async def post_metrics(http: httpx.AsyncClient, url: str, run: str, metrics: Ste
             log.warning("trajectory service refused metrics of step %d: %s", metrics.step, resp.text[:300])
     except httpx.HTTPError as exc:
         log.warning("could not send metrics of step %d to %s: %s", metrics.step, url, exc)
+
+
+def trained_members(groups: list[GroupCompleted], *, normalize_std: bool = True) -> list[Trajectory]:
+    """The trajectories a GRPO step learns from: rewarded members of groups whose rewards differ."""
+    out = []
+    for group in groups:
+        members = [t for t in group.trajectories if t.reward is not None]
+        if any(group_advantages([t.reward for t in members], normalize_std=normalize_std) if members else []):
+            out.extend(members)
+    return out
+
+
+def trainer_logprobs(model: PolicyModel, trajectories: list[Trajectory]) -> list[tuple[str, int, list[float]]]:
+    """``(rollout_id, sequence_index, logprobs)`` for each training sequence: the model's logprob
+    of every token given the tokens before it (0.0 for the first), in one forward pass, to set
+    beside the logprobs the server sampled with. Sequences over the model's context are left out."""
+    items = [(t.rollout_id, i, list(seq.token_ids)) for t in trajectories for i, seq in enumerate(t.sequences)
+             if 1 < len(seq.token_ids) <= model.cfg.max_len]
+    if not items:
+        return []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        rows = completion_logprobs(model, [ids[:1] for _, _, ids in items], [ids[1:] for _, _, ids in items])
+    model.train(was_training)
+    # a token the model cannot produce (a special id) is -inf, which JSON cannot carry: -1e30
+    return [(rid, i, [0.0, *row.clamp(min=-1e30).tolist()]) for (rid, i, _), row in zip(items, rows, strict=True)]
+
+
+async def post_logprobs(http: httpx.AsyncClient, url: str, run: str, policy_version: str,
+                        rows: list[tuple[str, int, list[float]]]) -> None:
+    """Send each sequence's trainer logprobs (``POST /v1/trainer-logprobs``), concurrently.
+    Failures are logged (one line per step), never fatal: they only feed the dashboard."""
+    async def one(rollout_id: str, index: int, logprobs: list[float]) -> str | None:
+        body = {"run": run, "policy_version": policy_version, "rollout_id": rollout_id, "sequence_index": index,
+                "logprobs": logprobs}
+        try:
+            resp = await http.post(url.rstrip("/") + "/v1/trainer-logprobs", content=msgspec.json.encode(body),
+                                   headers={"content-type": "application/json", **auth_headers()})
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return f"{resp.status_code} {resp.text[:200]}" if resp.status_code >= 400 else None
+
+    problems = [p for p in await asyncio.gather(*(one(*row) for row in rows)) if p]
+    if problems:
+        log.warning("%d of %d trainer logprob posts to %s failed; the first: %s", len(problems), len(rows), url,
+                    problems[0])

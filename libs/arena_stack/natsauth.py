@@ -30,8 +30,11 @@ PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
                 ["_INBOX.>", "arena.rollout.state.>"]),
     "verification": ([*_JETSTREAM, "arena.verify.done.>", _OBJECTS], ["_INBOX.>"]),
     "trajectory": ([*_JETSTREAM, "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
-                    _KV.format(subjects.KV_API_KEYS), _OBJECTS],
+                    "arena.duel.done.>", _KV.format(subjects.KV_API_KEYS), _OBJECTS],
                    ["_INBOX.>"]),
+    #: the web dashboard: live events in, the API keys' bucket read (JetStream API), nothing out
+    "dashboard": (["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"],
+                  ["_INBOX.>", "arena.rollout.state.>", "arena.trainer.metrics.>", "arena.duel.done.>"]),
     #: a trainer (``arena.stream.TrajectoryStream``) and a policy server registering itself
     "trainer": ([*_JETSTREAM, _KV.format(subjects.KV_BACKENDS)], ["_INBOX.>", "arena.trainer.metrics.>"]),
     #: people and tools: ``arena keys``, ``arena backend``, the embedded stack's own checks

@@ -1,6 +1,6 @@
 """The embedded stack behind ``arena up``: nats-server (or a cluster of them, ``--cluster``),
-the four services, optionally the scripted LLM, each a child process, started in order,
-health-checked, stopped by PID.
+the four services and the dashboard, optionally the scripted LLM, each a child process,
+started in order, health-checked, stopped by PID.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import ctypes
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ SERVICES = (
     ("verification", "arena_verification"),
     ("sandbox", "arena_sandbox"),
     ("rollout", "arena_rollout"),
+    ("dashboard", "arena_dashboard"),  # reads the trajectory API and NATS events; nothing waits for it
 )
 
 
@@ -78,15 +80,23 @@ class Child:
             return ""
 
     def stop(self, timeout: float = 15.0) -> int | None:
+        self.terminate()
+        return self.wait(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM, if it runs (``wait`` then reaps it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 15.0) -> int | None:
+        """Its exit code, SIGKILLing it if it has not exited ``timeout`` s after ``terminate``."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         return self.proc.returncode
 
 
@@ -165,6 +175,28 @@ class Stack:
         path.write_text(key + "\n")
         return key
 
+    @property
+    def dashboard_url(self) -> str:
+        """The web dashboard (``arena_dashboard``) as this host reaches it."""
+        return f"http://{self.settings.host}:{self.settings.dashboard_port}"
+
+    def _no_dashboard(self) -> str | None:
+        """Why the dashboard cannot start here, if it cannot: it is the one optional child (the
+        stack works without it), so a busy port (another stack on this host) is reported, not fatal."""
+        if self.nats_passwords is not None and "dashboard" not in self.nats_passwords:
+            return "no NATS user of its own (arena_stack.natsauth)"
+        with socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                probe.bind((self.settings.host, self.settings.dashboard_port))
+            except OSError as exc:
+                return f"port {self.settings.dashboard_port} is in use ({exc.strerror}; ARENA_DASHBOARD_PORT)"
+        return None
+
+    @property
+    def dashboard_started(self) -> bool:
+        return any(c.name == "dashboard" for c in self.children)
+
     def direct_nats_url(self) -> str:
         """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator
         when there are users."""
@@ -207,12 +239,16 @@ class Stack:
                 self.log(f"scripted LLM    {self.settings.backend_url} (pid {child.pid})")
             for name, module in SERVICES:
                 env = self.env()
+                if name == "dashboard" and (why := self._no_dashboard()):
+                    self.log(f"{name:<15} not started: {why}")
+                    continue
                 if self.nats_passwords is not None:
                     env["ARENA_NATS_URL"] = natsauth.with_user(self.nats.url, name, self.nats_passwords[name])
                 if self.separate_data_dirs:
                     env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
                 child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
-                child.health_url = self.health_urls().get(name)
+                child.health_url = self.health_urls().get(name) or (
+                    f"{self.dashboard_url}/healthz" if name == "dashboard" else None)
                 child.start()
                 self.children.append(child)
             await self._wait_healthy(timeout)
@@ -303,7 +339,8 @@ class Stack:
 
         deadline = time.monotonic() + timeout
         urls = {"rollout": f"{self.settings.rollout_url}/healthz",
-                "trajectory": f"{self.settings.trajectory_url}/healthz"}
+                "trajectory": f"{self.settings.trajectory_url}/healthz",
+                "dashboard": f"{self.dashboard_url}/healthz"}
         first_provider = self.settings.sandbox_provider.split(",")[0].strip()  # "local,docker": one consumer each
         durables = {"sandbox": ("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=first_provider)),
                     "verification": ("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)}
@@ -338,10 +375,16 @@ class Stack:
             await bus.close()
 
     def stop(self) -> None:
-        for child in reversed(self.children):
-            code = child.stop()
-            if code not in (None, 0, -signal.SIGTERM):
-                self.log(f"{child.name} exited with code {code} (log: {child.log_path})")
+        """Every child but the trajectory service at once (each drains in parallel), then the
+        trajectory service, which stores what they published last, then nats-server."""
+        last = [c for c in self.children if c.name == "trajectory"]
+        for phase in ([c for c in self.children if c not in last], last):
+            for child in phase:
+                child.terminate()
+            for child in phase:
+                code = child.wait()
+                if code not in (None, 0, -signal.SIGTERM):
+                    self.log(f"{child.name} exited with code {code} (log: {child.log_path})")
         self.children.clear()
         if self.nats_cluster is not None:
             self.nats_cluster.stop()

@@ -16,6 +16,7 @@ from arena_core.schemas import (
     SandboxOutcome,
     Step,
     Timings,
+    ToolCall,
     Usage,
     VerificationResult,
 )
@@ -94,7 +95,8 @@ async def test_step_columns_hold_what_analytics_read(store):
     import json
 
     long_text = "x" * 20_000 + NASTY
-    with_lp = step("cols", 0, text=long_text, logprobs=(-0.25, -1.75, -1.0))
+    with_lp = msgspec.structs.replace(step("cols", 0, text=long_text, logprobs=(-0.25, -1.75, -1.0)),
+                                      tool_calls=[ToolCall(id="c1", name="f"), ToolCall(id="c2", name="g")])
     without = msgspec.structs.replace(step("cols", 1), logprobs=None, finish_reason=None, policy_version=None)
     await store.insert_steps([with_lp, without])
     rows = [json.loads(line) for line in await store.select(
@@ -104,8 +106,9 @@ async def test_step_columns_hold_what_analytics_read(store):
         "rollout_id": "cols", "step_index": 0, "model": "m", "backend": "b0", "policy_version": "7",
         "prompt_tokens": 2, "completion_tokens": 2, "finish_reason": "stop", "total_ms": 9.5,
         "first_token_ms": 5.0, "queued_ms": 1.0, "mean_logprob": -1.0, "min_logprob": -1.75, "sum_logprob": -3.0,
-        "num_logprobs": 3, "started_at": None, "ms": 1_700_000_000_125, "body_len": len(msgspec.json.encode(with_lp))}
+        "num_logprobs": 3, "tool_calls": 2, "started_at": None, "ms": 1_700_000_000_125, "body_len": len(msgspec.json.encode(with_lp))}
     assert rows[1]["mean_logprob"] is None and rows[1]["min_logprob"] is None and rows[1]["num_logprobs"] == 0
+    assert rows[1]["tool_calls"] == 0
     assert rows[1]["policy_version"] == "" and rows[1]["finish_reason"] == "" and rows[1]["ms"] == 1_700_000_001_125
     assert await store.steps_for("cols") == [with_lp, without]
 

@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from arena_core import apikeys, logs, subjects, telemetry
+from arena_core import apikeys, logs, metrics, subjects, telemetry
 from arena_core.bus import Bus
 from arena_core.runtime import run, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
@@ -24,7 +24,7 @@ from arena_rollout.worker import consumers
 
 async def main(settings: Settings) -> int:
     log = logs.setup("rollout", settings.log_level)
-    telemetry.setup("rollout")
+    telemetry.setup("rollout", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "rollout")
     await bus.ensure_topology()
@@ -48,12 +48,18 @@ async def main(settings: Settings) -> int:
                                                  queue_timeout_s=settings.queue_timeout_s).run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
         app, keys = apikeys.protect(create_app(service), bus, auth=settings.auth, host=settings.host)
-        code = await serve(stop, consumers=[*consumers(bus, service), bus.watch(), *keys], app=app,
+        results = consumers(bus, service)
+        queues = metrics.QueueDepths(bus.js, [(c.stream, c.durable) for c in results])
+        metrics.install("rollout", queues)
+        metrics.ROLLOUTS_QUEUED.set_function(service.queued)
+        app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
+        code = await serve(stop, consumers=[*results, bus.watch(), *keys], app=app,
                            host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()
         await upstream.aclose()
     await bus.close()
+    telemetry.shutdown()
     log.info("rollout service stopped")
     return code
 

@@ -26,11 +26,13 @@ from arena_core.bodies import decode_body
 from arena_core.errors import ArenaError, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
 from arena_core.schemas import (
     ID_PATTERN,
+    DuelSubmitted,
     ErrorBody,
     ErrorResponse,
     GroupSubmitted,
     RolloutState,
     RolloutView,
+    SubmitDuelRequest,
     SubmitGroupRequest,
     SubmitRolloutRequest,
     encode,
@@ -97,7 +99,8 @@ def decode(data: bytes, type_: type[T]) -> T:
 
 def create_app(service: RolloutService) -> RolloutApp:
     app = FastAPI(title="Arena rollout API", version="0.1.0", responses=openapi.errors(422, 503))
-    openapi.install(app, [SubmitRolloutRequest, SubmitGroupRequest, RolloutView, GroupSubmitted, health.Health])
+    openapi.install(app, [SubmitRolloutRequest, SubmitGroupRequest, RolloutView, GroupSubmitted, SubmitDuelRequest,
+                          DuelSubmitted, health.Health])
     limit = service.settings.max_body_bytes
     obj = {"type": "object"}
     sse = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}  # per event
@@ -190,6 +193,14 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def submit_group(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitGroupRequest)
         return json_response(await service.submit_group(req), 201)
+
+    @app.post("/v1/duels", status_code=201, openapi_extra=openapi.request_body(SubmitDuelRequest),
+              responses={201: openapi.answer(DuelSubmitted, "created"), **openapi.errors(413, 429)})
+    async def submit_duel(request: Request) -> Response:
+        """One task for two policies on the same seeds: two groups, each member labelled
+        ``arena.duel``, ``arena.duel.side``, ``arena.duel.policy``, ``arena.duel.seed``."""
+        req = decode(await read_body(request, limit), SubmitDuelRequest)
+        return json_response(await service.submit_duel(req), 201)
 
     @app.post("/v1/bundles", status_code=201,
               openapi_extra={"requestBody": {"required": True, "content": {

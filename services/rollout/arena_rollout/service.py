@@ -18,12 +18,17 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 
-from arena_core import private, sources, subjects, telemetry
+from arena_core import metrics, private, sources, subjects, telemetry
 from arena_core.bus import Bus, Delivery
 from arena_core.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena_core.schemas import (
+    LABEL_DUEL,
+    LABEL_DUEL_POLICY,
+    LABEL_DUEL_SEED,
+    LABEL_DUEL_SIDE,
     BundleSource,
     DeadLetter,
+    DuelSubmitted,
     PathSource,
     GroupSubmitted,
     RolloutRecord,
@@ -36,6 +41,7 @@ from arena_core.schemas import (
     SandboxOutcome,
     SandboxStarted,
     StateTransition,
+    SubmitDuelRequest,
     SubmitGroupRequest,
     SubmitRolloutRequest,
     TestsVerifier,
@@ -136,8 +142,28 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
             problems.append(f"task.agent.path {task.agent.path!r} is not a directory on the sandbox host")
     if isinstance(req, SubmitGroupRequest) and not 1 <= req.n <= MAX_GROUP:
         problems.append(f"n must be between 1 and {MAX_GROUP}, got {req.n}")
+    reserved = sorted(k for k in req.metadata if k == LABEL_DUEL or k.startswith(LABEL_DUEL + "."))
+    if reserved:
+        problems.append(f"metadata labels {', '.join(reserved)} are reserved for duels (POST /v1/duels sets them)")
     if problems:
         raise InvalidRequest("; ".join(problems))
+
+
+def duel_problems(req: SubmitDuelRequest, *, serves) -> list[str]:
+    """What makes a duel unrunnable beyond its task (checked as a group's): ``serves(model)``
+    says whether a backend replica serves a model name."""
+    problems = []
+    a, b = req.policies
+    if a == b:
+        problems.append(f"policies must be two distinct model names, got {a!r} twice")
+    for name in dict.fromkeys(req.policies):
+        if name == "default":
+            problems.append("a policy must name a model: 'default' leaves the choice to the agent")
+        elif not serves(name):
+            problems.append(f"no backend replica serves model {name!r} (register one: `arena backend register`)")
+    if len(req.metadata) > 64 - 4:
+        problems.append("a duel's metadata holds at most 60 labels (the duel adds 4)")
+    return problems
 
 
 def _bundles_of(task) -> list[str]:
@@ -189,12 +215,40 @@ class RolloutService:
     async def submit_group(self, req: SubmitGroupRequest) -> GroupSubmitted:
         self.admission.check(queued=self.queued(), adding=req.n)
         req, private = await self._accept(req)
+        return await self._submit_members(req, private)
+
+    async def submit_duel(self, req: SubmitDuelRequest) -> DuelSubmitted:
+        """Two groups of one task, one per policy, on the same seeds; every member labelled
+        with the duel, its side, its policy and its seed."""
+        problems = duel_problems(req, serves=lambda model: any(
+            s.serves(model) for s in self.router.replicas.values()))
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        self.admission.check(queued=self.queued(), adding=2 * req.n)
+        seed = req.sampling.seed if req.sampling.seed is not None else 0
+        group = SubmitGroupRequest(task=req.task, n=req.n, sampling=msgspec.structs.replace(req.sampling, seed=seed),
+                                   model=req.policies[0], provider=req.provider, metadata=req.metadata)
+        group, private = await self._accept(group)  # once: both sides run the same task
+        duel_id = "d-" + uuid.uuid4().hex[:16]
+        sides = []
+        for side, policy in zip("ab", req.policies):
+            labels = [{LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
+                       LABEL_DUEL_SEED: str(seed + i)} for i in range(req.n)]
+            sides.append(await self._submit_members(msgspec.structs.replace(group, model=policy), private,
+                                                    labels=labels))
+        log.info("duel %s: %s vs %s on %d seeds", duel_id, *req.policies, req.n)
+        return DuelSubmitted(duel_id=duel_id, task_id=req.task.id, policies=list(req.policies),
+                             groups=[g.group_id for g in sides], rollout_ids=[g.rollout_ids for g in sides])
+
+    async def _submit_members(self, req: SubmitGroupRequest, private: tuple[str, float], *,
+                              labels: list[dict[str, str]] | None = None) -> GroupSubmitted:
+        """The members of an accepted group; ``labels[i]``: member ``i``'s labels over the group's."""
         group_id = "g-" + uuid.uuid4().hex[:16]
         single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
                                       provider=req.provider, metadata=req.metadata)
         records = await asyncio.gather(*(
             self._create(
-                single,
+                single if labels is None else msgspec.structs.replace(single, metadata={**req.metadata, **labels[i]}),
                 private,
                 group_id=group_id,
                 index=i,
@@ -231,7 +285,7 @@ class RolloutService:
                       index: int, size: int, sampling) -> RolloutRecord:
         rid = "r-" + uuid.uuid4().hex[:20]
         # one rollout is one trace: every message published below carries its traceparent
-        with telemetry.tracer().start_as_current_span("rollout", attributes={"arena.rollout_id": rid,
+        with telemetry.tracer().start_as_current_span("submission", attributes={"arena.rollout_id": rid,
                                                                              "arena.task_id": req.task.id}):
             return await self._create_traced(req, private, rid=rid, group_id=group_id, index=index, size=size,
                                              sampling=sampling)
@@ -258,8 +312,10 @@ class RolloutService:
             metadata=req.metadata,
             verifier_ref=ref,
             verify_budget_s=verify_budget,
+            traceparent=telemetry.traceparent(),  # the proxy's spans continue it
         )
         await self.store.create(record)
+        metrics.ROLLOUT_TRANSITIONS.labels(state=S.PENDING.value).inc()
         await self.bus.publish(
             subjects.rollout_submitted(rid),
             RolloutSubmitted(rollout_id=rid, task_id=req.task.id, group_id=group_id, group_index=index,
@@ -309,6 +365,7 @@ class RolloutService:
             return None
         if after is before:
             return None
+        metrics.ROLLOUT_TRANSITIONS.labels(state=after.state.value).inc()
         if before.state in QUEUED and after.state not in QUEUED:
             self.admission.left_queue()
         await self._publish_state(after, before.state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from arena_core import logs, telemetry
+from arena_core import logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
@@ -20,7 +20,7 @@ from arena_sandbox.worker import SandboxWorker, reap_orphans
 
 async def main(settings: Settings) -> int:
     log = logs.setup("sandbox", settings.log_level)
-    telemetry.setup("sandbox")
+    telemetry.setup("sandbox", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
     providers = build_providers(settings)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "sandbox")
@@ -50,6 +50,10 @@ async def main(settings: Settings) -> int:
         return None
 
     health = health_app(bus, streams=["ARENA_SANDBOX_JOBS"], checks=[providers_work])
+    queues = metrics.QueueDepths(bus.js, [("ARENA_SANDBOX_JOBS", subjects.CONSUMER_SANDBOX.format(provider=p.name))
+                                          for p in providers])
+    metrics.install("sandbox", queues)
+    health = metrics.metrics_route(health, refresh=[queues.refresh])
     # no sandbox lives longer than the longest wall clock a task may ask for
     bases = [p.base for p in providers if getattr(p, "base", None) is not None]
     sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
@@ -61,6 +65,7 @@ async def main(settings: Settings) -> int:
     for provider in providers:
         await provider.close()
     await bus.close()
+    telemetry.shutdown()
     log.info("sandbox worker stopped")
     return code
 

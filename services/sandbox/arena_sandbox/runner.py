@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from arena_core import scaffolds
+from arena_core import scaffolds, telemetry
 from arena_core.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
 from arena_core.sources import SourceCache, SourceError
 from arena_sandbox_providers import local
@@ -274,20 +274,22 @@ async def run_job(
 
     sandbox: Sandbox | None = None
     cache = sources if sources is not None else SourceCache(Path(data_dir) / "sources", allow_paths=True)
+    attributes = {"arena.rollout_id": job.rollout_id, "arena.sandbox_id": sandbox_id, "arena.provider": name}
     try:
         try:
-            tree = await cache.tree(job.task.source_of())
-            agent_tree = await agent_files(job.task.agent, cache)
-            home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
-            plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
-            spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
-                              workspace_mount=job.task.workspace_mount() if name == "docker" else "")
-            sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
-            await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
-            if plan.agent_dir is not None:
-                await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
-            await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job), **plan.files})
-            git_config = await sandbox.read_file(f"{local.WORKSPACE}/.git/config", max_bytes=GIT_CONFIG_MAX)
+            with telemetry.tracer().start_as_current_span("sandbox.start", attributes=attributes):
+                tree = await cache.tree(job.task.source_of())
+                agent_tree = await agent_files(job.task.agent, cache)
+                home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
+                plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
+                spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
+                                  workspace_mount=job.task.workspace_mount() if name == "docker" else "")
+                sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
+                await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
+                if plan.agent_dir is not None:
+                    await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
+                await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job), **plan.files})
+                git_config = await sandbox.read_file(f"{local.WORKSPACE}/.git/config", max_bytes=GIT_CONFIG_MAX)
         except (OSError, ValueError, local.GitError, SandboxError, SourceError) as exc:
             log.warning("cannot prepare the sandbox: %s", exc, extra=extra)
             return JobRun(done=finish(SandboxOutcome.ERROR, f"cannot prepare the sandbox: {exc}"), log=b"")
@@ -296,10 +298,12 @@ async def run_job(
         log.info("sandbox starting (%s %s)", name, sandbox.id, extra=extra)
         output = _LogBuffer(config.max_log_bytes)
         try:
-            run = await sandbox.exec(
-                plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
-                proxy=plan.proxy, cancel=cancel, on_output=output,
-            )
+            with telemetry.tracer().start_as_current_span("sandbox.run", attributes=attributes) as span:
+                run = await sandbox.exec(
+                    plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
+                    proxy=plan.proxy, cancel=cancel, on_output=output,
+                )
+                span.set_attribute("arena.exit_code", run.exit_code if run.exit_code is not None else -1)
         except SandboxError as exc:
             return JobRun(done=finish(SandboxOutcome.ERROR, str(exc)), log=output.data())
         full_log = output.data()

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from arena_core import subjects
+from arena_core import metrics, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Retryable
 from arena_core.schemas import (
@@ -76,6 +76,7 @@ class SandboxWorker:
         self.sources = SourceCache(self.data_dir / "sources", bus=bus, allow_paths=settings.allow_host_paths,
                                    docker_url=settings.docker_url)
         self.sources.reap()
+        self.in_flight = metrics.SANDBOXES_IN_FLIGHT.labels(provider=self.name)  # 0 until a job runs
 
     def consumer(self) -> Consumer[SandboxJob]:
         return Consumer(
@@ -110,10 +111,15 @@ class SandboxWorker:
         sub = await self.bus.nc.subscribe(subjects.rollout_state(rid), cb=on_state)
         stopper = asyncio.create_task(_set_when(self.stop, cancel))
         try:
-            state = await self._rollout_state(rid)
+            record = await self._rollout_record(rid)
+            state = record.state if record is not None else None
             if state is not None and (state.is_final or state is RolloutState.VERIFYING):
                 log.info("rollout is %s: sandbox job skipped", state.value, extra=extra)
                 return
+            if record is not None:  # from submission until this worker took the job
+                telemetry.record_span("queue", parent=delivery.headers, start=record.created_at, end=_now(),
+                                      attributes={"arena.rollout_id": rid, "arena.provider": self.name,
+                                                  "arena.delivery": delivery.num_delivered})
             await self._run(job, cancel, cancel_reason)
         finally:
             stopper.cancel()
@@ -140,10 +146,14 @@ class SandboxWorker:
             )
             await self._publish_done(job, done)
             return
-        result = await runner.run_job(
-            job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
-            sandbox_id=sandbox_id, cancel=cancel, sources=self.sources,
-        )
+        self.in_flight.inc()
+        try:
+            result = await runner.run_job(
+                job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
+                sandbox_id=sandbox_id, cancel=cancel, sources=self.sources,
+            )
+        finally:
+            self.in_flight.dec()
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
             # Killed because this worker is stopping, not because of the rollout.
@@ -177,6 +187,7 @@ class SandboxWorker:
         await self.bus.publish(
             subjects.sandbox_done(rid), done, msg_id=subjects.msg_id(rid, "sandbox-done", job.attempt)
         )
+        metrics.SANDBOX_RUNS.labels(provider=self.name, outcome=done.outcome.value).inc()
         if done.outcome is SandboxOutcome.COMPLETED:
             await self.bus.publish(
                 subjects.VERIFY_RUN,
@@ -186,7 +197,7 @@ class SandboxWorker:
             )
         return done.outcome
 
-    async def _rollout_state(self, rollout_id: str) -> RolloutState | None:
+    async def _rollout_record(self, rollout_id: str) -> RolloutRecord | None:
         kv = await self.bus.kv(subjects.KV_ROLLOUTS)
         try:
             entry = await kv.get(rollout_id)
@@ -196,7 +207,7 @@ class SandboxWorker:
             return None
         if entry.value is None:
             return None
-        return _record_decoder.decode(entry.value).state
+        return _record_decoder.decode(entry.value)
 
     async def _store(self, rollout_id: str, name: str, data: bytes) -> str | None:
         """``data`` in the artifact store as ``{rollout_id}/{name}``; its key, or ``None`` if it failed."""

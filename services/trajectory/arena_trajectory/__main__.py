@@ -12,7 +12,7 @@ import gc
 import logging
 import sys
 
-from arena_core import apikeys, logs, runtime, telemetry
+from arena_core import apikeys, logs, metrics, runtime, subjects, telemetry
 from arena_core.bus import Bus
 from arena_core.runtime import stop_on_signals
 from arena_core.settings import Settings
@@ -43,6 +43,11 @@ async def serve(settings: Settings, bus: Bus, store: TrajectoryStore) -> int:
     stop = stop_on_signals()
     log.info("trajectory service on %s", settings.trajectory_url)
     app, keys = apikeys.protect(create_app(store, bus), bus, auth=settings.auth, host=settings.host)
+    queues = metrics.QueueDepths(bus.js, [("ARENA_STEPS", subjects.CONSUMER_TRAJ_STEPS),
+                                          ("ARENA_RESULTS", subjects.CONSUMER_TRAJ_RESULTS),
+                                          ("ARENA_ROLLOUTS", subjects.CONSUMER_TRAJ_STATES)])
+    metrics.install("trajectory", queues)
+    app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
     code = await runtime.serve(stop, consumers=[*worker.consumers(), CycleCollector(), bus.watch(), *keys], app=app,
                                host=settings.host, port=settings.trajectory_port)
     log.info("stopped")
@@ -76,8 +81,11 @@ def run() -> int:
     tune_gc()
     settings = Settings.from_env()
     logs.setup("trajectory", settings.log_level)
-    telemetry.setup("trajectory")
-    return runtime.run(main(settings))
+    telemetry.setup("trajectory", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
+    try:
+        return runtime.run(main(settings))
+    finally:
+        telemetry.shutdown()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from arena_core import health, openapi, subjects
 from arena_core.bodies import decode_body
 from arena_core.bus import Bus
-from arena_core.errors import ArenaError, InvalidRequest, NotFound
+from arena_core.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
 from arena_core.grpo import group_advantages
 from arena_core.schemas import (
     ID_PATTERN,
@@ -29,12 +29,14 @@ from arena_core.schemas import (
     encode,
     valid_id,
 )
-from arena_trajectory import analytics, assembler
+from arena_trajectory import analytics, assembler, insights
+from arena_trajectory import duels
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import TABLES
 
 MAX_METRICS_BODY = 1 << 20
+MAX_LOGPROBS_BODY = 4 << 20
 
 MAX_LIMIT = 1000
 #: The latest time a query may name (unix seconds, year 2286): ClickHouse's DateTime64 range.
@@ -115,7 +117,9 @@ def _error(exc: ArenaError) -> Response:
 
 def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     app = FastAPI(title="Arena trajectories", docs_url=None, redoc_url=None, responses=openapi.errors(422, 503))
-    openapi.install(app, [Trajectory, TrajectoryList, ExportPage, GroupView, TrainerMetrics, health.Health])
+    openapi.install(app, [Trajectory, TrajectoryList, ExportPage, GroupView, TrainerMetrics, health.Health,
+                        *insights.SCHEMAS])
+    openapi.install(app, [duels.DuelList, duels.DuelView, duels.Leaderboard])
     obj = {"type": "object"}
 
     @app.exception_handler(ArenaError)
@@ -159,8 +163,13 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         f: TrajectoryFilter = Depends(trajectory_filter),
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
+        before_completed_at: float | None = Query(None, ge=0, le=MAX_TIME,
+                                                  description="keyset: the previous page's last completed_at"),
+        before_rollout: str | None = Query(None, max_length=128,
+                                           description="keyset: its rollout_id (only with before_completed_at)"),
     ) -> Response:
-        rows = await store.list_trajectories(filter=f, limit=limit, offset=offset)
+        before = (before_completed_at, before_rollout) if before_completed_at is not None else None
+        rows = await store.list_trajectories(filter=f, limit=limit, offset=offset, before=before)
         return _json(TrajectoryList(trajectories=rows))
 
     @app.get("/v1/stats/rewards", responses={200: openapi.answer(obj)})
@@ -218,6 +227,72 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     @app.get("/v1/trainer-metrics", responses={200: openapi.answer(obj)})
     async def get_trainer_metrics(run: str = Query(..., min_length=1, max_length=256), limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
         return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit)})
+
+    # ----------------------------------------------------------------- dashboard (insights.py)
+
+    @app.get("/v1/stats/overview", responses={200: openapi.answer(insights.Overview)})
+    async def overview_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json(await insights.overview(store, f))
+
+    @app.get("/v1/stats/live", responses={200: openapi.answer(insights.Live)})
+    async def live_stats() -> Response:
+        return _json(await insights.live(store))
+
+    @app.get("/v1/stats/verification", responses={200: openapi.answer(insights.VerificationStats)})
+    async def verification_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json(await insights.verification(store, f))
+
+    @app.get("/v1/stats/tasks", responses={200: openapi.answer(insights.TaskPage)})
+    async def task_stats(f: TrajectoryFilter = Depends(trajectory_filter), limit: int = Query(100, ge=1, le=MAX_LIMIT),
+                         offset: int = Query(0, ge=0, le=10_000_000), order: insights.TaskOrder = "attempts",
+                         min_attempts: int = Query(5, ge=1, le=1_000_000)) -> Response:
+        return _json(await insights.tasks(store, f, limit=limit, offset=offset, order=order,
+                                          min_attempts=min_attempts))
+
+    @app.get("/v1/stats/token-usage", responses={200: openapi.answer(insights.TokenUsage)})
+    async def token_usage_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
+        return _json(await insights.token_usage(store, f))
+
+    @app.get("/v1/stats/training", responses={200: openapi.answer(insights.Training)})
+    async def training_stats(f: TrajectoryFilter = Depends(trajectory_filter),
+                             run: str | None = Query(None, min_length=1, max_length=256)) -> Response:
+        return _json(await insights.training(store, f, run=run))
+
+    @app.post("/v1/trainer-logprobs", status_code=201, openapi_extra=openapi.request_body(insights.TrainerLogprobs),
+              responses={201: openapi.answer(obj, "stored"), **openapi.errors(404, 409, 413)})
+    async def post_trainer_logprobs(request: Request) -> Response:
+        """A trainer's logprobs of one training sequence of a stored trajectory (409 if they
+        do not align with its ``token_ids``; 404 for an unknown rollout)."""
+        body = await request.body()
+        if len(body) > MAX_LOGPROBS_BODY:
+            raise PayloadTooLarge(f"trainer logprobs body over {MAX_LOGPROBS_BODY} bytes")
+        posted = decode_body(body, insights.TrainerLogprobs, what="trainer logprobs")
+        await insights.store_trainer_logprobs(store, posted)
+        return _json({"stored": True}, 201)
+
+    @app.get("/v1/trajectories/{rollout_id}/trainer-logprobs",
+             responses={200: openapi.answer(insights.TrajectoryLogprobs)})
+    async def get_trainer_logprobs(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+        return _json(await insights.trainer_logprobs(store, rollout_id))
+
+    # ----------------------------------------------------------------- duels (duels.py)
+
+    @app.get("/v1/duels", responses={200: openapi.answer(duels.DuelList)})
+    async def list_duels(limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
+        """The latest duels, newest first, each as stored so far."""
+        return _json(duels.DuelList(duels=await duels.duels(store, limit=limit)))
+
+    @app.get("/v1/duels/{duel_id}", responses={200: openapi.answer(duels.DuelView), **openapi.errors(404)})
+    async def get_duel(duel_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+        found = await duels.duel(store, duel_id)
+        if found is None:
+            raise NotFound(f"no trajectories of duel {duel_id!r}")
+        return _json(found)
+
+    @app.get("/v1/leaderboard", responses={200: openapi.answer(duels.Leaderboard)})
+    async def leaderboard() -> Response:
+        """Bradley–Terry ratings (Elo scale, 95% bootstrap intervals) over every decided round."""
+        return _json(await duels.leaderboard(store))
 
     @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
     async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:

@@ -42,6 +42,7 @@ from arena_trajectory.tables import (  # noqa: F401 - re-exported
     sandbox_row,
     state_row,
     step_row,
+    trainer_logprobs_row,
     trainer_metrics_row,
     trajectory_row,
     verification_row,
@@ -167,6 +168,20 @@ class TrajectoryStore:
             f"SELECT body FROM {DATABASE}.trainer_metrics FINAL WHERE run = {{run:String}} "
             "ORDER BY step LIMIT {limit:UInt32}", {"run": run, "limit": limit})
         return [_trainer_metrics_decoder.decode(msgspec.json.decode(line)["body"]) for line in lines]
+
+    async def insert_trainer_logprobs(self, rows: Sequence[dict]) -> None:
+        """Rows from ``tables.trainer_logprobs_row``: ``(rollout_id, sequence_index, run)``
+        is the key, posting one again replaces it."""
+        await self._insert("trainer_logprobs", rows)
+
+    async def trainer_logprobs(self, rollout_id: str, *, limit: int = 1000) -> list[dict]:
+        """A rollout's trainer logprobs, by sequence then run: ``{sequence_index, run,
+        policy_version, logprobs}`` each."""
+        lines = await self.select(
+            f"SELECT sequence_index, run, policy_version, logprobs FROM {DATABASE}.trainer_logprobs FINAL "
+            "WHERE rollout_id = {rid:String} ORDER BY sequence_index, run LIMIT {limit:UInt32}",
+            {"rid": rollout_id, "limit": int(limit)})
+        return [msgspec.json.decode(line) for line in lines]
 
     async def insert_groups(self, rows: Sequence[dict]) -> None:
         """Rows from ``tables.group_row``: which groups were published, partial or not."""
@@ -361,8 +376,12 @@ class TrajectoryStore:
         limit: int = 100,
         offset: int = 0,
         filter: TrajectoryFilter | None = None,  # noqa: A002 - the natural name
+        before: tuple[float, str | None] | None = None,
     ) -> list[TrajectorySummary]:
-        """Summaries, newest first. ``filter`` adds to the keyword filters."""
+        """Summaries, newest first (``completed_at DESC, rollout_id``). ``filter`` adds to
+        the keyword filters. ``before``: the keyset ``(completed_at, rollout_id)`` of the
+        last row of the previous page; the page starts after it (without a rollout id:
+        strictly older than ``completed_at``), so deep pages need no large ``OFFSET``."""
         base = filter or TrajectoryFilter()
         f = msgspec.structs.replace(
             base,
@@ -371,6 +390,15 @@ class TrajectoryStore:
             state=RolloutState(state) if state is not None else base.state,
         )
         where, params = f.where()
+        if before is not None:
+            at_ms, rid = round(before[0] * 1000), before[1]
+            older = "completed_at < fromUnixTimestamp64Milli(toInt64({before_ms:Int64}))"
+            if rid is not None:
+                older = (f"({older} OR (completed_at = fromUnixTimestamp64Milli(toInt64({{before_ms:Int64}})) "
+                         "AND rollout_id > {before_rollout:String}))")
+                params["before_rollout"] = rid
+            params["before_ms"] = at_ms
+            where += (" AND " if where else " WHERE ") + older
         params.update(limit=int(limit), offset=int(offset))
         sql = (
             f"SELECT {SUMMARY_COLUMNS} FROM {DATABASE}.trajectories FINAL{where}"

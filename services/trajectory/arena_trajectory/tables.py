@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from arena_core.schemas import LABEL_DUEL, LABEL_DUEL_POLICY, LABEL_DUEL_SEED, LABEL_DUEL_SIDE
 from arena_core.schemas import RolloutStateChanged, SandboxDone, Step, TrainerMetrics, Trajectory, VerificationResult
 
 DATABASE = "arena"
@@ -104,6 +105,16 @@ DDL: tuple[str, ...] = (
         body String
     ) ENGINE = ReplacingMergeTree(at)
     ORDER BY (run, step)""",
+    # a trainer's own logprob of each token of a trajectory's training sequence (insights.py)
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.trainer_logprobs (
+        rollout_id String,
+        sequence_index UInt32,
+        run String,
+        policy_version String,
+        at DateTime64(3, 'UTC'),
+        logprobs Array(Float32)
+    ) ENGINE = ReplacingMergeTree(at)
+    ORDER BY (rollout_id, sequence_index, run)""",
 )
 
 #: Columns added after the first release of a table (idempotent).
@@ -119,6 +130,37 @@ MIGRATIONS: tuple[str, ...] = (
     "DEFAULT completed_at AFTER completed_at",
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS step_indexes Array(UInt32) AFTER num_steps",
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS infrastructure Bool DEFAULT false AFTER reward",
+    # dashboard aggregates (insights.py): columns instead of JSON extraction; a row stored
+    # before a column existed gets it from its body where the body holds it
+    f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS tool_calls UInt32 DEFAULT 0 AFTER num_logprobs",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS task_set String "
+    "DEFAULT JSONExtractString(body, 'metadata', 'task_set')",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS verified Bool DEFAULT JSONHas(body, 'verification')",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS queue_ms Float64 DEFAULT -1",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS tool_calls UInt32 DEFAULT 0",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS sandbox_ms Float64 DEFAULT "
+    "if(JSONHas(body, 'sandbox'), 1000 * (JSONExtractFloat(body, 'sandbox', 'finished_at') "
+    "- JSONExtractFloat(body, 'sandbox', 'started_at')), -1)",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS verification_ms Float64 DEFAULT "
+    "if(JSONHas(body, 'verification'), 1000 * (JSONExtractFloat(body, 'verification', 'finished_at') "
+    "- JSONExtractFloat(body, 'verification', 'started_at')), -1)",
+    f"ALTER TABLE {DATABASE}.verifications ADD COLUMN IF NOT EXISTS started_at DateTime64(3, 'UTC') "
+    "DEFAULT fromUnixTimestamp64Milli(toInt64(1000 * JSONExtractFloat(body, 'started_at')))",
+    f"ALTER TABLE {DATABASE}.verifications ADD COLUMN IF NOT EXISTS parser LowCardinality(String) "
+    "DEFAULT JSONExtractString(body, 'parser')",
+    *(f"ALTER TABLE {DATABASE}.verifications ADD COLUMN IF NOT EXISTS {name} UInt32 "
+      f"DEFAULT JSONExtractUInt(body, 'counts', '{name}')"
+      for name in ("f2p_passed", "f2p_failed", "p2p_passed", "p2p_failed")),
+    # duels (duels.py): a member's labels as columns, so rounds pair up in SQL
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS duel_id String "
+    "DEFAULT JSONExtractString(body, 'metadata', 'arena.duel')",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS duel_side LowCardinality(String) "
+    "DEFAULT JSONExtractString(body, 'metadata', 'arena.duel.side')",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS duel_policy String "
+    "DEFAULT JSONExtractString(body, 'metadata', 'arena.duel.policy')",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS duel_seed Int64 "
+    "DEFAULT toInt64OrZero(JSONExtractString(body, 'metadata', 'arena.duel.seed'))",
+    f"ALTER TABLE {DATABASE}.trajectories ADD INDEX IF NOT EXISTS idx_duel duel_id TYPE bloom_filter GRANULARITY 4",
 )
 
 #: Storage tuning, applied after the migrations; a server too old to know a setting keeps
@@ -140,7 +182,7 @@ TABLES = ("steps", "sandbox_results", "verifications", "trajectories", "rollout_
 STEP_COLUMNS: tuple[str, ...] = (
     "rollout_id", "step_index", "model", "backend", "policy_version", "prompt_tokens", "completion_tokens",
     "finish_reason", "total_ms", "first_token_ms", "queued_ms", "mean_logprob", "min_logprob", "sum_logprob",
-    "num_logprobs", "started_at", "body",
+    "num_logprobs", "tool_calls", "started_at", "body",
 )
 #: ``steps`` rows go in as ``RowBinary``: a step's body is copied as it arrived instead of
 #: being escaped into a JSON string and parsed back (chDB takes a 2,000-row batch at
@@ -154,9 +196,10 @@ class RowError(ValueError):
 
 _U32 = struct.Struct("<I")
 _U32x2 = struct.Struct("<II")
-# total_ms, first_token_ms, queued_ms, [not null, mean_logprob], [not null, min_logprob], sum, n, started_at (ms)
-_TAIL_LOGPROBS = struct.Struct("<dddBdBddIq")
-_TAIL_NO_LOGPROBS = struct.Struct("<dddBBdIq")
+# total_ms, first_token_ms, queued_ms, [not null, mean_logprob], [not null, min_logprob], sum, n,
+# tool_calls, started_at (ms)
+_TAIL_LOGPROBS = struct.Struct("<dddBdBddIIq")
+_TAIL_NO_LOGPROBS = struct.Struct("<dddBBdIIq")
 
 
 def _varint(n: int) -> bytes:
@@ -209,10 +252,11 @@ def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
         if logprobs:
             total = sum(logprobs)
             tail = _TAIL_LOGPROBS.pack(timings.total_ms, timings.first_token_ms, timings.queued_ms,
-                                       0, total / len(logprobs), 0, min(logprobs), total, len(logprobs), started_ms)
+                                       0, total / len(logprobs), 0, min(logprobs), total, len(logprobs),
+                                       len(step.tool_calls), started_ms)
         else:
             tail = _TAIL_NO_LOGPROBS.pack(timings.total_ms, timings.first_token_ms, timings.queued_ms,
-                                          1, 1, 0.0, 0, started_ms)
+                                          1, 1, 0.0, 0, len(step.tool_calls), started_ms)
         return b"".join((
             _label(step.rollout_id), _U32.pack(step.step_index), _label(step.model), _label(step.backend),
             _label(step.policy_version or ""), _U32x2.pack(usage.prompt_tokens, usage.completion_tokens),
@@ -243,7 +287,13 @@ def verification_row(result: VerificationResult) -> dict:
         "reward": 0.0 if result.reward is None else result.reward,  # None: flags name infrastructure_error
         "passed": result.passed,
         "flags": list(result.flags),
+        "started_at": result.started_at,
         "finished_at": result.finished_at,
+        "parser": result.parser,
+        "f2p_passed": result.counts.f2p_passed,
+        "f2p_failed": result.counts.f2p_failed,
+        "p2p_passed": result.counts.p2p_passed,
+        "p2p_failed": result.counts.p2p_failed,
         "body": json_text(result),
     }
 
@@ -257,6 +307,17 @@ def state_row(event: RolloutStateChanged) -> dict:
         "at": event.at,
         "reason": event.reason,
     }
+
+
+def _queue_ms(t: Trajectory) -> float:
+    """Milliseconds from the first ``pending`` to the first ``running`` transition (-1: unknown)."""
+    pending = min((h.at for h in t.history if h.to_state.value == "pending"), default=None)
+    running = min((h.at for h in t.history if h.to_state.value == "running"), default=None)
+    return -1.0 if pending is None or running is None else max(running - pending, 0.0) * 1000
+
+
+def _run_ms(started_at: float, finished_at: float) -> float:
+    return max(finished_at - started_at, 0.0) * 1000
 
 
 def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
@@ -281,8 +342,24 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "started_at": started,
         "completed_at": t.completed_at,
         "stored_at": time.time() if stored_at is None else stored_at,
+        **duel_columns(t.metadata),
+        "task_set": t.metadata.get("task_set", ""),
+        "verified": t.verification is not None,
+        "queue_ms": _queue_ms(t),
+        "tool_calls": sum(len(s.tool_calls) for s in t.steps),
+        "sandbox_ms": -1.0 if t.sandbox is None else _run_ms(t.sandbox.started_at, t.sandbox.finished_at),
+        "verification_ms": -1.0 if t.verification is None else _run_ms(t.verification.started_at,
+                                                                        t.verification.finished_at),
         "body": json_text(msgspec.structs.replace(t, steps=[], sequences=[], sequence_breaks=[])),
     }
+
+
+def duel_columns(metadata: dict[str, str]) -> dict:
+    """A duel member's labels (``arena.duel*``) as the ``trajectories`` columns; empty when not a duel's."""
+    seed = metadata.get(LABEL_DUEL_SEED, "0")
+    return {"duel_id": metadata.get(LABEL_DUEL, ""), "duel_side": metadata.get(LABEL_DUEL_SIDE, ""),
+            "duel_policy": metadata.get(LABEL_DUEL_POLICY, ""),
+            "duel_seed": int(seed) if seed.lstrip("-").isdigit() and len(seed) < 19 else 0}
 
 
 def group_row(*, group_id: str, task_id: str, size: int, members: int, partial: bool) -> dict:
@@ -291,6 +368,12 @@ def group_row(*, group_id: str, task_id: str, size: int, members: int, partial: 
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def trainer_logprobs_row(*, rollout_id: str, sequence_index: int, run: str, policy_version: str,
+                         logprobs: Sequence[float], at: float | None = None) -> dict:
+    return {"rollout_id": rollout_id, "sequence_index": sequence_index, "run": run,
+            "policy_version": policy_version, "at": time.time() if at is None else at, "logprobs": list(logprobs)}
 
 
 def trainer_metrics_row(m: TrainerMetrics) -> dict:

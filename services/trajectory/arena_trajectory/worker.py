@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 import msgspec
 from nats.js.errors import NotFoundError
 
-from arena_core import subjects
+from arena_core import metrics, subjects, telemetry
 from arena_core.bus import Bus, Delivery
 from arena_core.errors import Permanent
 from arena_core.runtime import every
 from arena_core.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
-from arena_trajectory import assembler
+from arena_trajectory import assembler, duels
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
 from arena_trajectory.caches import MemberCache, RawSteps, ResultCache, StepCache, StoredStep, first_per_index
 from arena_trajectory.store import TrajectoryStore
@@ -114,6 +114,7 @@ class TrajectoryWorker:
                 steps.append(StoredStep(step, raw))
                 verdicts.append(None)
         await self.store.insert_step_rows(rows)
+        metrics.STEPS_STORED.inc(len(steps))
         self._steps.add(steps)  # only once stored
         self._stored({s.step.rollout_id for s in steps})
         return verdicts
@@ -213,12 +214,14 @@ class TrajectoryWorker:
                                           incomplete=missing, history=histories.get(rid, [])))
             raw[rid] = {s.step.step_index: s.raw for s in kept}
             self._results.forget(rid)
-        t1 = time.perf_counter()
+        t1, stored_from = time.perf_counter(), time.time()
         await self.store.insert_trajectories(new, steps_stored=True)  # read from ``steps`` above
         t2 = time.perf_counter()
+        _measure_stored(new, finals, start=stored_from, end=time.time())
         for t in new:
             log.info("trajectory %s: %s, reward %s, %d steps", t.rollout_id, t.final_state.value, t.reward,
                      len(t.steps), extra={"rollout_id": t.rollout_id, "group_id": t.group_id})
+        await self._announce_duels(new)
         # (Nats-Msg-Id and the look-up in ``_publish_once`` keep a re-published one from doubling)
         ready = [*(stored[rid] for rid in finals if rid in stored), *new]
         self._members.add(ready, raw)
@@ -239,6 +242,15 @@ class TrajectoryWorker:
                     if t.group_id == gid and verdicts[t.rollout_id] is None:
                         verdicts[t.rollout_id] = result
         return verdicts
+
+    async def _announce_duels(self, new: list[Trajectory]) -> None:
+        """A ``DuelRoundDone`` notice on core NATS for each duel round ``new`` decided. A notice,
+        not data (the rounds are stored): one that cannot be sent is logged, never retried."""
+        try:
+            for notice in await duels.decided_rounds(self.store, new):
+                await self.bus.nc.publish(subjects.duel_done(notice.duel_id), msgspec.json.encode(notice))
+        except Exception as exc:  # noqa: BLE001 - the trajectories are stored; readers can poll the API
+            log.warning("duel notice not sent: %s: %s", type(exc).__name__, exc)
 
     def _missing_in_cache(self, event: RolloutStateChanged, *, steps: int | None = None) -> bool:
         """Whether a part of the rollout is not among what this process stored (``steps``:
@@ -361,6 +373,20 @@ class TrajectoryWorker:
                 pass
         ack = await self.bus.publish(subject, data, msg_id=msg_id)
         return not ack.duplicate
+
+
+def _measure_stored(new: list[Trajectory], finals: dict[str, tuple[RolloutStateChanged, Delivery]], *,
+                    start: float, end: float) -> None:
+    """Stored trajectories in the metrics, and a ``storage`` span each in its rollout's trace
+    (the final state's message carries it): the batch's insert, from ``start`` to ``end``."""
+    for t in new:
+        metrics.TRAJECTORIES_STORED.labels(final_state=t.final_state.value).inc()
+    if not telemetry.enabled():
+        return
+    for t in new:
+        telemetry.record_span("storage", parent=finals[t.rollout_id][1].headers, start=start, end=end,
+                              attributes={"arena.rollout_id": t.rollout_id, "arena.steps": len(t.steps),
+                                          "arena.final_state": t.final_state.value, "arena.batch": len(new)})
 
 
 def _latest(cached: dict, stored: dict) -> dict:

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from arena_core import logs, subjects, telemetry
+from arena_core import logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
@@ -21,7 +21,7 @@ from arena_verification.worker import VerificationWorker
 
 async def main(settings: Settings) -> int:
     log = logs.setup("verification", settings.log_level)
-    telemetry.setup("verification")
+    telemetry.setup("verification", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
     sandboxes = ProviderSandboxes.from_settings(settings)
     problem = await sandboxes.local.health()
     if problem is not None:
@@ -53,6 +53,9 @@ async def main(settings: Settings) -> int:
                 return await sandboxes.local.health()
 
             health = health_app(bus, streams=["ARENA_VERIFY_JOBS"], checks=[verifiers_readable, sandboxes_work])
+            queues = metrics.QueueDepths(bus.js, [("ARENA_VERIFY_JOBS", subjects.CONSUMER_VERIFIER)])
+            metrics.install("verification", queues)
+            health = metrics.metrics_route(health, refresh=[queues.refresh])
             # a verification lives no longer than the rollout service lets a rollout verify
             sweeper = Sweeper([scratch], older_than_s=(settings.verify_deadline_s or 86400) + 600,
                               what="verification scratch")
@@ -63,6 +66,7 @@ async def main(settings: Settings) -> int:
             await worker.close()
     finally:
         await bus.close()
+        telemetry.shutdown()
     log.info("verification service stopped")
     return code
 

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 from nats.js.errors import NotFoundError
 
-from arena_core import private, subjects
+from arena_core import metrics, private, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Permanent, VerificationError
 from arena_core.schemas import SandboxDone, VerificationResult, VerifyJob
@@ -70,6 +70,14 @@ class VerificationWorker:
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
 
     async def handle(self, job: VerifyJob, delivery: Delivery) -> None:
+        with telemetry.tracer().start_as_current_span("verification", attributes={
+                "arena.rollout_id": job.rollout_id, "arena.task_id": job.task.id,
+                "arena.delivery": delivery.num_delivered}) as span:
+            result = await self._verify(job, delivery)
+            span.set_attribute("arena.verifier", result.verifier)
+            span.set_attribute("arena.outcome", metrics.verification_outcome(result.reward, result.passed))
+
+    async def _verify(self, job: VerifyJob, delivery: Delivery) -> VerificationResult:
         log.info("verifying (delivery %d)", delivery.num_delivered,
                  extra={"rollout_id": job.rollout_id, "subject": delivery.subject})
         started = time.time()
@@ -94,6 +102,9 @@ class VerificationWorker:
                 await self._publish_error(job, str(exc) or type(exc).__name__, started)
             raise
         await self.bus.publish(subjects.verify_done(job.rollout_id), result, msg_id=result_msg_id(job))
+        metrics.VERIFICATIONS.labels(verifier=_verifier_name(job),
+                                     outcome=metrics.verification_outcome(result.reward, result.passed)).inc()
+        return result
 
     async def _with_verifier(self, job: VerifyJob) -> VerifyJob:
         """The job with its task's private part, read from ``arena_verifiers`` by its key."""
@@ -116,6 +127,7 @@ class VerificationWorker:
             flags=["infrastructure_error"],
         )
         await self.bus.publish(subjects.verify_done(job.rollout_id), result, msg_id=result_msg_id(job))
+        metrics.VERIFICATIONS.labels(verifier=_verifier_name(job), outcome="infrastructure").inc()
 
     async def _agent_result(self, rollout_id: str) -> dict[str, Any] | None:
         """The agent's ``result.json`` from the rollout's ``SandboxDone`` (``None`` if absent).

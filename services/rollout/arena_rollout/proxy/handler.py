@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import aiohttp
 import msgspec
 
-from arena_core import subjects
+from arena_core import metrics, subjects, telemetry
 from arena_core.bus import Bus
 from arena_core.errors import (
     ArenaError,
@@ -28,7 +28,16 @@ from arena_core.errors import (
     UpstreamError,
     WallClockExceeded,
 )
-from arena_core.schemas import Failover, PromptCount, RolloutRecord, RolloutState, SamplingParams, Timings, ToolCall
+from arena_core.schemas import (
+    Failover,
+    PromptCount,
+    RolloutRecord,
+    RolloutState,
+    SamplingParams,
+    Step,
+    Timings,
+    ToolCall,
+)
 
 from arena_rollout.proxy import answers, anthropic
 from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound
@@ -641,6 +650,29 @@ class ProxyHandler:
         )
         if abandoned:
             step = msgspec.structs.replace(step, abandoned=True)
-        await self.bus.publish(subjects.step(call.rollout_id), step,
-                               msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))
+        _measure(step, first_token_ms=first_token_ms, total_ms=total_ms)
+        if not telemetry.enabled():
+            await self.bus.publish(subjects.step(call.rollout_id), step,
+                                   msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))
+            return
+        # the call's span, in the rollout's trace (the agent sends no trace context): the step
+        # published in it carries it to the trajectory plane
+        with telemetry.started_span("llm.call", parent=before.traceparent, start=call.started_at,
+                                    end=call.started_at + total_ms / 1000, attributes=_call_attributes(step)):
+            await self.bus.publish(subjects.step(call.rollout_id), step,
+                                   msg_id=subjects.msg_id(call.rollout_id, "step", step.step_index))
+
+
+def _measure(step: Step, *, first_token_ms: float, total_ms: float) -> None:
+    """The call in the proxy's metrics (off the answer's path: while recording)."""
+    metrics.proxy_call(step.api, incomplete=step.incomplete, total_s=total_ms / 1000,
+                       first_token_s=first_token_ms / 1000, prompt_tokens=step.usage.prompt_tokens,
+                       completion_tokens=step.usage.completion_tokens)
+
+
+def _call_attributes(step: Step) -> dict[str, str | int | bool]:
+    return {"arena.rollout_id": step.rollout_id, "arena.step_index": step.step_index, "arena.api": step.api,
+            "gen_ai.request.model": step.model, "arena.backend_replica": step.backend_replica or step.backend,
+            "gen_ai.usage.input_tokens": step.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": step.usage.completion_tokens, "arena.incomplete": step.incomplete}
 
