@@ -38,6 +38,14 @@ def test_only_known_parameters_pass_each_validated_and_normalised():
     assert params.item_path(params.ITEM_ROUTES["duels"], "d-1") == "/v1/duels/d-1"
 
 
+def test_parameters_are_refused_where_the_trajectory_api_would_refuse_or_ignore_them():
+    with pytest.raises(InvalidRequest, match="min_attempts"):  # the trajectory API takes 1 and up
+        params.clean(params.ROUTES["stats/tasks"], {"min_attempts": "0"})
+    assert params.clean(params.ROUTES["stats/tasks"], {"min_attempts": "1"}) == {"min_attempts": "1"}
+    with pytest.raises(InvalidRequest, match="task_id"):  # live counts take no filters
+        params.clean(params.ROUTES["stats/live"], {"task_id": "calc.add"})
+
+
 # ------------------------------------------------------------------ fan-out and debounce
 
 
@@ -277,3 +285,30 @@ async def test_events_stream_over_a_real_server():
     finally:
         stop.set()
         assert await asyncio.wait_for(server, 10) == 0
+
+
+async def test_a_live_stream_ends_once_its_key_is_revoked():
+    """A revoked key stops working at once (docs/dashboard.md): an open ``/events`` stream too,
+    not only the next request; it gets no event published after the revocation."""
+    ring, (reader,) = ring_with(("me", ["read"]))
+    hub = Hub()
+    app = create_app(TrajectoryApi("http://127.0.0.1:9"), hub, gate=auth.Gate(ring))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash") as c:
+        c.cookies.set(auth.COOKIE, reader)
+        stream = asyncio.create_task(c.get("/events"))
+        for _ in range(200):
+            if hub.subscribers:
+                break
+            await asyncio.sleep(0.01)
+        hub.publish(SseEvent("before", b"{}"))
+        await asyncio.sleep(0.05)
+        reader_id = apikeys.key_id_of(reader)
+        ring.keys[reader_id] = msgspec.structs.replace(ring.keys[reader_id], revoked=True)
+        await asyncio.sleep(0.05)
+        hub.publish(SseEvent("after", b'{"secret":1}'))
+        try:
+            r = await asyncio.wait_for(stream, 5)
+        finally:
+            stream.cancel()
+        assert "event: before" in r.text and "event: after" not in r.text
+        assert not hub.subscribers

@@ -131,7 +131,7 @@ async def test_overview(client):
     assert o["rollouts_per_s"] == approx(9 / 900)  # first..last completed_at
     assert o["by_state"] == {"completed": 6, "failed": 2, "timed_out": 1, "cancelled": 0, "budget_exhausted": 0}
     assert (o["success_rate"], o["error_rate"], o["timeout_rate"], o["budget_exhausted_rate"],
-            o["infrastructure_error_rate"]) == approx((3 / 9, 2 / 9, 1 / 9, 0, 1 / 9))
+            o["infrastructure_error_rate"]) == approx((3 / 9, 1 / 9, 1 / 9, 0, 1 / 9))  # c2: infrastructure
     # 3 of the 8 rewarded rollouts passed; the first tenth (100..190 s) holds a*, b*: 1 of 4
     assert (o["mean_reward"], o["mean_reward_first"], o["reward_change"]) == approx((3 / 8, 1 / 4, 1 / 8))
     lat = o["latency_ms"]
@@ -146,6 +146,14 @@ async def test_overview(client):
     assert windowed["mean_reward"] == approx(0.5) and windowed["mean_reward_first"] is None  # nothing in 800..900
     empty = (await client.get("/v1/stats/overview", params={"task_id": "nope"})).json()
     assert empty["rollouts"] == 0 and empty["mean_reward"] is None and empty["latency_ms"]["llm"]["count"] == 0
+
+
+async def test_infrastructure_outcomes_are_no_policy_errors_in_the_overview(client):
+    """c2 ended ``failed`` because Arena could not verify it: counted once, as an
+    infrastructure error, never also as the policy's error (docs/trajectory.md, Overview)."""
+    o = (await client.get("/v1/stats/overview", params={"task_id": "pow"})).json()
+    assert o["by_state"]["failed"] == 1 and o["infrastructure_error_rate"] == approx(1 / 3)
+    assert o["error_rate"] == 0.0
 
 
 async def test_live_counts_latest_non_final_states_of_the_last_day(store, client):
@@ -274,6 +282,13 @@ async def test_rollout_list_pages_by_keyset(client):
     assert [t["rollout_id"] for t in offset] == ["a1", "a0"]
     alone = await client.get("/v1/trajectories", params={"before_rollout": "a0", "limit": 100})
     assert [t["rollout_id"] for t in alone.json()["trajectories"]] == ids  # a tie-breaker without a time
+
+
+async def test_a_keyset_rollout_id_that_is_no_identifier_is_refused(client):
+    """Every id entering over HTTP follows the id grammar (ARCHITECTURE.md, Edges): 422, not a query."""
+    for bad in ("é", "a b", "../x", "a" * 129):
+        r = await client.get("/v1/trajectories", params={"before_completed_at": T0 + 120, "before_rollout": bad})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (bad, r.text)
 
 
 async def test_filters_reach_every_aggregate(store):

@@ -150,7 +150,7 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
 
     async def events(request: Request) -> Response:
         try:
-            key_for(request)
+            key = key_for(request)
             sub = hub.subscribe()
         except TooManyStreams as exc:
             return _error(Unavailable(str(exc)))
@@ -161,6 +161,8 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
             try:
                 yield b"retry: 3000\n\nevent: hello\ndata: {}\n\n"
                 async for frame in sub.frames():
+                    if gate.enforced and not gate.allows(key):  # revoked while the stream is open
+                        return
                     yield frame
             finally:
                 hub.unsubscribe(sub)

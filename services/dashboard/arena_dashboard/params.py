@@ -87,12 +87,12 @@ class Route(msgspec.Struct, frozen=True):
 
 ROUTES: dict[str, Route] = {
     "stats/overview": Route("/v1/stats/overview", FILTERS),
-    "stats/live": Route("/v1/stats/live", FILTERS),
+    "stats/live": Route("/v1/stats/live", {}),  # no filters: the trajectory API takes none
     "stats/verification": Route("/v1/stats/verification", FILTERS),
     "stats/tasks": Route("/v1/stats/tasks", {
         **FILTERS, "limit": integer(1, 1000), "offset": integer(0, 1_000_000),
         "order": one_of("attempts", "success_rate", "reward_variance", "task_id", "last_seen"),
-        "min_attempts": integer(0, 1_000_000)}),
+        "min_attempts": integer(1, 1_000_000)}),
     "stats/token-usage": Route("/v1/stats/token-usage", FILTERS),
     "stats/training": Route("/v1/stats/training", {**FILTERS, "run": text(256)}),
     "trajectories": Route("/v1/trajectories", {

@@ -161,6 +161,9 @@ def duel_problems(req: SubmitDuelRequest, *, serves) -> list[str]:
             problems.append("a policy must name a model: 'default' leaves the choice to the agent")
         elif not serves(name):
             problems.append(f"no backend replica serves model {name!r} (register one: `arena backend register`)")
+    seed = req.sampling.seed or 0
+    if not -(1 << 63) <= seed <= (1 << 63) - req.n:  # each seed keys a round in an Int64 column
+        problems.append(f"sampling.seed must leave seed .. seed + n - 1 within Int64, got {seed}")
     if len(req.metadata) > 64 - 4:
         problems.append("a duel's metadata holds at most 60 labels (the duel adds 4)")
     return problems

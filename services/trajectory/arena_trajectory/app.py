@@ -165,7 +165,7 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         offset: int = Query(0, ge=0),
         before_completed_at: float | None = Query(None, ge=0, le=MAX_TIME,
                                                   description="keyset: the previous page's last completed_at"),
-        before_rollout: str | None = Query(None, max_length=128,
+        before_rollout: str | None = Query(None, pattern=ID_PATTERN, max_length=128,
                                            description="keyset: its rollout_id (only with before_completed_at)"),
     ) -> Response:
         before = (before_completed_at, before_rollout) if before_completed_at is not None else None

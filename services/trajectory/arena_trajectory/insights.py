@@ -107,8 +107,8 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     rollouts_per_s: float  # rollouts / window (until - since; open ends: the first/last completed_at)
     by_state: ByState
     success_rate: float  # passed / rollouts
-    error_rate: float  # failed / rollouts
-    timeout_rate: float
+    error_rate: float  # failed (not an infrastructure outcome) / rollouts
+    timeout_rate: float  # likewise: the policy's, infrastructure outcomes left out
     budget_exhausted_rate: float
     infrastructure_error_rate: float  # no reward: Arena could not run or verify
     mean_reward: float | None  # over rollouts with a reward (infrastructure outcomes left out)
@@ -134,7 +134,8 @@ def _rate(n: int, total: int) -> float:
 async def overview(store: TrajectoryStore, f: TrajectoryFilter) -> Overview:
     where, params = f.where()
     sub, _ = _subfilter(f)
-    states = ", ".join(f"countIf(final_state = '{s}') AS {s}" for s in FINAL)
+    states = ", ".join(f"countIf(final_state = '{s}') AS {s}, countIf(final_state = '{s}' AND NOT infrastructure) "
+                       f"AS {s}_policy" for s in FINAL)
     # the first tenth of the window, [start, start + span / 10); an open end is the first/last
     # completed_at (no FINAL needed: a duplicate row has the same time)
     plain = f"{DATABASE}.trajectories{where}"
@@ -163,9 +164,9 @@ async def overview(store: TrajectoryStore, f: TrajectoryFilter) -> Overview:
     return Overview(
         since=f.since, until=f.until, rollouts=rollouts,
         rollouts_per_s=rollouts / span if span > 0 else 0.0, by_state=by_state,
-        success_rate=_rate(int(row["n_passed"]), rollouts), error_rate=_rate(by_state.failed, rollouts),
-        timeout_rate=_rate(by_state.timed_out, rollouts),
-        budget_exhausted_rate=_rate(by_state.budget_exhausted, rollouts),
+        success_rate=_rate(int(row["n_passed"]), rollouts), error_rate=_rate(int(row["failed_policy"]), rollouts),
+        timeout_rate=_rate(int(row["timed_out_policy"]), rollouts),
+        budget_exhausted_rate=_rate(int(row["budget_exhausted_policy"]), rollouts),
         infrastructure_error_rate=_rate(int(row["infra"]), rollouts),
         mean_reward=mean, mean_reward_first=first,
         reward_change=None if mean is None or first is None else mean - first,

@@ -356,10 +356,17 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
 
 def duel_columns(metadata: dict[str, str]) -> dict:
     """A duel member's labels (``arena.duel*``) as the ``trajectories`` columns; empty when not a duel's."""
-    seed = metadata.get(LABEL_DUEL_SEED, "0")
     return {"duel_id": metadata.get(LABEL_DUEL, ""), "duel_side": metadata.get(LABEL_DUEL_SIDE, ""),
-            "duel_policy": metadata.get(LABEL_DUEL_POLICY, ""),
-            "duel_seed": int(seed) if seed.lstrip("-").isdigit() and len(seed) < 19 else 0}
+            "duel_policy": metadata.get(LABEL_DUEL_POLICY, ""), "duel_seed": _int64(metadata.get(LABEL_DUEL_SEED, ""))}
+
+
+def _int64(text: str) -> int:
+    """``text`` as an ``Int64`` (a seed anywhere in its range); 0 when it is not one."""
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+        return 0
+    value = int(text)
+    return value if -(1 << 63) <= value < 1 << 63 else 0
 
 
 def group_row(*, group_id: str, task_id: str, size: int, members: int, partial: bool) -> dict:
