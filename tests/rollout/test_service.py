@@ -11,12 +11,14 @@ import pytest
 
 from arena_core import subjects
 from arena_core.bus import Consumer
+from arena_core.errors import Unavailable
 from arena_stack.natsserver import free_port
 from arena_core.runtime import serve
 from arena_core.schemas import (
     DeadLetter,
     AgentSpec,
     Budget,
+    RolloutState,
     RolloutStateChanged,
     SandboxDone,
     SandboxJob,
@@ -281,3 +283,26 @@ async def test_compare_and_set_loses_races_and_retries(bus, tmp_path):
     await asyncio.gather(*(store.update("cas", bump) for _ in range(10) for store in (a, b)))
     record, _ = await a.get("cas")
     assert record.steps == 20
+
+
+async def test_a_duel_whose_second_side_cannot_be_submitted_leaves_no_side_running(rollout, tmp_path):
+    """A duel runs whole or not at all: when side b's submission fails (the store or the bus
+    refusing it here), side a's rollouts are cancelled and the caller gets the error."""
+    api, service = rollout
+    submitted: list[list[str]] = []
+    submit_members = service._submit_members
+
+    async def second_side_fails(req, private, **kw):
+        if submitted:
+            raise Unavailable("the bus refused side b")
+        group = await submit_members(req, private, **kw)
+        submitted.append(group.rollout_ids)
+        return group
+
+    service._submit_members = second_side_fails
+    resp = await api.post("/v1/duels", json={"task": task_json(tmp_path), "policies": ["pa", "pb"], "n": 2})
+    assert resp.status_code == 503, resp.text
+    [side_a] = submitted
+    for rid in side_a:
+        record, _ = await service.store.get(rid)
+        assert record.state == RolloutState.CANCELLED and "could not be submitted whole" in record.reason

@@ -59,8 +59,11 @@ async def serve(settings: Settings, bus: Bus, api: TrajectoryApi) -> int:
 def run() -> int:
     settings = Settings.from_env()
     logs.setup("dashboard", settings.log_level)
-    telemetry.setup("dashboard")
-    return runtime.run(main(settings))
+    telemetry.setup("dashboard", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
+    try:
+        return runtime.run(main(settings))
+    finally:
+        telemetry.shutdown()
 
 
 if __name__ == "__main__":

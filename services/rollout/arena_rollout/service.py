@@ -233,12 +233,22 @@ class RolloutService:
                                    model=req.policies[0], provider=req.provider, metadata=req.metadata)
         group, private = await self._accept(group)  # once: both sides run the same task
         duel_id = "d-" + uuid.uuid4().hex[:16]
-        sides = []
-        for side, policy in zip("ab", req.policies):
-            labels = [{LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
-                       LABEL_DUEL_SEED: str(seed + i)} for i in range(req.n)]
-            sides.append(await self._submit_members(msgspec.structs.replace(group, model=policy), private,
-                                                    labels=labels))
+        sides: list[GroupSubmitted] = []
+        try:
+            for side, policy in zip("ab", req.policies):
+                labels = [{LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
+                           LABEL_DUEL_SEED: str(seed + i)} for i in range(req.n)]
+                sides.append(await self._submit_members(msgspec.structs.replace(group, model=policy), private,
+                                                        labels=labels))
+        except BaseException:
+            # a duel runs whole or not at all: side a's rollouts would otherwise run for a duel
+            # nobody can see complete
+            for rid in (r for g in sides for r in g.rollout_ids):
+                try:
+                    await self.cancel(rid, reason=f"duel {duel_id} could not be submitted whole")
+                except Exception:  # noqa: BLE001 - already final, or the store is the failure
+                    log.warning("duel %s: could not cancel %s", duel_id, rid, exc_info=True)
+            raise
         log.info("duel %s: %s vs %s on %d seeds", duel_id, *req.policies, req.n)
         return DuelSubmitted(duel_id=duel_id, task_id=req.task.id, policies=list(req.policies),
                              groups=[g.group_id for g in sides], rollout_ids=[g.rollout_ids for g in sides])
