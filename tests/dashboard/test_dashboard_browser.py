@@ -1,7 +1,9 @@
 """The dashboard in a real browser (Playwright driving Chromium headless) against a real stack
 (nats-server, the scripted LLM, the four services and the dashboard as processes): live updates
-without a reload, a rollout's LLM calls and token overlay, a tamper flag on Verify, a duel on
-the leaderboard. Each test saves its page to docs/img/dashboard-<page>.png (1280x800).
+without a reload, a rollout's LLM calls and token overlay, a tamper flag on Verify, a real GRPO
+run (the CPU trainer of arena_rl and its policy server) on Training and as the trainer-vs-inference
+overlay of a rollout it trained on, duels between three policies served by three backends on the
+leaderboard. Each test saves its page to docs/img/dashboard-<page>.png (1280x800).
 
 Not in ``make test``: ``make test-dashboard``. ``ARENA_CHROMIUM`` names the browser binary
 (default /usr/bin/chromium)."""
@@ -11,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,8 +27,9 @@ from arena.sdk import ArenaClient
 from arena.tasks import load_task
 from arena_core.schemas import SamplingParams
 from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
+from arena_stack.natsserver import free_port, wait_port
 from arena_stack.stack import Stack
+from tests.duel_backends import register, replica, script, start_scripted_llm, stop, unregister
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -87,11 +93,18 @@ def page(browser, stack):
     assert errors == [], f"JavaScript errors on the page: {errors}"
 
 
-def shot(page, name: str) -> None:
+def shot(page, name: str, *, keep_tip: bool = False, full_page: bool = False) -> None:
     IMG.mkdir(parents=True, exist_ok=True)
-    if name != "rollout":  # the rollout's picture keeps its token tooltip
+    if not keep_tip:  # a rollout's pictures keep their token tooltip
         page.mouse.move(0, 0)
-    page.screenshot(path=str(IMG / f"dashboard-{name}.png"), full_page=False)
+    page.screenshot(path=str(IMG / f"dashboard-{name}.png"), full_page=full_page)
+
+
+def run_async(coro):
+    """Run a coroutine to its end on a thread of its own: Playwright's sync API keeps an event loop
+    running on this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def loaded(page, name: str, timeout: float = 20_000) -> None:
@@ -164,7 +177,7 @@ def test_the_rollouts_list_gets_new_rows_live_and_a_rollout_shows_its_calls_and_
     loaded(page, "rollout")
     page.locator('[data-step="0"] .tok').nth(9).hover()
     tip.wait_for(state="visible")
-    shot(page, "rollout")
+    shot(page, "rollout", keep_tip=True)
 
 
 def test_a_tampering_rollout_shows_up_as_a_flag_on_verify(stack, page, tmp_path):
@@ -190,42 +203,198 @@ def test_a_tampering_rollout_shows_up_as_a_flag_on_verify(stack, page, tmp_path)
     assert page.locator('[data-flag="tests_tampered"]').count() >= 1
 
 
-def test_a_duel_updates_the_leaderboard(stack, page):
-    _, client = stack
+#: The GRPO run: real steps of arena_rl's CPU trainer, each on ``batch_groups`` groups of ``group_size``.
+RL_STEPS, RL_BATCH_GROUPS, RL_GROUP_SIZE = 4, 2, 4
+RL_TASK_SET = "majority-bits"
+
+
+class TaskSetClient(ArenaClient):
+    """The loop's groups labelled with a task set of their own (``metadata.task_set``): their own
+    line on the reward curve, apart from the quickstart's rollouts."""
+
+    def submit_group(self, task, **kw):
+        return super().submit_group(task, **{**kw, "metadata": {"task_set": RL_TASK_SET, **(kw.get("metadata") or {})}})
+
+
+def test_a_grpo_run_fills_training_and_its_rollouts_show_the_trainer_vs_inference_gap(stack, page, tmp_path):
+    """examples/grpo-loop through this stack: the policy server (char engine) replaces the scripted
+    LLM as replica ``default`` in arena_backends while it runs, the trainer posts its metrics and its
+    own logprobs of what it trained on to the trajectory API, the Training page follows it live."""
+    torch = pytest.importorskip("torch")
+    from arena_rl.loop import LoopConfig, run_loop
+    from arena_rl.model import new_policy, save_checkpoint
+    from arena_rl.tasks import ALPHABET, majority_family
+    from arena_rl.tokenizer import CharTokenizer
+    from arena_rl.trainer import GRPOTrainer, TrainerConfig, trained_members
+
+    st, client = stack
+    settings = st.settings
+    torch.set_num_threads(1)
+    tok = CharTokenizer(alphabet=ALPHABET)
+    model = new_policy(tok, seed=0, d_model=32, n_layers=1, n_heads=4, max_len=16)
+    ckpt = save_checkpoint(tmp_path / "policy-v0.pt", model, tok, 0)
+    port = free_port()
+    policy_url = f"http://127.0.0.1:{port}/v1"
+    page.goto(f"{page.base}/#/training?run=grpo-loop")
+    loaded(page, "training")
+    page.evaluate("window.__sameDocument = true")
+    with open(tmp_path / "policy-server.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "arena_rl.policy_server", "--engine", "char",
+                                   "--checkpoint", str(ckpt), "--port", str(port), "--nats-url", settings.nats_url,
+                                   "--replica-id", "default"], stdout=log, stderr=log)
+    groups = []
+    try:
+        wait_port("127.0.0.1", port, 60, server)
+        trainer = GRPOTrainer(model, tok, TrainerConfig(lr=2e-3, epochs=2, kl_coef=0.02, batch_groups=RL_BATCH_GROUPS,
+                                                          mode="sync"),
+                              push_urls=[policy_url])
+        original_run = trainer.run
+
+        async def run_keeping_groups(stream, **kw):
+            accept = kw["accept"]
+            # the stream also holds the earlier tests' quickstart groups: committed, not trained on
+            kw["accept"] = lambda g: (accept(g) and g.task_id.startswith("train-majority-")
+                                      and (groups.append(g) or True))
+            return await original_run(stream, **kw)
+
+        trainer.run = run_keeping_groups
+        train, _ = majority_family()
+        with TaskSetClient(settings.rollout_url, settings.trajectory_url, timeout=60) as rl_client:
+            history = run_async(asyncio.wait_for(
+                run_loop(client=rl_client, trainer=trainer, nats_url=settings.nats_url, train_items=train,
+                         config=LoopConfig(steps=RL_STEPS, group_size=RL_GROUP_SIZE),
+                         metrics_url=settings.trajectory_url), timeout=200))
+            # a group the driver submitted as the last step ended still runs: served before the server stops
+            deadline = time.monotonic() + 60
+            while not all(v.state.is_final for v in rl_client.list()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+    finally:
+        stop(server)
+        run_async(unregister(settings.nats_url, "default"))  # the scripted LLM is "default" again
+    assert [m.policy_version for m in history] == list(range(1, RL_STEPS + 1))
+    assert all(m.trajectories == RL_BATCH_GROUPS * RL_GROUP_SIZE for m in history)
+
+    # the steps arrived while the page was open (arena.trainer.metrics), without a reload
+    page.wait_for_function("(n) => [...document.querySelectorAll('h2')]"
+                           ".some(h => h.textContent.includes(`(${n} steps)`))",
+                           arg=RL_STEPS, timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True
+    training = httpx.get(f"{settings.trajectory_url}/v1/stats/training", params={"run": "grpo-loop"}, timeout=10).json()
+    curve = sorted(p["policy_version"] for p in training["reward_curve"] if p["task_set"] == RL_TASK_SET)
+    assert set(curve) >= {str(v) for v in range(RL_STEPS)}, training["reward_curve"]  # v3 sampled step 4's
+    assert {z["policy_version"] for z in training["zero_variance"]} >= {str(v) for v in range(RL_STEPS)}
+    page.reload()  # the aggregates (reward curve, zero-variance rate) of every version, stored by now
+    loaded(page, "training")
+    page.wait_for_selector("#trainer-charts canvas")
+    for name in ("loss", "kl", "clip_fraction", "mean_reward"):
+        assert page.locator("#trainer-charts .card", has_text=name).count() >= 1, name
+    assert page.locator(".card", has_text="Reward per policy version").locator("canvas").count() == 1
+    assert page.locator(".card", has_text="Zero-variance groups").locator("canvas").count() == 1
+    shot(page, "training", full_page=True)  # every trainer metric the run posted
+
+    # a rollout the trainer trained on: its sequence carries the trainer's logprobs
+    trained = sorted(trained_members(groups), key=lambda t: -t.reward)  # a rewarded one first
+    assert trained, "every group had uniform rewards: nothing was trained on"
+    rid = trained[0].rollout_id
+    posted = httpx.get(f"{settings.trajectory_url}/v1/trajectories/{rid}/trainer-logprobs", timeout=10).json()
+    assert posted["sequences"], posted
+    page.goto(f"{page.base}/#/rollout/{rid}")
+    loaded(page, "rollout")
+    option = page.locator("input[value=mismatch]")
+    assert option.is_enabled()
+    option.check()
+    page.wait_for_url("**colour=mismatch**")
+    loaded(page, "rollout")
+    assert page.locator("input[value=mismatch]").is_checked()
+    page.locator(".legend", has_text="trainer and inference disagree").wait_for()
+    trained_token = page.locator("[data-sequence] .tok:not(.masked)").first
+    # the colour toggles at the top of the picture, the trained sequence and its tooltip below them
+    page.evaluate("() => window.scrollTo(0, document.querySelector('.toggles').getBoundingClientRect().top "
+                  "+ window.scrollY - 110)")
+    trained_token.hover()
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible")
+    assert "trainer logprob" in tip.inner_text() and "Δ" in tip.inner_text()
+    shot(page, "rollout-mismatch", keep_tip=True)
+
+
+GOOD, MIXED, BAD = "policy-good", "policy-mixed", "policy-bad"
+
+
+async def routed(settings: Settings, task) -> None:
+    """Until the rollout service follows the narrowed replicas: a model nobody serves is refused."""
+    body = {"task": msgspec.to_builtins(msgspec.structs.replace(task, verifier=None)),
+            "policies": [GOOD, "policy-nobody"], "n": 1}
+    async with httpx.AsyncClient(base_url=settings.rollout_url, timeout=30) as http:
+        for _ in range(200):
+            resp = await http.post("/v1/duels", json=body)  # never run: a duel without a verifier is refused
+            if "no backend replica serves model 'policy-nobody'" in resp.text:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the rollout service did not follow arena_backends: {resp.text}")
+
+
+def test_duels_between_three_backends_order_the_leaderboard(stack, page, tmp_path):
+    """Three policies, three backends (tests/duel_backends.py): GOOD always answers the quickstart task
+    right, BAD always wrong, MIXED is the stack's scripted LLM (right or wrong by seed)."""
+    st, client = stack
+    settings = st.settings
+    task = load_task(QUICKSTART)
     page.goto(f"{page.base}/#/leaderboard")
     loaded(page, "leaderboard")
     page.evaluate("window.__sameDocument = true")
-    duel = client.submit_duel(load_task(QUICKSTART), policies=["policy-a", "policy-b"], n=2)  # POST /v1/duels
-    for side in duel.rollout_ids:
-        for rid in side:
-            client.wait(rid, timeout=120)
-    page.wait_for_selector(f'#duels tr[data-duel="{duel.duel_id}"]', timeout=60_000)
-    page.wait_for_selector('#ratings tr[data-policy="policy-a"]', timeout=60_000)
+    good_port, bad_port = free_port(), free_port()
+    procs = []
+    try:
+        procs.append(start_scripted_llm(script(tmp_path, "correct"), good_port, tmp_path / "good-llm.log"))
+        procs.append(start_scripted_llm(script(tmp_path, "wrong"), bad_port, tmp_path / "bad-llm.log"))
+        run_async(register(settings.nats_url, replica("good", f"http://127.0.0.1:{good_port}/v1", GOOD),
+                             replica("bad", f"http://127.0.0.1:{bad_port}/v1", BAD),
+                             replica("default", settings.backend_url, MIXED)))
+        run_async(routed(settings, task))
+        duels = [client.submit_duel(task, policies=pair, n=3)  # POST /v1/duels, seeds 0..2
+                 for pair in ([GOOD, BAD], [GOOD, MIXED], [MIXED, BAD])]
+        for duel in duels:
+            for side in duel.rollout_ids:
+                for rid in side:
+                    client.wait(rid, timeout=180)
+    finally:
+        run_async(unregister(settings.nats_url, "good", "bad", "default"))
+        for proc in procs:
+            stop(proc)
+    for duel in duels:
+        page.wait_for_selector(f'#duels tr[data-duel="{duel.duel_id}"]', timeout=60_000)
+    board = httpx.get(f"{settings.trajectory_url}/v1/leaderboard", timeout=10).json()
+    for _ in range(100):  # every round decided and stored
+        if board["games"] == 9:
+            break
+        page.wait_for_timeout(200)
+        board = httpx.get(f"{settings.trajectory_url}/v1/leaderboard", timeout=10).json()
+    assert board["games"] == 9, board
+    ratings = {r["policy"]: r for r in board["ratings"]}
+    assert ratings[GOOD]["losses"] == 0 and ratings[BAD]["wins"] == 0, board
+    assert ratings[GOOD]["rating"] > ratings[BAD]["rating"]
+    # the browser orders them too, live (arena.duel.done), without a reload
+    page.wait_for_function("(want) => { const rows = [...document.querySelectorAll('#ratings tbody tr')]"
+                           ".map(r => r.dataset.policy); return rows.length === 3 && rows[0] === want[0] && "
+                           "rows[2] === want[1]; }", arg=[GOOD, BAD], timeout=30_000)
     assert page.evaluate("window.__sameDocument") is True
-    page.goto(f"{page.base}/#/leaderboard?duel={duel.duel_id}")
+    assert page.locator("svg.forest circle").count() == 3
+    for row in page.locator("#ratings tbody tr").all():  # each interval is an interval
+        low, high = (int(x.replace(",", "")) for x in row.locator("td").nth(2).inner_text().split(" – "))
+        assert low < high
+    first = duels[0]
+    page.goto(f"{page.base}/#/leaderboard?duel={first.duel_id}")
     loaded(page, "leaderboard")
     page.wait_for_selector("table.rounds tbody tr")
-    assert page.locator("table.rounds a").count() == 4  # both rollouts of both rounds
+    assert page.locator("table.rounds tbody tr").count() == 3
+    assert page.locator("table.rounds a").count() == 6  # both rollouts of every round
+    row = page.locator(f'#duels tr[data-duel="{first.duel_id}"]')
+    assert "3 – 0" in row.inner_text() and GOOD in row.locator(".badge").inner_text()
     shot(page, "leaderboard")
 
 
 def test_the_other_pages_render_their_aggregates(stack, page):
-    st, _ = stack
-    for step in range(1, 13):  # a trainer's metrics, as arena_rl posts them
-        httpx.post(f"{st.settings.trajectory_url}/v1/trainer-metrics", timeout=10, json={
-            "run": "demo", "step": step, "at": time.time(), "policy_version": str(step // 4),
-            "metrics": {"loss": 1.0 / step, "kl": 0.002 * step, "entropy": 1.5 - 0.05 * step,
-                        "grad_norm": 0.8 + 0.1 * (step % 3), "lr": 1e-5, "staleness_mean": 0.5}}).raise_for_status()
-    page.goto(f"{page.base}/#/training?run=demo")
-    loaded(page, "training")
-    page.wait_for_selector("#trainer-charts canvas")
-    httpx.post(f"{st.settings.trajectory_url}/v1/trainer-metrics", timeout=10, json={
-        "run": "demo", "step": 13, "at": time.time(), "policy_version": "3",
-        "metrics": {"loss": 0.07}}).raise_for_status()
-    page.wait_for_function("() => document.querySelector('h2')?.textContent.includes('13 steps') || "
-                           "[...document.querySelectorAll('h2')].some(h => h.textContent.includes('13 steps'))",
-                           timeout=20_000)  # live, from arena.trainer.metrics
-    shot(page, "training")
     for name, url in (("tokens", "#/tokens?window=all"), ("tasks", "#/tasks?order=attempts")):
         page.goto(f"{page.base}/{url}")
         loaded(page, name)

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -20,34 +19,15 @@ import pytest
 
 from arena.tasks import load_task
 from arena_core import subjects
-from arena_core.bus import Bus
-from arena_core.schemas import BackendReplica, DuelRoundDone
+from arena_core.schemas import DuelRoundDone
 from arena_core.settings import Settings
-from arena_stack.natsserver import free_port, wait_port
+from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
+from tests.duel_backends import QUICKSTART, register, replica, script, start_scripted_llm, stop
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 GOOD, BAD = "policy-good", "policy-bad"
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-
-def script(tmp_path: Path, label: str) -> Path:
-    """The quickstart script with only its ``label`` answer: every seed gets it."""
-    whole = json.loads((QUICKSTART / "llm_script.json").read_text())
-    path = tmp_path / f"{label}.json"
-    path.write_text(json.dumps({"responses": [r for r in whole["responses"] if r["label"] == label]}))
-    return path
-
-
-async def register(nats_url: str, *replicas: BackendReplica) -> None:
-    bus = await Bus.connect(nats_url, "test-duels")
-    try:
-        kv = await bus.kv(subjects.KV_BACKENDS)
-        for replica in replicas:
-            await kv.put(replica.replica_id, msgspec.json.encode(replica))
-    finally:
-        await bus.close()
 
 
 async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
@@ -61,15 +41,10 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
     bad = None
     await stack.start()
     try:
-        with open(tmp_path / "bad-llm.log", "wb") as log:
-            bad = subprocess.Popen([sys.executable, "-m", "arena_stack.scripted_llm", "--script",
-                                    str(script(tmp_path, "wrong")), "--port", str(bad_port)], stdout=log, stderr=log)
-        await asyncio.to_thread(wait_port, "127.0.0.1", bad_port, 30, bad)
+        bad = await asyncio.to_thread(start_scripted_llm, script(tmp_path, "wrong"), bad_port, tmp_path / "bad-llm.log")
         # "default" (the stack's scripted LLM) now serves only GOOD; BAD has its own replica
-        await register(settings.nats_url,
-                       BackendReplica(replica_id="bad", url=f"http://127.0.0.1:{bad_port}/v1", models=[BAD],
-                                      policy_version="0"),
-                       BackendReplica(replica_id="default", url=good_url, models=[GOOD], policy_version="0"))
+        await register(settings.nats_url, replica("bad", f"http://127.0.0.1:{bad_port}/v1", BAD),
+                       replica("default", good_url, GOOD))
 
         # a task without its verifier: every request below is refused, never run
         task = msgspec.to_builtins(msgspec.structs.replace(load_task(QUICKSTART), verifier=None))
@@ -152,7 +127,5 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
         finally:
             await nc.close()
     finally:
-        if bad is not None:
-            bad.terminate()
-            bad.wait(15)
+        stop(bad)
         stack.stop()

@@ -19,13 +19,19 @@ export function live(ctx) {
   };
 }
 
+// A metric's axis: tiny or huge values (a policy loss of 1e-8) in short exponent form, never "-5.000000000E-9".
+function tick(v) {
+  const a = Math.abs(v);
+  return a && (a < 1e-3 || a >= 1e6) ? Number(v).toExponential(1) : num(v, 4);
+}
+
 export function rewardCurve(all) {
   const curve = all.filter(r => r.policy_version);  // no policy version: no LLM call was served, no point on a curve
   if (!curve.length) return empty("No rollouts with a policy version yet.");
   const versions = [...new Map(curve.slice().sort((a, b) => (a.first_completed_at || 0) - (b.first_completed_at || 0))
     .map(r => [r.policy_version, 1])).keys()];
   const sets = [...new Set(curve.map(r => r.task_set))];
-  const datasets = sets.map((s, i) => dataset(s || "(all)", versions.map(v => {
+  const datasets = sets.map((s, i) => dataset(s || "(no task set)", versions.map(v => {
     const r = curve.find(x => x.policy_version === v && x.task_set === s);
     return r ? r.mean_reward : null;
   }), i, { spanGaps: true }));
@@ -58,7 +64,7 @@ export async function render(ctx) {
     el("h2", {}, `Trainer metrics (${trainer.length} steps)`),
     trainer.length ? el("div", { class: "grid cols3", id: "trainer-charts" }, ordered.map((name, i) => card(name,
       chart("line", { labels: trainer.map(s => s.step), datasets: [dataset(name, trainer.map(s => s.metrics?.[name] ?? null), i % 3 === 2 ? 2 : i % 2, { spanGaps: true })] },
-        { plugins: { legend: { display: false } }, scales: { y: { beginAtZero: false }, x: { title: { display: true, text: "step" } } } }),
+        { plugins: { legend: { display: false } }, scales: { y: { beginAtZero: false, ticks: { callback: tick } }, x: { title: { display: true, text: "step" } } } }),
       el("div", { class: "muted" }, `last ${num(trainer.map(s => s.metrics?.[name]).filter(v => v !== undefined && v !== null).pop(), 4)}`))))
       : card(null, empty("No trainer metrics yet: a trainer posts them to the trajectory API (POST /v1/trainer-metrics).")));
 }

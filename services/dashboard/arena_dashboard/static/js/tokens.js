@@ -47,11 +47,16 @@ function colour(t, mode) {
   return `rgba(194,59,59,${clamp(-t.lp / 4) * 0.6})`;
 }
 
+// The trainer-vs-inference gap: a float-rounding gap (1e-8) in exponent form, not as "-0".
+function gap(d) {
+  return d && Math.abs(d) < 1e-4 ? d.toExponential(1) : num(d, 4);
+}
+
 function showTip(ev, t) {
   const node = tip();
   const rows = [["token id", t.id], ["text", JSON.stringify(t.text)]];
   if (t.lp !== null && t.lp !== undefined) rows.push(["logprob", num(t.lp, 4)], ["prob", num(Math.exp(t.lp), 4)]);
-  if (t.trainer !== null && t.trainer !== undefined) rows.push(["trainer logprob", num(t.trainer, 4)], ["Δ", num(t.trainer - (t.lp ?? 0), 4)]);
+  if (t.trainer !== null && t.trainer !== undefined) rows.push(["trainer logprob", num(t.trainer, 4)], ["Δ", gap(t.trainer - (t.lp ?? 0))]);
   if (t.mask !== undefined) rows.push(["loss mask", t.mask]);
   if (t.adv !== null && t.adv !== undefined) rows.push(["advantage", num(t.adv, 3)]);
   const top = (t.top || []).map(a => [JSON.stringify(a.token), num(a.logprob, 3)]);
