@@ -101,9 +101,9 @@ def new_policy(tokenizer: CharTokenizer, *, seed: int = 0, **config) -> PolicyMo
     return PolicyModel(ModelConfig(vocab_size=tokenizer.vocab_size, **config))
 
 
-def completion_logprobs(model: PolicyModel, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
-    """Per-token log-probabilities (temperature 1) of each completion given its prompt,
-    in one right-padded forward pass; differentiable."""
+def _completion_rows(model: PolicyModel, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+    """Each completion's next-token log-distributions (``[len(completion), vocab]``, temperature
+    1) given its prompt, in one right-padded forward pass; differentiable."""
     seqs = [p + c for p, c in zip(prompts, completions, strict=True)]
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -112,14 +112,23 @@ def completion_logprobs(model: PolicyModel, prompts: list[list[int]], completion
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
     logp = torch.log_softmax(model(ids, mask).float(), dim=-1)
-    out = []
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        if not c:
-            out.append(logp.new_zeros(0))
-            continue
-        rows = logp[i, len(p) - 1 : len(p) - 1 + len(c)]
-        out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1))
-    return out
+    return [logp[i, len(p) - 1 : len(p) - 1 + len(c)] for i, (p, c) in enumerate(zip(prompts, completions))]
+
+
+def completion_logprobs(model: PolicyModel, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+    """Per-token log-probabilities (temperature 1) of each completion given its prompt,
+    in one right-padded forward pass; differentiable."""
+    return [rows.gather(-1, torch.tensor(c, dtype=torch.long)[:, None]).squeeze(-1)
+            for rows, c in zip(_completion_rows(model, prompts, completions), completions, strict=True)]
+
+
+@torch.no_grad()
+def completion_entropy(model: PolicyModel, prompts: list[list[int]], completions: list[list[int]]) -> float:
+    """The policy's mean entropy (nats) over every completion token's next-token distribution."""
+    rows = [r for r in _completion_rows(model, prompts, completions) if len(r)]
+    if not rows:
+        return 0.0
+    return float(torch.distributions.Categorical(logits=torch.cat(rows)).entropy().mean())  # 0·log 0 = 0
 
 
 # ----------------------------------------------------------------------------- blobs and checkpoints

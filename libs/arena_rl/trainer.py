@@ -23,7 +23,7 @@ import torch
 from arena_core.apikeys import auth_headers
 from arena_core.grpo import group_advantages
 from arena_rl.loss import grpo_loss, pad
-from arena_rl.model import PolicyModel, completion_logprobs, save_checkpoint, to_blob
+from arena_rl.model import PolicyModel, completion_entropy, completion_logprobs, save_checkpoint, to_blob
 from arena_rl.tokenizer import CharTokenizer
 from arena_core.schemas import GroupCompleted, TrainerMetrics, Trajectory
 
@@ -74,6 +74,9 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     kl: float
     clip_fraction: float
     ratio_mean: float
+    entropy: float  # the sampling policy's mean token entropy over the batch (nats)
+    grad_norm: float  # the first pass's gradient norm, before clipping
+    lr: float
     tokens_per_s: float
     staleness_mean: float
     staleness_max: int
@@ -129,6 +132,8 @@ class _Losses:
     kl: float = 0.0
     clip_fraction: float = 0.0
     ratio_mean: float = 0.0
+    entropy: float = 0.0
+    grad_norm: float = 0.0
     tokens: int = 0
 
 
@@ -169,6 +174,7 @@ class GRPOTrainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref, _ = pad(completion_logprobs(self.reference, prompts, completions))
+        entropy = completion_entropy(self.model, prompts, completions)  # of the policy that sampled
         self.model.train()
         for epoch in range(cfg.epochs):
             new, _ = pad(completion_logprobs(self.model, prompts, completions))
@@ -176,12 +182,12 @@ class GRPOTrainer:
                                kl_coef=cfg.kl_coef, aggregation=cfg.aggregation)
             self.optimizer.zero_grad()
             result.loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
             if epoch == 0:  # first pass: loss, KL and ratio of the policy that sampled
                 out = _Losses(loss=float(result.loss.detach()), pg_loss=result.pg_loss, kl=result.kl,
                               clip_fraction=result.clip_fraction, ratio_mean=result.ratio_mean,
-                              tokens=result.tokens)
+                              entropy=entropy, grad_norm=float(grad_norm), tokens=result.tokens)
             else:
                 out.clip_fraction = max(out.clip_fraction, result.clip_fraction)  # the most clipped pass
         self.model.eval()
@@ -228,7 +234,8 @@ class GRPOTrainer:
             samples=len(info.samples), tokens=tokens,
             mean_reward=sum(info.rewards) / len(info.rewards) if info.rewards else 0.0,
             loss=losses.loss, pg_loss=losses.pg_loss, kl=losses.kl, clip_fraction=losses.clip_fraction,
-            ratio_mean=losses.ratio_mean, tokens_per_s=tokens * max(self.config.epochs, 1) / max(train_s, 1e-9),
+            ratio_mean=losses.ratio_mean, entropy=losses.entropy, grad_norm=losses.grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"], tokens_per_s=tokens * max(self.config.epochs, 1) / max(train_s, 1e-9),
             staleness_mean=sum(stale) / len(stale) if stale else 0.0, staleness_max=max(stale, default=0),
             skipped_uniform_groups=info.skipped_uniform_groups,
             skipped_steps_without_ids=info.skipped_steps_without_ids,
@@ -282,11 +289,18 @@ class GRPOTrainer:
         return history
 
 
+#: Figures of an optimiser pass: a step that trained on nothing (every group uniform) has none,
+#: rather than zeros that would read as a converged loss.
+_TRAINING_ONLY = frozenset({"loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "entropy", "grad_norm",
+                            "tokens_per_s"})
+
+
 async def post_metrics(http: httpx.AsyncClient, url: str, run: str, metrics: StepMetrics) -> None:
     """Send one step's metrics to the trajectory service. A failure is logged, never
     fatal: the JSONL file is the record, the service feeds the dashboard."""
     values = {k: float(v) for k, v in msgspec.structs.asdict(metrics).items()
-              if isinstance(v, (int, float)) and k not in ("step", "at")}
+              if isinstance(v, (int, float)) and k not in ("step", "at")
+              and not (metrics.samples == 0 and k in _TRAINING_ONLY)}
     body = TrainerMetrics(run=run, step=metrics.step, at=metrics.at, policy_version=str(metrics.policy_version),
                           metrics=values)
     try:

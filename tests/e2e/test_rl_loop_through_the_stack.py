@@ -84,6 +84,11 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
         assert [s["step"] for s in posted["steps"]] == [m.step for m in history]
         assert [s["policy_version"] for s in posted["steps"]] == ["1", "2"]
         assert posted["steps"][0]["metrics"]["mean_reward"] == history[0].mean_reward
+        for step, m in zip(posted["steps"], history):  # what the Training page charts
+            if m.samples:
+                assert {"loss", "kl", "entropy", "grad_norm", "lr"} <= set(step["metrics"]), step
+            else:  # trained on nothing: no optimiser figures rather than zeros
+                assert "loss" not in step["metrics"] and "lr" in step["metrics"], step
         _, _, version = load_checkpoint(trainer.checkpoint(tmp_path / "v2.pt"))
         assert version == 2
     finally:

@@ -52,5 +52,8 @@ async def test_async_mode_drops_stale_groups_and_reports_staleness(bus, nats_ser
     assert [m.policy_version for m in history] == [4, 5]
     assert history[0].staleness_max == 1 and history[0].samples == 4 and history[0].mean_reward == 0.5
     assert history[1].skipped_uniform_groups == 1 and history[1].samples == 0
+    # the optimiser's own figures, for the dashboard: entropy of the sampling policy, the
+    # gradient norm before clipping, the learning rate
+    assert history[0].entropy > 0 and history[0].grad_norm > 0 and history[0].lr == trainer.config.lr
     lines = (tmp_path / "m.jsonl").read_bytes().splitlines()
     assert [msgspec.json.decode(line, type=StepMetrics).step for line in lines] == [1, 2]
