@@ -17,7 +17,17 @@ same request to ``empty`` and a ``GET /healthz`` to ``full``. It prints p50/p95 
 p50 as a ratio to ``/healthz`` (the HTTP stack and the loop, nothing stored) and to the
 same request on the empty store (what the data costs).
 
+Then the same through the dashboard: its app (``create_app_without_bus``: no NATS, auth off)
+served by uvicorn in its own process as the service serves it (``runtime.serve`` on uvloop),
+reading ``full``. For each page of ``PAGES``, ``--requests`` page loads: ``GET /`` (index.html),
+then the page's ``/api`` calls at once, as its JavaScript makes them; p50/p95 of the whole load.
+For each ``/api`` route those pages call, ``--requests`` requests, each followed by the same
+trajectory API call(s) made directly (``rollout/<id>`` is three: the trajectory, then its
+trainer logprobs and its group together, as ``app.api_rollout`` does); p50/p95 of both and
+their ratio: what the dashboard hop adds.
+
 Run: ``.venv/bin/python benchmarks/dashboard_load.py [--rollouts 100000 --steps 4 --rate 50 --requests 40]``
+(``--quick``: 10,000 rollouts and 20 requests, a check that it all works, not figures).
 """
 
 from __future__ import annotations
@@ -177,6 +187,73 @@ def start(args, directory: str, rollouts: int) -> tuple[subprocess.Popen, int, f
     return proc, port, json.loads(line)["fill_s"]
 
 
+def serve_dashboard(args) -> None:
+    """The dashboard under test, as ``python -m arena_dashboard`` serves it, minus the bus."""
+    from arena_core import runtime
+    from arena_dashboard.app import create_app_without_bus
+
+    async def main() -> int:
+        stop = runtime.stop_on_signals()
+        app = create_app_without_bus(args.dashboard)
+        return await runtime.serve(stop, app=app, host="127.0.0.1", port=args.port)
+
+    sys.exit(runtime.run(main()))
+
+
+def start_dashboard(trajectory_port: int) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--dashboard", f"http://127.0.0.1:{trajectory_port}",
+                             "--port", str(port)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the dashboard did not start")
+
+
+#: What each page asks ``/api`` for when it loads with no parameters in its address, from its
+#: ``render`` in services/dashboard/arena_dashboard/static/js/page-<page>.js (``api(...)``; an
+#: empty parameter is not sent; the window defaults to the last hour), plus ``stats/live``,
+#: which static/js/live.js asks once a tab connects (every page). Keep in step with the JS.
+#: ``{hour}``: now - 3600, ``{rid}``: a stored rollout.
+LIVE = "stats/live"
+PAGES: dict[str, list[str]] = {
+    "overview": [LIVE, "stats/overview?since={hour}"],             # page-overview.js
+    "rollouts": [LIVE, "trajectories?limit=50"],                   # page-rollouts.js
+    "rollout/<id>": [LIVE, "rollout/{rid}"],                       # page-rollout.js
+    "verify": [LIVE, "stats/verification?since={hour}"],           # page-verify.js
+    "tokens": [LIVE, "stats/token-usage?since={hour}"],            # page-tokens.js
+    "training": [LIVE, "stats/training"],                          # page-training.js
+    "tasks": [LIVE, "stats/tasks?order=attempts&limit=100&offset=0"],  # page-tasks.js
+    "leaderboard": [LIVE, "leaderboard", "duels?limit=20", "stats/training"],  # page-leaderboard.js
+}
+
+
+def direct_calls(route: str, group_id: str | None) -> list[list[str]]:
+    """The trajectory API calls the dashboard makes for ``/api/<route>``: stages, each made at once."""
+    from arena_dashboard import params
+
+    name, _, query = route.partition("?")
+    suffix = f"?{query}" if query else ""
+    if name.startswith("rollout/"):
+        path = params.item_path(params.ITEM_ROUTES["trajectories"], name.split("/", 1)[1])
+        second = [f"{path}/trainer-logprobs"]
+        if group_id:
+            second.append(params.item_path(params.ITEM_ROUTES["groups"], group_id))
+        return [[path], second]
+    if name in params.ROUTES:
+        return [[params.ROUTES[name].upstream + suffix]]
+    kind, _, item = name.partition("/")
+    return [[params.item_path(params.ITEM_ROUTES[kind], item) + suffix]]
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -222,6 +299,66 @@ async def measure(args, full: int, empty: int) -> None:
                   flush=True)
 
 
+async def measure_dashboard(args, full: int, dash: int) -> None:
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)  # a browser: 6 per host
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as http:
+        async def get(port: int, path: str, ok: tuple[int, ...] = (200,)) -> float:
+            t = time.perf_counter()
+            resp = await http.get(f"http://127.0.0.1:{port}{path}")
+            elapsed = (time.perf_counter() - t) * 1000
+            if resp.status_code not in ok:
+                raise SystemExit(f"{path}: {resp.status_code} {resp.text[:300]}")
+            return elapsed
+
+        newest = (await http.get(f"http://127.0.0.1:{full}/v1/trajectories", params={"limit": 1})
+                  ).json()["trajectories"][0]
+        rid, group_id = newest["rollout_id"], newest.get("group_id")
+        fill = {"hour": f"{time.time() - 3600:.0f}", "rid": rid}
+        pages = {page: [r.format(**fill) for r in routes] for page, routes in PAGES.items()}
+
+        async def page_load(routes: list[str]) -> float:
+            t = time.perf_counter()
+            await get(dash, "/")
+            await asyncio.gather(*(get(dash, f"/api/{r}") for r in routes))
+            return (time.perf_counter() - t) * 1000
+
+        async def direct(stages: list[list[str]]) -> float:
+            t = time.perf_counter()
+            for stage in stages:
+                await asyncio.gather(*(get(full, p, ok=(200, 404)) for p in stage))
+            return (time.perf_counter() - t) * 1000
+
+        print(f"\n{'page load (index.html + its /api calls at once)':60} {'p50 ms':>8} {'p95 ms':>8}", flush=True)
+        for page, routes in pages.items():
+            for _ in range(3):
+                await page_load(routes)
+            loads = [await page_load(routes) for _ in range(args.requests)]
+            print(f"{page + ': ' + ', '.join(PAGES[page][1:]):60} {statistics.median(loads):8.1f} "
+                  f"{pct(loads, 0.95):8.1f}", flush=True)
+
+        index = []
+        for _ in range(args.requests):
+            index.append(await get(dash, "/"))
+        print(f"{'GET / (index.html alone)':60} {statistics.median(index):8.1f} {pct(index, 0.95):8.1f}")
+
+        routes = list(dict.fromkeys(r for rs in pages.values() for r in rs))
+        print(f"\n{'dashboard /api route':52} {'p50 ms':>8} {'p95 ms':>8} {'direct p50':>10} {'direct p95':>10} "
+              f"{'hop ms':>7} {'x direct':>8}", flush=True)
+        for route in routes:
+            stages = direct_calls(route, group_id)
+            for _ in range(3):
+                await get(dash, f"/api/{route}")
+                await direct(stages)
+            ours, theirs = [], []
+            for _ in range(args.requests):
+                ours.append(await get(dash, f"/api/{route}"))
+                theirs.append(await direct(stages))
+            p50, d50 = statistics.median(ours), statistics.median(theirs)
+            label = route.replace(rid, "<id>").replace(fill["hour"], "<hour ago>")
+            print(f"{'/api/' + label:52} {p50:8.1f} {pct(ours, 0.95):8.1f} {d50:10.1f} {pct(theirs, 0.95):10.1f} "
+                  f"{p50 - d50:7.1f} {p50 / d50:8.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=100_000)
@@ -229,12 +366,19 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=50, help="rollouts/s inserted while measuring")
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="10,000 rollouts, 20 requests: a fast check")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--dashboard", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args))
         return
+    if args.dashboard:
+        serve_dashboard(args)
+        return
+    if args.quick:
+        args.rollouts, args.requests = 10_000, 20
     with tempfile.TemporaryDirectory(prefix="arena-dash-") as tmp:
         procs = []
         try:
@@ -247,6 +391,9 @@ def main() -> None:
                   f"({args.rollouts / fill_s:.0f} rollouts/s); both services insert {args.rate} rollouts/s; "
                   f"{args.requests} requests per endpoint (setup {time.monotonic() - t:.0f} s)", flush=True)
             asyncio.run(measure(args, full, empty))
+            dash_proc, dash = start_dashboard(full)
+            procs.append(dash_proc)
+            asyncio.run(measure_dashboard(args, full, dash))
         finally:
             for proc in procs:
                 proc.terminate()

@@ -13,7 +13,7 @@ from arena_core import apikeys
 from arena_core.errors import InvalidRequest
 from arena_core.schemas import RolloutState, RolloutStateChanged, Step, TrainerMetrics, VerificationResult
 from arena_dashboard import auth, params
-from arena_dashboard.app import create_app
+from arena_dashboard.app import create_app, create_app_without_bus
 from arena_dashboard.fanout import DROPPED, Debouncer, Hub, LiveFeed, SseEvent, compact_state
 from arena_dashboard.upstream import TrajectoryApi
 
@@ -155,9 +155,9 @@ def trajectory_app(tmp_path_factory):
 
 
 def dashboard_client(app, *, gate=None, transport=None) -> httpx.AsyncClient:
-    api = TrajectoryApi("http://trajectory", transport=transport or httpx.ASGITransport(app=app))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(api, Hub(), gate=gate)),
-                             base_url="http://dash")
+    dashboard = create_app_without_bus("http://trajectory", gate=gate,
+                                       transport=transport or httpx.ASGITransport(app=app))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=dashboard), base_url="http://dash")
 
 
 API_ROUTES = ["stats/overview?since=0", "stats/live", "stats/verification?task_id=calc.add",

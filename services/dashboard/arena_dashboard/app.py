@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from urllib.parse import parse_qs
 
+import httpx
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -217,6 +218,14 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
         Mount("/static", app=static_guarded),
     ], exception_handlers={404: not_found, 405: not_found, Exception: crashed})
     return with_headers(app, SECURITY_HEADERS)
+
+
+def create_app_without_bus(trajectory_url: str, *, gate: auth.Gate | None = None,
+                           transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The dashboard reading the trajectory API at ``trajectory_url`` with no NATS connection
+    (tests, benchmarks): the page, ``/api`` and ``/healthz`` answer as in the service;
+    ``/events`` streams nothing past its greeting. ``transport``: an in-process one (tests)."""
+    return create_app(TrajectoryApi(trajectory_url, transport=transport), Hub(), gate=gate)
 
 
 #: Everything the page loads is its own (no inline script, nothing from elsewhere), and no
