@@ -32,7 +32,7 @@ ENGINE_PODMAN = ROOT / "deploy" / "images" / "engine-podman"
 IMAGES = ("arena/server:latest", "arena/nats:latest")
 GROUP = 4
 #: containers that must answer their health check; the scripted LLM's name as compose makes it
-SERVICES = ("nats", "scripted-llm", "rollout", "trajectory", "sandbox", "verification")
+SERVICES = ("nats", "scripted-llm", "rollout", "trajectory", "sandbox", "verification", "dashboard")
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("ARENA_COMPOSE") != "1",
@@ -68,7 +68,8 @@ class Stack:
         self.project = f"arenatest{uuid.uuid4().hex[:8]}"
         self.compose = compose
         self.podman = podman
-        self.ports = {"rollout": _free_port(), "trajectory": _free_port(), "nats": _free_port()}
+        self.ports = {"rollout": _free_port(), "trajectory": _free_port(), "nats": _free_port(),
+                      "dashboard": _free_port()}
         self.env = dict(os.environ)
         for name in list(self.env):  # nothing of the caller's own stack leaks into compose's interpolation
             if name.startswith("ARENA_") and name != "ARENA_ENGINE_DIR":  # (the engine's store stays)
@@ -76,10 +77,12 @@ class Stack:
         self.env.update({"ARENA_PUBLISH_ROLLOUT": str(self.ports["rollout"]),
                          "ARENA_PUBLISH_TRAJECTORY": str(self.ports["trajectory"]),
                          "ARENA_PUBLISH_NATS": str(self.ports["nats"]),
+                         "ARENA_PUBLISH_DASHBOARD": str(self.ports["dashboard"]),
                          "ARENA_DATA_DIR": str(tmp)})  # the CLI finds no local key file of `arena up`
         self.rollout_url = f"http://127.0.0.1:{self.ports['rollout']}"
         self.trajectory_url = f"http://127.0.0.1:{self.ports['trajectory']}"
         self.nats_url = f"nats://127.0.0.1:{self.ports['nats']}"
+        self.dashboard_url = f"http://127.0.0.1:{self.ports['dashboard']}"
 
     def compose_cmd(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [self.compose, "--podman-path", self.podman, "-p", self.project,
@@ -201,6 +204,11 @@ def test_compose_stack_runs_a_quickstart_group(tmp_path):
             summary = resp.json()
             assert sorted(summary["rewards"]) == [0.0, 0.0, 1.0, 1.0], summary
         timings["trajectories"] = time.monotonic() - t
+        # the dashboard's figures: the group's four rollouts, two passed (its own key check: bearer)
+        with httpx.Client(base_url=stack.dashboard_url, headers=headers, timeout=10) as http:
+            overview = http.get("/api/stats/overview").json()
+            assert overview["rollouts"] == GROUP and overview["success_rate"] == 0.5, overview
+            assert "Arena" in http.get("/").text
         print(f"group {group_id}: rewards {json.dumps(summary['rewards'])}, "
               f"advantages {[round(a, 3) for a in summary['advantages']]}")
         ok = True
