@@ -20,10 +20,11 @@ from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import duel_columns
 
 
-def member(duel_id: str, side: str, policy: str, seed: int, reward: float, at: float):
+def member(duel_id: str, side: str, policy: str, seed: int, reward: float, at: float,
+           state: RolloutState = RolloutState.COMPLETED):
     rid = f"{duel_id}-{side}-{seed}"
     event = RolloutStateChanged(rollout_id=rid, task_id="calc.add", from_state=RolloutState.VERIFYING,
-                                to_state=RolloutState.COMPLETED, at=at, steps=0, group_id=f"{duel_id}-{side}",
+                                to_state=state, at=at, steps=0, group_id=f"{duel_id}-{side}",
                                 group_index=0, group_size=2,
                                 metadata={LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
                                           LABEL_DUEL_SEED: str(seed)})
@@ -57,5 +58,21 @@ async def test_rounds_on_large_seeds_stay_apart(tmp_path):
         assert [r.winner for r in view.rounds] == ["a", "b"] and view.wins == [1, 1] and view.complete
         board = await duels.leaderboard(store)
         assert board.games == 2
+    finally:
+        await store.close()
+
+
+async def test_a_cancelled_side_voids_its_round(tmp_path):
+    """A side cancelled before it finished (reward 0 in storage) loses nothing: the round is
+    void and no game for the leaderboard."""
+    store = TrajectoryStore(ChdbBackend(tmp_path / "clickhouse"))
+    await store.init()
+    for t in (member("d2", "a", "pa", 0, 1.0, 100.0), member("d2", "b", "pb", 0, 0.0, 101.0, RolloutState.CANCELLED),
+              member("d2", "a", "pa", 1, 1.0, 102.0), member("d2", "b", "pb", 1, 0.0, 103.0)):
+        await store.insert_trajectory(t)
+    try:
+        view = await duels.duel(store, "d2")
+        assert [r.winner for r in view.rounds] == ["void", "a"] and view.void == 1 and view.wins == [1, 0]
+        assert (await duels.leaderboard(store)).games == 1
     finally:
         await store.close()
