@@ -82,11 +82,16 @@ class Driver:
 
     async def run(self, stop: asyncio.Event) -> None:
         batch = self.trainer.config.batch_groups
+        batches = 0  # sync: one batch per step, so exactly ``steps`` of them (the version moves
+        # before the trainer's step counter does: waiting on the counter sent one batch too many)
         while not stop.is_set() and self.trainer.step < self.config.steps:
             if self.trainer.config.mode == "sync":
+                if batches == self.config.steps:
+                    return
                 version = self.trainer.version
                 for _ in range(batch):
                     await asyncio.to_thread(self._submit_one)
+                batches += 1
                 while self.trainer.version == version and not stop.is_set():
                     await asyncio.sleep(0.1)
             else:

@@ -70,6 +70,10 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
                          metrics_url=settings.trajectory_url),
                 timeout=240)
         assert [m.policy_version for m in history] == [1, 2]
+        # one batch per step and no more: nothing was submitted for a version never trained on
+        with httpx.Client() as http:
+            submitted = http.get(f"{settings.rollout_url}/v1/rollouts").json()["rollouts"]
+        assert len(submitted) == 2 * 4, [r["rollout_id"] for r in submitted]
         assert all(m.groups == 1 and m.trajectories == 4 for m in history)
         # sync mode: step 1 trained on rollouts served by version 0, step 2 on version 1
         assert [versions for _, versions in seen] == [["0"], ["1"]], seen
