@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from arena_core import telemetry
 from arena_core.errors import VerificationError
 from arena_core.schemas import JudgeCall, LlmJudgeVerifier, Usage
 from arena_core.settings import Settings
@@ -83,7 +84,8 @@ async def judge(spec: LlmJudgeVerifier, text: str | None, *, client: httpx.Async
     messages = judge_messages(spec.rubric, text or "")
     body = {"model": spec.model, "messages": messages, "temperature": spec.temperature,
             "max_tokens": spec.max_tokens}
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # the call joins the rollout's trace (the verification span is current)
+    headers = telemetry.inject({"Authorization": f"Bearer {key}"} if key else {})
     started = time.time()
     owned = client is None
     http = client or httpx.AsyncClient(timeout=spec.timeout_s)
