@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import statistics
@@ -259,15 +260,19 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+async def timed_get(http: httpx.AsyncClient, port: int, path: str, ok: tuple[int, ...] = (200,)) -> float:
+    """Milliseconds of one GET on 127.0.0.1:``port``; any other status than ``ok`` ends the run."""
+    t = time.perf_counter()
+    resp = await http.get(f"http://127.0.0.1:{port}{path}")
+    elapsed = (time.perf_counter() - t) * 1000
+    if resp.status_code not in ok:
+        raise SystemExit(f"{path}: {resp.status_code} {resp.text[:300]}")
+    return elapsed
+
+
 async def measure(args, full: int, empty: int) -> None:
     async with httpx.AsyncClient(timeout=60.0) as http:
-        async def get(port: int, path: str, ok: tuple[int, ...] = (200,)) -> float:
-            t = time.perf_counter()
-            resp = await http.get(f"http://127.0.0.1:{port}{path}")
-            elapsed = (time.perf_counter() - t) * 1000
-            if resp.status_code not in ok:
-                raise SystemExit(f"{path}: {resp.status_code} {resp.text[:300]}")
-            return elapsed
+        get = functools.partial(timed_get, http)
 
         deep_offset = min(5000, args.rollouts // 2)
         page = (await http.get(f"http://127.0.0.1:{full}/v1/trajectories", params={"limit": 50, "offset": deep_offset})
@@ -302,13 +307,7 @@ async def measure(args, full: int, empty: int) -> None:
 async def measure_dashboard(args, full: int, dash: int) -> None:
     limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)  # a browser: 6 per host
     async with httpx.AsyncClient(timeout=60.0, limits=limits) as http:
-        async def get(port: int, path: str, ok: tuple[int, ...] = (200,)) -> float:
-            t = time.perf_counter()
-            resp = await http.get(f"http://127.0.0.1:{port}{path}")
-            elapsed = (time.perf_counter() - t) * 1000
-            if resp.status_code not in ok:
-                raise SystemExit(f"{path}: {resp.status_code} {resp.text[:300]}")
-            return elapsed
+        get = functools.partial(timed_get, http)
 
         newest = (await http.get(f"http://127.0.0.1:{full}/v1/trajectories", params={"limit": 1})
                   ).json()["trajectories"][0]
