@@ -31,6 +31,28 @@ PREFIX = "ak_"
 #: their own keys (each rollout's, the judge's).
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 OWN_KEYS = ("/proxy/", "/judge/")
+#: OpenEnv's client sends no headers: its base URL may carry the key instead,
+#: ``/openenv/k/{key}/{name}`` (docs/openenv.md, "Authentication").
+OPENENV_KEYED = "/openenv/k/"
+
+
+def path_key(path: str) -> str | None:
+    """The key in an ``/openenv/k/{key}/...`` path, or ``None``."""
+    if not path.startswith(OPENENV_KEYED):
+        return None
+    key, _, _ = path[len(OPENENV_KEYED):].partition("/")
+    return key or None
+
+
+def without_path_key(scope: dict) -> dict:
+    """``scope`` with ``/openenv/k/{key}`` read as ``/openenv`` (the routes see one form)."""
+    path = scope["path"]
+    _, _, rest = path[len(OPENENV_KEYED):].partition("/")
+    new = "/openenv/" + rest
+    out = dict(scope)
+    out["path"] = new
+    out["raw_path"] = new.encode()
+    return out
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,28 +209,35 @@ class KeyGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        needed = scope_for(scope.get("method", "GET"), scope["path"])
+        websocket = scope["type"] == "websocket"
+        needed = "submit" if websocket else scope_for(scope.get("method", "GET"), scope["path"])
         if needed is None:
             await self.app(scope, receive, send)
             return
         headers = scope.get("headers") or []
         auth = _header(headers, b"authorization") or ""
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else _header(headers, b"x-api-key")
+        key = path_key(scope["path"]) or key
+        deny = self._close if websocket else self._deny
         if not self.ring.ready.is_set():
-            await self._deny(send, 503, "unavailable", "API keys are not loaded yet; retry shortly")
+            await deny(send, 503, "unavailable", "API keys are not loaded yet; retry shortly")
             return
         record = self.ring.check(key)
         if record is None:
             why = "an API key is required (Authorization: Bearer <key>; `arena keys create`)" if not key \
                 else "unknown or revoked API key"
-            await self._deny(send, 401, "unauthorized", why)
+            await deny(send, 401, "unauthorized", why)
             return
         if not record.allows(needed):
-            await self._deny(send, 403, "forbidden",
-                             f"API key {record.key_id} ({record.name}) lacks the {needed!r} scope for "
-                             f"{scope.get('method')} {scope['path']} (it has: {', '.join(record.scopes)})")
+            await deny(send, 403, "forbidden",
+                       f"API key {record.key_id} ({record.name}) lacks the {needed!r} scope for "
+                       f"{scope.get('method', 'WEBSOCKET')} {scope['path']} (it has: {', '.join(record.scopes)})")
             return
         await self.app(scope, receive, send)
+
+    async def _close(self, send, status: int, code: str, message: str) -> None:
+        """A WebSocket refused before its handshake completes: the client sees HTTP 403."""
+        await send({"type": "websocket.close", "code": 1008, "reason": f"{code}: {message}"[:120]})
 
     async def _deny(self, send, status: int, code: str, message: str) -> None:
         body = msgspec.json.encode({"error": {"code": code, "message": message}})

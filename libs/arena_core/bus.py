@@ -230,7 +230,7 @@ class Bus:
                 raise
             except APIError as exc:
                 raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
-        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS):
+        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS):
             await self.kv(bucket)
             await self._scale(f"KV_{bucket}", replicas)
         await self.artifacts()

@@ -129,8 +129,11 @@ class ScaffoldSpec(Request, kw_only=True):
 
 
 class AgentSpec(Request, kw_only=True):
-    """The program run inside the sandbox under the sandbox contract: a raw ``command``, or a
-    ``scaffold`` preset (exactly one of the two).
+    """The program run inside the sandbox under the sandbox contract: a raw ``command``, a
+    ``scaffold`` preset, or ``external`` (exactly one of the three).
+
+    ``external``: no program runs; an OpenEnv client outside Arena drives the sandbox one
+    action at a time through the environment endpoint (docs/openenv.md).
 
     Its files, if any, are mounted read-only at ``/sandbox/agent``: ``bundle`` (uploaded
     with ``arena tasks push`` / the SDK, docs/tasks.md) or, in embedded mode only
@@ -140,14 +143,16 @@ class AgentSpec(Request, kw_only=True):
 
     command: list[str] = []
     scaffold: ScaffoldSpec | None = None
+    external: bool = False
     path: str | None = None
     bundle: BundleDigest | None = None
     env: dict[str, str] = {}
 
     def __post_init__(self) -> None:
-        if bool(self.command) == (self.scaffold is not None):
-            raise ValueError("agent: give exactly one of `command` (the program to run) and `scaffold` "
-                             "(a preset such as {\"name\": \"mini-swe-agent\", \"model\": ...})")
+        if bool(self.command) + (self.scaffold is not None) + self.external != 1:
+            raise ValueError("agent: give exactly one of `command` (the program to run), `scaffold` "
+                             "(a preset such as {\"name\": \"mini-swe-agent\", \"model\": ...}) and "
+                             "`external: true` (an OpenEnv client drives the rollout, docs/openenv.md)")
         if self.scaffold is not None and (problem := scaffolds.unavailable(self.scaffold.name)) is not None:
             raise ValueError(f"agent.scaffold: {problem}")
 
@@ -180,6 +185,38 @@ class PathSource(Request, kw_only=True, tag="path"):
 
 
 Source = BundleSource | GitSource | ImageSource | PathSource
+
+
+class OpenEnvServer(Request, kw_only=True):
+    """An unmodified OpenEnv environment server the task runs, one per episode (docs/openenv.md).
+
+    The sandbox starts it (``docker``: ``image`` with its own command; ``local``: uvicorn
+    serving ``app`` from ``path``/``bundle``, under bubblewrap), waits for ``GET /health``,
+    then relays each action of the rollout to it over one WebSocket ``/ws`` and records
+    every reply. The rollout's reward is the sum (or the last) of the rewards it returned.
+    """
+
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    #: The ASGI app uvicorn serves (``module:attribute``), from the environment's directory.
+    app: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=256)] = "server.app:app"
+    #: The environment's directory (the ``openenv init`` layout), mounted at ``/sandbox/agent``:
+    #: a bundle in Arena's object store, or a host path (embedded mode only).
+    bundle: BundleDigest | None = None
+    path: str | None = None
+    #: The command that serves the environment on ``127.0.0.1:port`` inside the sandbox; empty:
+    #: the image's own command (docker) or ``python -m uvicorn {app}`` (local).
+    command: list[str] = []
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
+    env: dict[str, str] = {}
+    ready_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120.0
+    step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+    #: Keyword arguments every ``reset`` gets (the client's own win).
+    reset: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        if self.image is None and self.bundle is None and self.path is None and not self.command:
+            raise ValueError("environment: give its `image` (docker), or its directory as `bundle` or `path` "
+                             "(local), or the `command` that serves it")
 
 
 ParserName = Literal[
@@ -293,7 +330,18 @@ class CompositeVerifier(Request, kw_only=True, tag="composite"):
     verifiers: list[WeightedVerifier]
 
 
-Verifier = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | CompositeVerifier
+class EnvRewardVerifier(Request, kw_only=True, tag="env_reward"):
+    """The reward an OpenEnv environment gave: the ``sum`` of its step rewards (the return), or
+    the ``last`` one. ``passed`` when it reaches ``pass_threshold``. An episode the environment
+    never ended (``done``) still scores what it returned so far unless ``require_done``."""
+
+    reduce: Literal["sum", "last"] = "sum"
+    pass_threshold: float = 1.0
+    require_done: bool = False
+
+
+Verifier = (TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | CompositeVerifier
+            | EnvRewardVerifier)
 
 
 class Task(Request, kw_only=True):
@@ -318,6 +366,13 @@ class Task(Request, kw_only=True):
     #: image source's image, else the provider's default (``ARENA_SANDBOX_IMAGE``). Ignored by
     #: ``local`` (the host's ``/usr``) and ``mock``.
     image: str | None = None
+    #: An unmodified OpenEnv environment the rollout plays (the agent is then ``external``).
+    environment: OpenEnvServer | None = None
+
+    def __post_init__(self) -> None:
+        if self.environment is not None and not self.agent.external:
+            raise ValueError("a task with an `environment` is played by an OpenEnv client: its agent must be "
+                             "{\"external\": true} (docs/openenv.md)")
 
     def source_of(self) -> Source | None:
         """The task's source, with ``repo`` read as a :class:`PathSource`."""
@@ -329,6 +384,8 @@ class Task(Request, kw_only=True):
         """The image the task runs in ("" = the provider's default)."""
         if self.image:
             return self.image
+        if self.environment is not None and self.environment.image:
+            return self.environment.image
         return self.source.image if isinstance(self.source, ImageSource) else ""
 
     def workspace_mount(self) -> str:
@@ -549,6 +606,26 @@ class SandboxStarted(Base, kw_only=True):
     at: float
 
 
+class EnvStep(Base, kw_only=True):
+    """One exchange of an OpenEnv episode, as the sandbox relayed it (docs/openenv.md).
+
+    ``index`` 0 is the ``reset``; then one per ``step``. ``observation`` is what the
+    environment answered (strings over the recording cap are cut and ``truncated`` is set);
+    ``error`` is an error frame's ``code: message`` (the action was refused; the episode goes on).
+    """
+
+    index: int
+    kind: Literal["reset", "step"]
+    action: dict[str, Any] = {}
+    observation: dict[str, Any] = {}
+    reward: float | None = None
+    done: bool = False
+    error: str = ""
+    truncated: bool = False
+    started_at: float = 0.0
+    duration_ms: float = 0.0
+
+
 class SandboxDone(Base, kw_only=True):
     """``arena.sandbox.done.{rollout_id}``: what the sandbox ended with."""
 
@@ -571,6 +648,8 @@ class SandboxDone(Base, kw_only=True):
     #: What the agent's scaffold left beside its log (e.g. ``mini-swe-agent.traj.json``, its own
     #: trajectory): name -> key in the ``arena_artifacts`` object store (docs/agents.md).
     artifacts: dict[str, str] = {}
+    #: An OpenEnv episode (``agent.external``): every reset and step, in order.
+    env_steps: list[EnvStep] = []
 
 
 # --------------------------------------------------------------------------- verification plane
@@ -657,6 +736,79 @@ class JudgeCall(Base, kw_only=True):
     latency_ms: float = 0.0
     started_at: float = 0.0
     error: str = ""
+
+
+# --------------------------------------------------------------------------- OpenEnv episodes
+
+
+class EnvError(Base, kw_only=True):
+    """An OpenEnv error frame's data: ``code`` is one of OpenEnv's (``VALIDATION_ERROR``,
+    ``EXECUTION_ERROR``, ...); ``errors`` the validation problems, pydantic-shaped."""
+
+    code: str
+    message: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class EnvRequest(Base, kw_only=True):
+    """``arena.env.{rollout_id}`` (core NATS request/reply): the environment endpoint asks the
+    sandbox worker that holds the rollout's sandbox for one exchange. ``seq`` numbers them
+    from 0 (the reset); a repeated ``seq`` gets the stored reply again, never a second run."""
+
+    rollout_id: str
+    seq: int
+    kind: Literal["reset", "step", "state"]
+    data: dict[str, Any] = {}
+    timeout_s: float = 60.0
+
+
+class EnvReply(Base, kw_only=True):
+    """The answer to an :class:`EnvRequest`: an observation (with ``reward`` and ``done``),
+    the state (``kind`` state), or an ``error`` (OpenEnv's error frame)."""
+
+    seq: int
+    observation: dict[str, Any] = {}
+    reward: float | None = None
+    done: bool = False
+    state: dict[str, Any] | None = None
+    error: EnvError | None = None
+
+
+class EnvironmentRequest(Request, kw_only=True):
+    """``PUT /v1/environments/{name}``: serve ``task`` as an OpenEnv environment at
+    ``/openenv/{name}`` (docs/openenv.md). Each WebSocket episode is one rollout of it, with
+    this model, sampling, provider and labels; ``max_concurrent`` episodes at once per
+    rollout-service replica (more get OpenEnv's ``CAPACITY_REACHED``)."""
+
+    task: Task
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
+    sampling: SamplingParams = SamplingParams()
+    provider: Literal["local", "docker", "mock"] = "local"
+    max_concurrent: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    metadata: Labels = {}
+
+
+class EnvironmentRecord(Base, kw_only=True):
+    """An environment in the ``arena_environments`` bucket: the request with its public task,
+    and where its private part (the verifier) is kept."""
+
+    name: str
+    request: EnvironmentRequest
+    verifier_ref: str = ""
+    verify_budget_s: float = 0.0
+    created_at: float = 0.0
+
+
+class EnvironmentView(Base, kw_only=True):
+    """An environment as the API shows it (no private part)."""
+
+    name: str
+    task_id: str
+    url: str  # the OpenEnv base URL: clients connect to ``{url}/ws``
+    provider: str
+    max_concurrent: int
+    hosted: bool = False  # an unmodified OpenEnv environment relayed (``task.environment``)
+    created_at: float = 0.0
 
 
 # --------------------------------------------------------------------------- captured steps
@@ -964,4 +1116,8 @@ MESSAGES: dict[str, type] = {
     "DeadLetter": DeadLetter,
     "TrainerMetrics": TrainerMetrics,
     "ErrorResponse": ErrorResponse,
+    "EnvRequest": EnvRequest,
+    "EnvReply": EnvReply,
+    "EnvironmentRequest": EnvironmentRequest,
+    "EnvironmentView": EnvironmentView,
 }

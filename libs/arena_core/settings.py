@@ -86,6 +86,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Rollouts that may wait at once; submissions beyond it, or beyond what the queue drains
     #: within ``queue_timeout_s``, get 429 with Retry-After (docs/reliability.md).
     max_queued: int = 10_000
+    #: OpenEnv episodes (docs/openenv.md): seconds a sandbox waits for its client's next action
+    #: before it ends the episode (the client is gone); within the task's wall clock.
+    openenv_idle_s: int = 900
+    #: Seconds the environment endpoint waits for an episode's sandbox to come up on ``reset``
+    #: (queueing, image start, the environment's own start) before it answers an error.
+    openenv_start_timeout_s: int = 300
+    #: Seconds ``submit`` waits for the verifier's reward before it answers ``done`` with
+    #: ``reward: null`` (the reward then comes with ``state``); OpenEnv's client gives up after 60.
+    openenv_submit_wait_s: int = 45
     log_level: str = "INFO"
     #: OTLP collector the services send their traces to ("" = no traces exported):
     #: ``http://host:4318`` over ``http/protobuf``, ``http://host:4317`` over ``grpc``
@@ -150,6 +159,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_MAX_WALL_CLOCK_S must be between 1 and 604800")
         if not 1 <= self.queue_timeout_s <= 7 * 86400:
             raise SettingsError("ARENA_QUEUE_TIMEOUT_S must be between 1 and 604800")
+        if self.openenv_idle_s < 1 or self.openenv_start_timeout_s < 1 or self.openenv_submit_wait_s < 0:
+            raise SettingsError("ARENA_OPENENV_IDLE_S and ARENA_OPENENV_START_TIMEOUT_S must be >= 1, "
+                                "ARENA_OPENENV_SUBMIT_WAIT_S >= 0")
         if self.max_queued < 1:
             raise SettingsError("ARENA_MAX_QUEUED must be >= 1")
         if self.nats_replicas < 1:

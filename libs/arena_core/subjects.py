@@ -69,6 +69,8 @@ KV_BACKENDS = "arena_backends"
 #: Tasks' private parts (verifiers), keyed by the sha256 of their JSON: read by verification only.
 KV_VERIFIERS = "arena_verifiers"
 KV_API_KEYS = "arena_api_keys"  # API key id -> ApiKey (hashed; arena_core.apikeys)
+#: Environments served over OpenEnv's protocol: name -> EnvironmentRecord (docs/openenv.md).
+KV_ENVIRONMENTS = "arena_environments"
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).
@@ -133,6 +135,11 @@ def duel_done(duel_id: str) -> str:
     return f"arena.duel.done.{duel_id}"
 
 
+def env_exchange(rollout_id: str) -> str:
+    """An OpenEnv episode's exchanges with the sandbox worker holding it (core NATS request/reply)."""
+    return f"arena.env.{rollout_id}"
+
+
 def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
     """The ``Nats-Msg-Id`` of a publish: ``{rollout_id}:{kind}:{seq}``."""
     return f"{rollout_id}:{kind}:{seq}"
@@ -164,6 +171,7 @@ def catalog() -> dict:
             "dead": "arena.dead.{stream}",
             "trainer_metrics": "arena.trainer.metrics.{run}",
             "duel_done": "arena.duel.done.{duel_id}",
+            "env_exchange": "arena.env.{rollout_id}",
         },
         "messages": {
             "arena.rollout.submitted.{rollout_id}": "RolloutSubmitted",
@@ -179,8 +187,9 @@ def catalog() -> dict:
             "arena.dead.{stream}": "DeadLetter",
             "arena.trainer.metrics.{run}": "TrainerMetrics",
             "arena.duel.done.{duel_id}": "DuelRoundDone",
+            "arena.env.{rollout_id}": "EnvRequest",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS],
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

@@ -388,6 +388,20 @@ class DockerProvider:
         except (ChannelClosed, docker.errors.DockerException) as exc:
             raise SandboxError(f"container {container_id[:12]}: {exc}") from exc
 
+    async def image_command(self, image: str) -> tuple[list[str], str]:
+        """The command ``image`` runs by itself (its entrypoint then its command) and its working
+        directory: how an unmodified OpenEnv environment image serves (docs/openenv.md)."""
+        image = image or self.default_image
+
+        def inspect() -> tuple[list[str], str]:
+            config = self.client.api.inspect_image(image).get("Config") or {}
+            return [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])], config.get("WorkingDir") or ""
+
+        try:
+            return await asyncio.to_thread(inspect)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot inspect image {image}: {exc}") from exc
+
     def pool_key(self, spec: CreateSpec) -> CreateSpec:
         return CreateSpec(image=spec.image or self.default_image, limits=spec.limits,
                           workspace_mount=spec.workspace_mount)

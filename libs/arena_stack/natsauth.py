@@ -23,11 +23,12 @@ _OBJECTS = f"$O.{subjects.OBJECT_ARTIFACTS}.>"
 #: service -> (may publish, may subscribe). Replies come on ``_INBOX.>``.
 PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
     "rollout": ([*_JETSTREAM, "arena.rollout.>", "arena.sandbox.run.>", "arena.step.>", "arena.verify.run",
-                 _KV.format(subjects.KV_ROLLOUTS), _KV.format(subjects.KV_BACKENDS),
-                 _KV.format(subjects.KV_VERIFIERS), _KV.format(subjects.KV_API_KEYS), _OBJECTS],
+                 "arena.env.>", _KV.format(subjects.KV_ROLLOUTS), _KV.format(subjects.KV_BACKENDS),
+                 _KV.format(subjects.KV_VERIFIERS), _KV.format(subjects.KV_API_KEYS),
+                 _KV.format(subjects.KV_ENVIRONMENTS), _OBJECTS],
                 ["_INBOX.>", "arena.rollout.state.>"]),
     "sandbox": ([*_JETSTREAM, "arena.sandbox.started.>", "arena.sandbox.done.>", "arena.verify.run", _OBJECTS],
-                ["_INBOX.>", "arena.rollout.state.>"]),
+                ["_INBOX.>", "arena.rollout.state.>", "arena.env.>"]),
     "verification": ([*_JETSTREAM, "arena.verify.done.>", _OBJECTS], ["_INBOX.>"]),
     "trajectory": ([*_JETSTREAM, "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
                     "arena.duel.done.>", _KV.format(subjects.KV_API_KEYS), _OBJECTS],

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from arena_core import health, openapi, sources, subjects
+from arena_core import apikeys, health, openapi, sources, subjects
 from arena_core.bodies import decode_body
 from arena_core.errors import ArenaError, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
 from arena_core.schemas import (
@@ -39,6 +39,7 @@ from arena_core.schemas import (
     valid_id,
 )
 
+from arena_rollout import openenv_routes
 from arena_rollout.proxy import errors
 from arena_rollout.proxy.delivery import Delivery, Orphan, Orphans
 from arena_rollout.proxy.handler import Relay
@@ -323,6 +324,10 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_messages(request: Request, rollout_id: str = rid) -> Response:
         return await proxied(service, rollout_id, request, "anthropic.messages")
 
+    # -------------------------------------------------------------- environments (OpenEnv)
+
+    openenv_routes.install(app, service, read_body=read_body, decode=decode, limit=limit)
+
     # -------------------------------------------------------------- the judge route
 
     @app.post("/judge/{rollout_id}/v1/chat/completions", responses=llm, openapi_extra=openapi.request_body_schema(obj))
@@ -396,6 +401,8 @@ class RolloutApp:
             if match is not None:
                 await self._proxy(match[1], _APIS[match[2]], dict(scope["headers"]), receive, send)
                 return
+        if scope["type"] in ("http", "websocket") and scope["path"].startswith(apikeys.OPENENV_KEYED):
+            scope = apikeys.without_path_key(scope)  # checked by the key guard in front, when keys are on
         await self.api(scope, receive, send)
 
     async def _proxy(self, rollout_id: str, api: Api, headers: dict[bytes, bytes], receive, send) -> None:

@@ -28,6 +28,7 @@ from arena_core.schemas import (
     LABEL_DUEL_SIDE,
     BundleSource,
     DeadLetter,
+    EnvRewardVerifier,
     DuelSubmitted,
     PathSource,
     GroupSubmitted,
@@ -103,7 +104,10 @@ def view(record: RolloutRecord) -> RolloutView:
 
 
 def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool,
-                        allow_host_paths: bool = True, max_wall_clock_s: float = 86400.0) -> None:
+                        allow_host_paths: bool = True, max_wall_clock_s: float = 86400.0,
+                        external: bool = False) -> None:
+    """``external``: the submission comes from the environment endpoint, the one place an
+    ``external`` agent (an OpenEnv client) can drive a rollout."""
     task = req.task
     problems = []
     if task.verifier is None:
@@ -111,9 +115,14 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
     if task.source is not None and task.repo:
         problems.append("task.source and task.repo are two spellings of one thing: set only task.source")
     source = task.source_of()
-    if source is None:
+    if source is None and task.environment is None:
         problems.append("task.source is required (a bundle, a git URL + commit, or an image)")
-    host_path = isinstance(source, PathSource) or task.agent.path is not None
+    if task.agent.external and not external:
+        problems.append("task.agent.external: an OpenEnv client drives such a task through the environment "
+                        "endpoint (PUT /v1/environments/{name}, then /openenv/{name}/ws; docs/openenv.md), "
+                        "not a rollout submission")
+    env = task.environment
+    host_path = isinstance(source, PathSource) or task.agent.path is not None or (env is not None and env.path)
     if host_path and not allow_host_paths:
         problems.append("host paths (task.repo, source.type=path, agent.path) are not accepted by this server "
                         "(ARENA_ALLOW_HOST_PATHS is off): upload the directory as a bundle "
@@ -122,8 +131,13 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         problems.append("a file:// git URL is a host path (ARENA_ALLOW_HOST_PATHS is off)")
     if not task.id.strip():
         problems.append("task.id must not be empty")
-    if not task.agent.command and task.agent.scaffold is None:
+    if not task.agent.command and task.agent.scaffold is None and not task.agent.external:
         problems.append("task.agent needs a command or a scaffold")
+    if env is not None and env.image is None and req.provider == "docker" and not env.command:
+        problems.append("task.environment.image is required on the docker provider")
+    if env is not None and env.image is not None and req.provider == "local" and not (env.bundle or env.path):
+        problems.append("task.environment: the local provider cannot run an image; give the environment's "
+                        "directory (bundle or path) or use the docker provider")
     if task.budget.wall_clock_s <= 0:
         problems.append("task.budget.wall_clock_s must be > 0")
     if task.budget.wall_clock_s > max_wall_clock_s:
@@ -140,6 +154,8 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
             problems.append(f"task repository {source.path!r} is not a directory on the sandbox host")
         if task.agent.path is not None and not os.path.isdir(task.agent.path):
             problems.append(f"task.agent.path {task.agent.path!r} is not a directory on the sandbox host")
+        if env is not None and env.path is not None and not os.path.isdir(env.path):
+            problems.append(f"task.environment.path {env.path!r} is not a directory on the sandbox host")
     if isinstance(req, SubmitGroupRequest) and not 1 <= req.n <= MAX_GROUP:
         problems.append(f"n must be between 1 and {MAX_GROUP}, got {req.n}")
     reserved = sorted(k for k in req.metadata if k == LABEL_DUEL or k.startswith(LABEL_DUEL + "."))
@@ -176,6 +192,8 @@ def _bundles_of(task) -> list[str]:
         found.append(task.source.digest)
     if task.agent.bundle:
         found.append(task.agent.bundle)
+    if task.environment is not None and task.environment.bundle:
+        found.append(task.environment.bundle)
     for spec in _leaf_verifiers(task.verifier):
         if isinstance(spec, TestsVerifier) and spec.hidden_files:
             found.append(spec.hidden_files)
@@ -276,12 +294,14 @@ class RolloutService:
         ))
         return GroupSubmitted(group_id=group_id, rollout_ids=[r.rollout_id for r in records])
 
-    async def _accept(self, req):
+    async def _accept(self, req, *, external: bool = False):
         """Validate a submission, check its bundles exist, and store its private part apart:
         the request with the public task, and the private part's (key, time budget)."""
+        if req.task.environment is not None and req.task.verifier is None:  # the environment's own rewards
+            req = msgspec.structs.replace(req, task=msgspec.structs.replace(req.task, verifier=EnvRewardVerifier()))
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
                             allow_host_paths=self.settings.allow_host_paths,
-                            max_wall_clock_s=self.settings.max_wall_clock_s)
+                            max_wall_clock_s=self.settings.max_wall_clock_s, external=external)
         task = req.task
         for digest in _bundles_of(task):
             if not await sources.bundle_exists(self.bus, digest):

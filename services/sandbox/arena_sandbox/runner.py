@@ -21,10 +21,11 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from arena_core import scaffolds, telemetry
-from arena_core.schemas import AgentSpec, SandboxDone, SandboxJob, SandboxOutcome, Task
+from arena_core.schemas import AgentSpec, OpenEnvServer, SandboxDone, SandboxJob, SandboxOutcome, Task
 from arena_core.sources import SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
+from arena_sandbox import episode
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
@@ -254,6 +255,8 @@ async def run_job(
     sandbox_id: str | None = None,
     cancel: asyncio.Event | None = None,
     sources: SourceCache | None = None,
+    exchanges: episode.Exchanges | None = None,
+    idle_s: float = 900.0,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
@@ -278,8 +281,12 @@ async def run_job(
     try:
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes=attributes):
-                tree = await cache.tree(job.task.source_of())
-                agent_tree = await agent_files(job.task.agent, cache)
+                if job.task.source_of() is None and job.task.environment is not None:
+                    tree = Path(data_dir) / "empty-source"  # a hosted environment needs no repository
+                    tree.mkdir(parents=True, exist_ok=True)
+                else:
+                    tree = await cache.tree(job.task.source_of())
+                agent_tree = await agent_files(job.task.agent, cache, job.task.environment)
                 home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
                 plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
@@ -297,25 +304,47 @@ async def run_job(
             await asyncio.to_thread(shutil.rmtree, staging, True)
         log.info("sandbox starting (%s %s)", name, sandbox.id, extra=extra)
         output = _LogBuffer(config.max_log_bytes)
+        ended: episode.EpisodeEnd | None = None
         try:
             with telemetry.tracer().start_as_current_span("sandbox.run", attributes=attributes) as span:
-                run = await sandbox.exec(
-                    plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
-                    proxy=plan.proxy, cancel=cancel, on_output=output,
-                )
+                if job.task.agent.external:
+                    ended = await _episode(job, sandbox, plan, provider, exchanges, cancel, idle_s)
+                    output(ended.log)
+                    run = ExecResult(exit_code=None if ended.failed else 0, timed_out=ended.timed_out,
+                                     killed=ended.cancelled, duration_s=ended.duration_s)
+                else:
+                    run = await sandbox.exec(
+                        plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
+                        proxy=plan.proxy, cancel=cancel, on_output=output,
+                    )
                 span.set_attribute("arena.exit_code", run.exit_code if run.exit_code is not None else -1)
         except SandboxError as exc:
             return JobRun(done=finish(SandboxOutcome.ERROR, str(exc)), log=output.data())
         full_log = output.data()
         tail = log_tail(full_log, lines=config.log_tail_lines, max_chars=config.log_tail_chars)
-        done_seen = await sandbox.exists(f"{local.ARENA_DIR}/done")
+        if ended is not None:
+            done_seen = ended.done
+        else:
+            done_seen = await sandbox.exists(f"{local.ARENA_DIR}/done")
         outcome, reason = decide_outcome(run, done=done_seen, tail=tail, memory_bytes=config.sandbox_limits.memory_bytes,
                                          wall_clock_s=job.task.budget.wall_clock_s)
+        if ended is not None and not run.killed:
+            reason = ended.reason
+            if ended.failed:  # the environment broke, not the policy: no reward (an infrastructure outcome)
+                outcome = SandboxOutcome.ERROR
+                reason += f"; last output:\n{tail}" if tail and tail not in reason else ""
         result_path = f"{local.ARENA_DIR}/result.json"
-        raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
-        result, note = parse_result(raw, max_bytes=config.max_result_bytes)
-        if raw is None and await sandbox.exists(result_path):
-            note = "result.json ignored: not a regular file (links are not followed)"
+        if job.task.environment is not None and ended is not None:
+            # the environment's own rewards: never a file in the sandbox, which its server can write
+            result, note = {"env_rewards": [s.reward for s in ended.steps if s.kind == "step" and not s.error],
+                            "env_done": ended.done}, ""
+        else:
+            raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
+            result, note = parse_result(raw, max_bytes=config.max_result_bytes)
+            if raw is None and await sandbox.exists(result_path):
+                note = "result.json ignored: not a regular file (links are not followed)"
+            if ended is not None and ended.answer is not None:
+                result, note = {**(result or {}), "answer": ended.answer}, ""
         if note:
             reason = f"{reason}; {note}"
         artifacts: dict[str, bytes] = {}
@@ -345,11 +374,41 @@ async def run_job(
                     reason = f"{reason}; no diff: {exc}"
         log.info("sandbox finished: %s", outcome.value, extra=extra)
         done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
-                      oom_killed=run.oom_killed, flags=flags)
+                      oom_killed=run.oom_killed, flags=flags, env_steps=ended.steps if ended is not None else [])
         return JobRun(done=done, log=full_log, run=run, artifacts=artifacts)
     finally:
         if sandbox is not None:
             await asyncio.shield(sandbox.destroy())
+
+
+async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exchanges, cancel, idle_s: float):
+    """An OpenEnv client's episode (``agent.external``): Arena's tools, or the task's own environment."""
+    task = job.task
+    if exchanges is None:
+        return episode.EpisodeEnd(done=False, failed=True, reason="no environment endpoint can reach this "
+                                  "sandbox (the worker serves no exchanges)")
+    spec = task.environment
+    if spec is None:
+        session = episode.ToolSession(sandbox, workdir=plan.workdir, env=plan.env, proxy=plan.proxy,
+                                      instructions=task.instructions, rollout_id=job.rollout_id)
+    else:
+        base = provider.provider if isinstance(provider, WarmPool) else provider
+        image_command, image_workdir = [], ""
+        if base.name == "docker" and not spec.command:
+            image_command, image_workdir = await base.image_command(task.image_of())
+        try:
+            command = episode.hosted_command(spec, base.name, image_command)
+        except ValueError as exc:
+            return episode.EpisodeEnd(done=False, failed=True, reason=str(exc))
+        workdir = image_workdir or (local.AGENT_DIR if (spec.bundle or spec.path) else plan.workdir)
+        env = {**plan.env, **({"PYTHONPATH": local.AGENT_DIR} if base.name != "docker" else {}), **spec.env}
+        session = episode.HostedSession(sandbox, spec, command=command, workdir=workdir, env=env, proxy=plan.proxy,
+                                        wall_clock_s=task.budget.wall_clock_s)
+    try:
+        return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
+                                  idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
+    finally:
+        await session.close()
 
 
 FLAG_GIT_TAMPERED = "git_tampered"
@@ -400,9 +459,12 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     artifacts: dict[str, str] = {}
 
 
-async def agent_files(agent: AgentSpec, cache: SourceCache) -> Path | None:
+async def agent_files(agent: AgentSpec, cache: SourceCache, environment: OpenEnvServer | None = None) -> Path | None:
     """The agent's own files (mounted at ``/sandbox/agent``): its bundle, or a host path
-    where those are allowed; ``None`` when it has none."""
+    where those are allowed; a hosted OpenEnv environment's directory in their place;
+    ``None`` when it has none."""
+    if environment is not None and (environment.bundle or environment.path):
+        agent = AgentSpec(external=True, bundle=environment.bundle, path=environment.path)
     if agent.bundle:
         return await cache.bundle_tree(agent.bundle)
     if agent.path:
@@ -426,6 +488,8 @@ def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None,
         launch = scaffold_launch(job, sandbox_workdir, scaffold_home)
     elif task.agent.command:
         launch = scaffolds.Launch(command=list(task.agent.command))
+    elif task.agent.external:  # an OpenEnv client drives it: no program (arena_sandbox.episode)
+        launch = scaffolds.Launch(command=[])
     else:
         raise ValueError("the task's agent has an empty command")
     for path in launch.files:

@@ -19,6 +19,9 @@ from arena_core import metrics, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Retryable
 from arena_core.schemas import (
+    EnvError,
+    EnvReply,
+    EnvRequest,
     RolloutRecord,
     RolloutState,
     RolloutStateChanged,
@@ -147,13 +150,17 @@ class SandboxWorker:
             await self._publish_done(job, done)
             return
         self.in_flight.inc()
+        exchanges = await NatsExchanges.open(self.bus, rid) if job.task.agent.external else None
         try:
             result = await runner.run_job(
                 job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
-                sandbox_id=sandbox_id, cancel=cancel, sources=self.sources,
+                sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
+                idle_s=self.settings.openenv_idle_s,
             )
         finally:
             self.in_flight.dec()
+            if exchanges is not None:
+                await exchanges.close()
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
             # Killed because this worker is stopping, not because of the rollout.
@@ -219,6 +226,58 @@ class SandboxWorker:
             log.warning("could not store %s: %s", name, exc, extra={"rollout_id": rollout_id})
             return None
         return key
+
+
+class _NatsExchange:
+    def __init__(self, request: EnvRequest, msg):
+        self.request, self._msg = request, msg
+
+    async def reply(self, answer: EnvReply) -> None:
+        if self._msg.reply:
+            await self._msg.respond(msgspec.json.encode(answer))
+
+
+class NatsExchanges:
+    """An OpenEnv episode's exchanges from ``arena.env.{rollout_id}`` (core NATS request/reply),
+    subscribed before the sandbox starts so none is missed; undecodable ones are answered with
+    OpenEnv's ``INVALID_JSON``."""
+
+    def __init__(self, rollout_id: str):
+        self.rollout_id = rollout_id
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.sub = None
+
+    @classmethod
+    async def open(cls, bus: Bus, rollout_id: str) -> "NatsExchanges":
+        self = cls(rollout_id)
+
+        async def on_msg(msg) -> None:
+            try:
+                request = _env_request_decoder.decode(msg.data)
+            except msgspec.DecodeError as exc:
+                if msg.reply:
+                    await msg.respond(msgspec.json.encode(EnvReply(seq=-1, error=EnvError(
+                        code="INVALID_JSON", message=f"not an EnvRequest: {exc}"))))
+                return
+            if request.rollout_id == rollout_id:
+                self.queue.put_nowait(_NatsExchange(request, msg))
+
+        self.sub = await bus.nc.subscribe(subjects.env_exchange(rollout_id), cb=on_msg)
+        return self
+
+    async def next(self, timeout_s: float):
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+
+
+_env_request_decoder = msgspec.json.Decoder(EnvRequest)
 
 
 async def reap_orphans(provider: SandboxProvider) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from arena_core.schemas import ExactVerifier, RubricVerifier
+from arena_core.schemas import EnvRewardVerifier, ExactVerifier, RubricVerifier
 
 FLAG_NO_ANSWER = "no_answer"
 
@@ -149,3 +149,33 @@ def exact(spec: ExactVerifier, text: str | None) -> Outcome:
     shown = got_string if len(got_string) <= 80 else got_string[:77] + "..."
     return Outcome(reward=0.0, passed=False, components={"exact": 0.0},
                    reason=f"answer {shown!r} matches none of {len(spec.answers)} accepted answers")
+
+
+# ------------------------------------------------------------------------------ env_reward
+
+FLAG_NOT_DONE = "env_not_done"
+
+
+def env_reward(spec: EnvRewardVerifier, result: dict[str, Any] | None) -> Outcome:
+    """The OpenEnv environment's own rewards (``env_rewards``/``env_done``, recorded by the
+    sandbox worker, never written by the agent): their sum or the last one."""
+    if result is None or not isinstance(result.get("env_rewards"), list):
+        raise InvalidEnvResult("the sandbox recorded no environment rewards (not an OpenEnv episode?)")
+    rewards = [float(r) for r in result["env_rewards"] if isinstance(r, (int, float)) and not isinstance(r, bool)
+               and math.isfinite(r)]
+    done = result.get("env_done") is True
+    flags = [] if done else [FLAG_NOT_DONE]
+    if spec.require_done and not done:
+        return Outcome(reward=0.0, passed=False, flags=flags, reason="the environment never ended the episode")
+    if spec.reduce == "last":
+        reward = rewards[-1] if rewards else 0.0
+    else:
+        reward = math.fsum(rewards)
+    return Outcome(reward=reward, passed=reward >= spec.pass_threshold, flags=flags,
+                   components={"steps": float(len(result["env_rewards"]))},
+                   reason=f"{spec.reduce} of {len(rewards)} step rewards = {reward:g}"
+                          + ("" if done else " (the environment never said done)"))
+
+
+class InvalidEnvResult(ValueError):
+    """An ``env_reward`` verifier on a rollout that has no recorded environment rewards."""

@@ -16,6 +16,7 @@ import msgspec
 
 from arena_core.schemas import (
     CompositeVerifier,
+    EnvRewardVerifier,
     ExactVerifier,
     LlmJudgeVerifier,
     PythonVerifier,
@@ -34,7 +35,7 @@ from arena_verification.tests_verifier import job_budget_s, verify_tests
 
 log = logging.getLogger("arena.verification")
 
-LeafSpec = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier
+LeafSpec = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | EnvRewardVerifier
 
 
 def verifier_type(spec: object) -> str:
@@ -121,6 +122,8 @@ async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Pat
         elif isinstance(spec, LlmJudgeVerifier):
             outcome, call = await judge.judge(spec, text, client=http, rollout_id=job.rollout_id)
             judge_calls.append(call)
+        elif isinstance(spec, EnvRewardVerifier):
+            outcome = answers.env_reward(spec, job.result)
         elif isinstance(spec, PythonVerifier):
             request = plugins.PluginRequest(rollout_id=job.rollout_id, task=job.task, diff=job.diff,
                                             answer=answers.answer_text(job.result), result=job.result,
@@ -128,7 +131,7 @@ async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Pat
             outcome = await plugins.run_plugin(spec, request)
         else:
             raise InvalidTask(f"unsupported verifier {type(spec).__name__}")
-    except InvalidRubric as exc:
+    except (InvalidRubric, answers.InvalidEnvResult) as exc:
         raise InvalidTask(str(exc)) from exc
     return _from_outcome(job, verifier_type(spec), outcome, started, judge_calls=judge_calls)
 

@@ -1,0 +1,175 @@
+"""HTTP and WebSocket routes of the environments: ``/v1/environments`` (register, list, read,
+delete) and OpenEnv's server at ``/openenv/{name}`` (``/ws``, ``/health``, ``/metadata``,
+``/schema``, ``/openapi.json``, ``/mcp`` and the stateless ``/reset``, ``/step``, ``/state``).
+Thin: the protocol is :mod:`arena_rollout.openenv`. docs/openenv.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import msgspec
+from fastapi import FastAPI, Path, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import Response
+
+from arena_core import envtools, openapi
+from arena_core.errors import ArenaError, NotFound
+from arena_core.schemas import ID_PATTERN, EnvironmentRequest, EnvironmentView
+
+from arena_rollout import openenv
+from arena_rollout.environments import Environments, view
+
+log = logging.getLogger("arena.rollout.openenv")
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environments:
+    environments = Environments(service)
+    capacity = openenv.Capacity()
+    name_param = Path(..., pattern=ID_PATTERN, max_length=128)
+    obj = {"type": "object"}
+    public_url = service.settings.public_url
+
+    # ------------------------------------------------------------------ registry
+
+    @app.put("/v1/environments/{name}", openapi_extra=openapi.request_body(EnvironmentRequest),
+             responses={200: openapi.answer(EnvironmentView), **openapi.errors(413)})
+    async def put_environment(request: Request, name: str = name_param) -> Response:
+        """Serve a task over OpenEnv's protocol at ``/openenv/{name}`` (replacing one of that name)."""
+        req = decode(await read_body(request, limit), EnvironmentRequest)
+        return _json(view(await environments.put(name, req), public_url))
+
+    @app.get("/v1/environments", responses={200: openapi.answer(obj)})
+    async def list_environments() -> Response:
+        return _json({"environments": [view(r, public_url) for r in await environments.list()]})
+
+    @app.get("/v1/environments/{name}", responses={200: openapi.answer(EnvironmentView), **openapi.errors(404)})
+    async def get_environment(name: str = name_param) -> Response:
+        return _json(view(await environments.get(name), public_url))
+
+    @app.delete("/v1/environments/{name}", status_code=204, responses=openapi.errors(404))
+    async def delete_environment(name: str = name_param) -> Response:
+        """New episodes are refused; running ones go on to their end."""
+        await environments.delete(name)
+        return Response(status_code=204)
+
+    # ------------------------------------------------------------------ OpenEnv's server
+
+    @app.get("/openenv/{name}/health", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def env_health(name: str = name_param) -> Response:
+        await environments.get(name)
+        return _json({"status": "healthy"})
+
+    @app.get("/openenv/{name}/metadata", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def env_metadata(name: str = name_param) -> Response:
+        return _json(openenv.metadata(await environments.get(name)))
+
+    @app.get("/openenv/{name}/schema", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def env_schema(name: str = name_param) -> Response:
+        return _json(openenv.schema(await environments.get(name)))
+
+    @app.get("/openenv/{name}/openapi.json", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def env_openapi(name: str = name_param) -> Response:
+        return _json(openenv.openapi(await environments.get(name)))
+
+    @app.post("/openenv/{name}/mcp", responses={200: openapi.answer(obj), **openapi.errors(404)},
+              openapi_extra=openapi.request_body_schema(obj))
+    async def env_mcp(request: Request, name: str = name_param) -> Response:
+        env = await environments.get(name)
+        try:
+            body = msgspec.json.decode(await read_body(request, limit))
+        except msgspec.DecodeError as exc:
+            return _json({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"Parse error: {exc}",
+                                                                  "data": None}})
+        return _json(openenv.mcp_answer(body, hosted=env.request.task.environment is not None))
+
+    @app.post("/openenv/{name}/reset", responses={200: openapi.answer(obj), **openapi.errors(404)},
+              openapi_extra=openapi.request_body_schema(obj))
+    async def env_reset(request: Request, name: str = name_param) -> Response:
+        """Stateless, as in OpenEnv's own server: the first observation, no episode (that is ``/ws``)."""
+        env = await environments.get(name)
+        body = await read_body(request, limit)
+        if body:
+            try:
+                data = msgspec.json.decode(body)
+            except msgspec.DecodeError as exc:
+                return _json({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, 422)
+            if not isinstance(data, dict):
+                return _json({"detail": [{"type": "dict_type", "loc": ["body"], "msg": "an object"}]}, 422)
+            seed = data.get("seed")
+            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+                return _json({"detail": [{"type": "greater_than_equal", "loc": ["body", "seed"],
+                                          "msg": "Input should be greater than or equal to 0"}]}, 422)
+        return _json(openenv.initial_observation(env))
+
+    @app.post("/openenv/{name}/step", responses={200: openapi.answer(obj), **openapi.errors(400, 404)},
+              openapi_extra=openapi.request_body_schema(obj))
+    async def env_step(request: Request, name: str = name_param) -> Response:
+        """Stateless: the action is checked, but no episode runs it (an episode is a WebSocket)."""
+        env = await environments.get(name)
+        try:
+            data = msgspec.json.decode(await read_body(request, limit))
+        except msgspec.DecodeError as exc:
+            return _json({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, 422)
+        if not isinstance(data, dict) or not isinstance(data.get("action"), dict):
+            return _json({"detail": [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]}, 422)
+        if env.request.task.environment is None:
+            try:
+                envtools.parse_action(data["action"])
+            except envtools.ActionError as exc:
+                return _json({"detail": exc.errors}, 422)
+        return _json({"error": {"code": "stateless", "message": (
+            "a stateless POST /step runs no episode (OpenEnv's HTTP routes make a fresh environment per call): "
+            "open the WebSocket /ws, as OpenEnv's EnvClient does")}}, 400)
+
+    @app.get("/openenv/{name}/state", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def env_state(name: str = name_param) -> Response:
+        await environments.get(name)
+        return _json({"episode_id": None, "step_count": 0})
+
+    @app.websocket("/openenv/{name}/ws")
+    async def env_ws(websocket: WebSocket, name: str) -> None:
+        try:
+            env = await environments.get(name)
+        except NotFound as exc:
+            await websocket.close(code=1008, reason=exc.message[:120])
+            return
+        await websocket.accept()
+        if not capacity.take(name, env.request.max_concurrent):
+            active = capacity.open.get(name, 0)
+            await websocket.send_text(msgspec.json.encode(openenv.error_frame(
+                "CAPACITY_REACHED", f"Server at capacity: {active}/{env.request.max_concurrent} sessions active. "
+                "Cannot accept new connections.", active_sessions=active,
+                max_sessions=env.request.max_concurrent)).decode())
+            await websocket.close(code=1000)
+            return
+        episode = openenv.Episode(service, env)
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                raw = message.get("text") if message.get("text") is not None else message.get("bytes") or b""
+                try:
+                    reply = await episode.handle(raw)
+                except ArenaError as exc:
+                    reply = openenv.error_frame("EXECUTION_ERROR", exc.message)
+                if reply is None:  # close
+                    await websocket.close(code=1000)
+                    break
+                await websocket.send_text(msgspec.json.encode(reply).decode())
+        except WebSocketDisconnect:
+            pass
+        except Exception:  # noqa: BLE001 - one episode's failure never takes the service down
+            log.exception("OpenEnv episode on %s failed", name)
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1011)
+        finally:
+            capacity.give(name)
+            with contextlib.suppress(Exception):
+                await episode.end("the OpenEnv client disconnected")
+    return environments

@@ -1,0 +1,485 @@
+"""An OpenEnv episode in a sandbox (a task whose agent is ``external``): each exchange the
+environment endpoint sends runs here, as one of Arena's tools in the task's sandbox
+(:class:`ToolSession`) or relayed to the task's own OpenEnv server (:class:`HostedSession`).
+Pure: exchanges arrive through an :class:`Exchanges` source (the worker's NATS wiring).
+docs/openenv.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from arena_core import envtools
+from arena_core.schemas import EnvError, EnvReply, EnvRequest, EnvStep, OpenEnvServer
+from arena_sandbox_providers import envhost, local
+from arena_sandbox_providers.local import ProxyForward
+from arena_sandbox_providers.provider import Sandbox, SandboxError
+
+log = logging.getLogger("arena.sandbox.episode")
+
+#: Longest string kept in a recorded observation or action; longer ones are cut (``truncated``).
+RECORD_STRING_MAX = 16 * 1024
+ENVHOST = Path(envhost.__file__)
+ENV_SOCKET = f"{local.ARENA_DIR}/env.sock"
+
+
+class Exchange(Protocol):
+    request: EnvRequest
+
+    async def reply(self, answer: EnvReply) -> None: ...
+
+
+class Exchanges(Protocol):
+    async def next(self, timeout_s: float) -> Exchange | None:
+        """The next exchange, or ``None`` when none came within ``timeout_s``."""
+
+
+class EpisodeEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """How an episode ended. ``done``: the client submitted, or the environment said done."""
+
+    done: bool
+    timed_out: bool = False
+    cancelled: bool = False
+    failed: bool = False
+    reason: str
+    steps: list[EnvStep] = []
+    answer: str | None = None
+    log: bytes = b""
+    duration_s: float = 0.0
+
+
+class Session(Protocol):
+    async def start(self) -> None: ...
+
+    async def reset(self, data: dict[str, Any]) -> EnvReply: ...
+
+    async def step(self, data: dict[str, Any]) -> EnvReply: ...
+
+    async def state(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+    def log(self) -> bytes: ...
+
+
+class EnvironmentBroken(Exception):
+    """The hosted environment cannot go on (it exited, closed its socket, or did not answer)."""
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def capped(value: Any, limit: int = RECORD_STRING_MAX) -> tuple[Any, bool]:
+    """``value`` with every string longer than ``limit`` cut; and whether any was."""
+    if isinstance(value, str):
+        return (value[:limit], True) if len(value) > limit else (value, False)
+    if isinstance(value, dict):
+        out, cut = {}, False
+        for key, item in value.items():
+            out[key], c = capped(item, limit)
+            cut = cut or c
+        return out, cut
+    if isinstance(value, list):
+        items = [capped(item, limit) for item in value]
+        return [i for i, _ in items], any(c for _, c in items)
+    return value, False
+
+
+def record(index: int, kind: str, action: dict[str, Any], reply: EnvReply, started: float) -> EnvStep:
+    action, cut_a = capped(action)
+    observation, cut_o = capped(reply.observation)
+    error = f"{reply.error.code}: {reply.error.message}" if reply.error is not None else ""
+    return EnvStep(index=index, kind=kind, action=action, observation=observation, reward=reply.reward,
+                   done=reply.done, error=error, truncated=cut_a or cut_o, started_at=started,
+                   duration_ms=(time.time() - started) * 1000)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, idle_s: float,
+               cancel: asyncio.Event | None = None) -> EpisodeEnd:
+    """Serve exchanges until the episode is done, the wall clock runs out, the client is
+    gone for ``idle_s``, or ``cancel``. Each ``seq`` runs once: a repeated one gets its reply again."""
+    cancel = cancel or asyncio.Event()
+    started = time.monotonic()
+    replies: dict[int, EnvReply] = {}
+    steps: list[EnvStep] = []
+    answer: list[str] = []
+
+    def end(reason: str, **fields: Any) -> EpisodeEnd:
+        return EpisodeEnd(reason=reason, steps=steps, answer=answer[0] if answer else None, log=session.log(),
+                          duration_s=time.monotonic() - started, **{"done": False, **fields})
+
+    try:
+        await session.start()
+    except EnvironmentBroken as exc:
+        return end(f"the environment did not start: {exc}", failed=True)
+    while True:
+        left = wall_clock_s - (time.monotonic() - started)
+        if left <= 0:
+            return end(f"wall clock of {wall_clock_s:g}s exceeded", timed_out=True)
+        nxt = asyncio.ensure_future(exchanges.next(min(left, idle_s)))
+        stop = asyncio.ensure_future(cancel.wait())
+        await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if cancel.is_set():
+            nxt.cancel()
+            return end("rollout cancelled during the episode", cancelled=True)
+        exchange = nxt.result()
+        if exchange is None:
+            if wall_clock_s - (time.monotonic() - started) <= 0:
+                return end(f"wall clock of {wall_clock_s:g}s exceeded", timed_out=True)
+            return end(f"no action for {idle_s:g}s: the client is gone", timed_out=True)
+        req = exchange.request
+        if req.seq in replies:
+            await exchange.reply(replies[req.seq])
+            continue
+        at = time.time()
+        try:
+            if req.kind == "state":
+                reply = EnvReply(seq=req.seq, state=await session.state())
+            elif req.kind == "reset":
+                if steps:
+                    reply = EnvReply(seq=req.seq, error=EnvError(
+                        code="SESSION_ERROR", message="this episode was reset already; a new reset starts a new rollout"))
+                else:
+                    reply = _with_seq(await session.reset(req.data), req.seq)
+            else:
+                if not steps:
+                    reply = EnvReply(seq=req.seq, error=EnvError(code="SESSION_ERROR", message="reset before step"))
+                else:
+                    reply = _with_seq(await session.step(req.data), req.seq)
+        except EnvironmentBroken as exc:
+            reply = EnvReply(seq=req.seq, error=EnvError(code="EXECUTION_ERROR", message=f"environment failed: {exc}"))
+            replies[req.seq] = reply
+            if req.kind != "state":
+                steps.append(record(len(steps), req.kind, req.data, reply, at))
+            await exchange.reply(reply)
+            return end(f"the environment failed: {exc}", failed=True)
+        replies[req.seq] = reply
+        if req.kind != "state" and (reply.error is None or req.kind == "step"):
+            steps.append(record(len(steps), req.kind, req.data, reply, at))
+        if isinstance(session, ToolSession) and session.answer is not None and not answer:
+            answer.append(session.answer)
+        await exchange.reply(reply)
+        if reply.done:
+            return end("the client submitted" if isinstance(session, ToolSession) else "the environment said done",
+                       done=True)
+
+
+def _with_seq(reply: EnvReply, seq: int) -> EnvReply:
+    return msgspec.structs.replace(reply, seq=seq)
+
+
+# --------------------------------------------------------------------------- Arena's tools
+
+
+class _Output:
+    """Output of one command, its first ``limit`` bytes kept."""
+
+    def __init__(self, limit: int):
+        self.limit, self.chunks, self.size, self.cut = limit, [], 0, False
+
+    def __call__(self, chunk: bytes) -> None:
+        room = self.limit - self.size
+        if room <= 0:
+            self.cut = True
+            return
+        if len(chunk) > room:
+            chunk, self.cut = chunk[:room], True
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class ToolSession:
+    """Arena's own task as an environment: the tools of :mod:`arena_core.envtools`, each call
+    a command in the task's sandbox (never a host-side file operation on agent-made paths)."""
+
+    def __init__(self, sandbox: Sandbox, *, workdir: str, env: dict[str, str], proxy: ProxyForward | None,
+                 instructions: str, rollout_id: str):
+        self.sandbox, self.workdir, self.env, self.proxy = sandbox, workdir, env, proxy
+        self.instructions, self.rollout_id = instructions, rollout_id
+        self.answer: str | None = None
+        self.calls = 0
+
+    async def start(self) -> None:
+        return None
+
+    def log(self) -> bytes:
+        return b""
+
+    async def close(self) -> None:
+        return None
+
+    async def state(self) -> dict[str, Any]:
+        return {"episode_id": self.rollout_id, "step_count": self.calls, "workdir": self.workdir}
+
+    async def reset(self, data: dict[str, Any]) -> EnvReply:
+        observation = {"prompt": self.instructions, "workdir": self.workdir, "rollout_id": self.rollout_id,
+                       "tools": envtools.tool_list()}
+        return EnvReply(seq=0, observation=observation, reward=None, done=False)
+
+    async def step(self, data: dict[str, Any]) -> EnvReply:
+        try:
+            action = envtools.parse_action(data)
+        except envtools.ActionError as exc:
+            return EnvReply(seq=0, error=EnvError(code="VALIDATION_ERROR", message=str(exc), errors=exc.errors))
+        self.calls += 1
+        if isinstance(action, envtools.ListTools):
+            return EnvReply(seq=0, observation={"tools": envtools.tool_list()})
+        name = action.tool_name
+        if name not in envtools.TOOLS:
+            return EnvReply(seq=0, observation=envtools.tool_error(
+                "tool_not_found", f"no tool {name!r}; the tools are {', '.join(envtools.TOOLS)}", name))
+        try:
+            args = envtools.parse_arguments(name, action.arguments)
+        except envtools.ActionError as exc:
+            return EnvReply(seq=0, observation=envtools.tool_error(
+                "invalid_args", "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors), name))
+        try:
+            result, done = await getattr(self, f"_{name}")(args)
+        except _ToolFailed as exc:
+            return EnvReply(seq=0, observation=envtools.tool_error(exc.kind, str(exc), name))
+        return EnvReply(seq=0, observation={"tool_name": name, "result": result, "error": None}, done=done)
+
+    # -- the tools
+
+    def _path(self, path: str) -> str:
+        full = posixpath.normpath(path if path.startswith("/") else posixpath.join(self.workdir, path))
+        if full != local.WORKSPACE and not full.startswith(local.WORKSPACE + "/"):
+            raise _ToolFailed("invalid_args", f"{path!r} is outside {local.WORKSPACE}")
+        return full
+
+    async def _run(self, argv: list[str], *, timeout_s: float = 120.0, limit: int = envtools.MAX_OUTPUT_BYTES):
+        out = _Output(limit)
+        try:
+            ran = await self.sandbox.exec(argv, env=self.env, workdir=self.workdir, timeout_s=timeout_s,
+                                          proxy=self.proxy, on_output=out)
+        except SandboxError as exc:
+            raise _ToolFailed("execution_error", f"the sandbox could not run it: {exc}") from exc
+        return ran, out
+
+    async def _shell(self, args: envtools.Shell):
+        ran, out = await self._run(["/bin/sh", "-c", args.command], timeout_s=args.timeout_s)
+        return {"output": out.data().decode("utf-8", errors="replace"), "exit_code": ran.exit_code,
+                "timed_out": ran.timed_out, "truncated": out.cut}, False
+
+    async def _read(self, path: str) -> bytes:
+        full = self._path(path)
+        ran, out = await self._run(["/bin/sh", "-c", 'test -f "$1" || { echo "$1: no such file" >&2; exit 1; }; '
+                                    f'head -c {envtools.MAX_FILE_BYTES + 1} -- "$1"', "sh", full],
+                                   limit=envtools.MAX_FILE_BYTES + 4096)
+        if ran.exit_code != 0:
+            raise _ToolFailed("execution_error", out.data().decode("utf-8", errors="replace").strip()
+                              or f"cannot read {path}")
+        data = out.data()
+        if len(data) > envtools.MAX_FILE_BYTES:
+            raise _ToolFailed("execution_error", f"{path} is larger than {envtools.MAX_FILE_BYTES} bytes")
+        return data
+
+    async def _write(self, path: str, data: bytes) -> None:
+        full = self._path(path)
+        staged = f"{local.ARENA_DIR}/in-{uuid.uuid4().hex}"
+        await self.sandbox.put_files({staged: data})
+        script = ('mkdir -p -- "$(dirname -- "$2")" && cat -- "$1" > "$2"; rc=$?; rm -f -- "$1"; exit $rc')
+        ran, out = await self._run(["/bin/sh", "-c", script, "sh", staged, full])
+        if ran.exit_code != 0:
+            raise _ToolFailed("execution_error", out.data().decode("utf-8", errors="replace").strip()
+                              or f"cannot write {path}")
+
+    async def _read_file(self, args: envtools.ReadFile):
+        text = (await self._read(args.path)).decode("utf-8", errors="replace")
+        lines = text.splitlines(keepends=True)
+        start = args.offset - 1
+        stop = len(lines) if args.limit is None else start + args.limit
+        chosen = "".join(lines[start:stop])
+        cut = len(chosen.encode()) > envtools.MAX_OUTPUT_BYTES
+        return {"content": chosen.encode()[: envtools.MAX_OUTPUT_BYTES].decode("utf-8", errors="ignore"),
+                "lines": len(lines), "truncated": cut or stop < len(lines)}, False
+
+    async def _write_file(self, args: envtools.WriteFile):
+        data = args.content.encode()
+        await self._write(args.path, data)
+        return {"bytes_written": len(data)}, False
+
+    async def _edit_file(self, args: envtools.EditFile):
+        text = (await self._read(args.path)).decode("utf-8", errors="strict")
+        count = text.count(args.old_str)
+        if count == 0:
+            raise _ToolFailed("execution_error", f"old_str does not occur in {args.path}")
+        if count > 1 and not args.replace_all:
+            raise _ToolFailed("execution_error", f"old_str occurs {count} times in {args.path}; "
+                              "make it unique or set replace_all")
+        await self._write(args.path, text.replace(args.old_str, args.new_str).encode())
+        return {"replacements": count}, False
+
+    async def _submit(self, args: envtools.Submit):
+        self.answer = args.answer
+        return {"submitted": True}, True
+
+
+class _ToolFailed(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+# --------------------------------------------------------------------------- hosted environments
+
+
+class HostedSession:
+    """An unmodified OpenEnv environment server, run in the sandbox by ``envhost.py`` and
+    reached over a Unix socket in ``/sandbox/.arena``: one WebSocket ``/ws`` for the episode,
+    OpenEnv's frames relayed as they are."""
+
+    def __init__(self, sandbox: Sandbox, spec: OpenEnvServer, *, command: list[str], workdir: str,
+                 env: dict[str, str], proxy: ProxyForward | None, wall_clock_s: float, log_limit: int = 1 << 20):
+        self.sandbox, self.spec, self.command, self.workdir = sandbox, spec, command, workdir
+        self.env, self.proxy, self.wall_clock_s = env, proxy, wall_clock_s
+        self._output = _Output(log_limit)
+        self._stop = asyncio.Event()
+        self._server: asyncio.Task | None = None
+        self._http = None
+        self._ws = None
+        self._lock = asyncio.Lock()
+
+    def log(self) -> bytes:
+        return self._output.data()
+
+    def _socket(self) -> str:
+        host_path = getattr(self.sandbox, "host_path", None)
+        if host_path is None:
+            raise EnvironmentBroken(f"the {self.sandbox.provider} provider cannot host OpenEnv environments "
+                                    "(its sandboxes have no host directory to reach the server through)")
+        return str(host_path(ENV_SOCKET))
+
+    async def start(self) -> None:
+        import aiohttp  # the server extra: only the sandbox service hosts environments
+
+        sock = self._socket()
+        await self.sandbox.put_files({f"{local.ARENA_DIR}/envhost.py": ENVHOST.read_bytes()})
+        argv = ["python3", f"{local.ARENA_DIR}/envhost.py", ENV_SOCKET, str(self.spec.port), "--", *self.command]
+        self._server = asyncio.ensure_future(self.sandbox.exec(
+            argv, env=self.env, workdir=self.workdir, timeout_s=self.wall_clock_s + 60, proxy=self.proxy,
+            cancel=self._stop, on_output=self._output))
+        self._http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock),
+                                           timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        problem = "not started"
+        while time.monotonic() < deadline:
+            if self._server.done():
+                raise EnvironmentBroken(f"its server exited ({self._exit()}); last output:\n{self._tail()}")
+            if os.path.exists(sock):
+                try:
+                    async with self._http.get("http://env/health", timeout=aiohttp.ClientTimeout(total=5)) as got:
+                        if got.status == 200:
+                            break
+                        problem = f"GET /health answered {got.status}"
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    problem = f"GET /health: {type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.2)
+        else:
+            raise EnvironmentBroken(f"not healthy within {self.spec.ready_timeout_s:g}s ({problem}); last output:\n"
+                                    f"{self._tail()}")
+        try:
+            self._ws = await self._http.ws_connect("http://env/ws", max_msg_size=100 * 2**20, heartbeat=None)
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EnvironmentBroken(f"cannot open its WebSocket /ws: {exc}") from exc
+
+    def _exit(self) -> str:
+        try:
+            ran = self._server.result()
+        except BaseException as exc:  # noqa: BLE001 - a SandboxError, or cancelled
+            return f"{type(exc).__name__}: {exc}"
+        return f"exit code {ran.exit_code}"
+
+    def _tail(self) -> str:
+        return self.log().decode("utf-8", errors="replace")[-2000:]
+
+    async def _exchange(self, frame: dict[str, Any]) -> dict[str, Any]:
+        import aiohttp
+
+        async with self._lock:  # OpenEnv's replies carry no ids: strictly one at a time
+            try:
+                await self._ws.send_str(json.dumps(frame))
+                msg = await asyncio.wait_for(self._ws.receive(), self.spec.step_timeout_s)
+            except asyncio.TimeoutError:
+                raise EnvironmentBroken(f"no answer within {self.spec.step_timeout_s:g}s") from None
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                raise EnvironmentBroken(f"its WebSocket failed: {exc}") from exc
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise EnvironmentBroken(f"its WebSocket closed ({msg.type.name}, {msg.data!r}); last output:\n"
+                                        f"{self._tail()}")
+            try:
+                answer = json.loads(msg.data)
+            except ValueError as exc:
+                raise EnvironmentBroken(f"it sent a frame that is not JSON: {exc}") from exc
+            if not isinstance(answer, dict) or not isinstance(answer.get("data", {}), dict):
+                raise EnvironmentBroken(f"it sent a frame OpenEnv does not define: {str(answer)[:200]}")
+            return answer
+
+    @staticmethod
+    def _reply(answer: dict[str, Any]) -> EnvReply:
+        data = answer.get("data") or {}
+        if answer.get("type") == "error":
+            extra = {k: v for k, v in data.items() if k not in ("code", "message")}
+            errors = extra.pop("errors", None)
+            return EnvReply(seq=0, error=EnvError(code=str(data.get("code", "EXECUTION_ERROR")),
+                                                  message=str(data.get("message", "")),
+                                                  errors=errors if isinstance(errors, list) else None))
+        if answer.get("type") != "observation":
+            raise EnvironmentBroken(f"it answered {answer.get('type')!r} where an observation was due")
+        reward = data.get("reward")
+        return EnvReply(seq=0, observation=data.get("observation") or {},
+                        reward=float(reward) if isinstance(reward, (int, float)) else None, done=bool(data.get("done")))
+
+    async def reset(self, data: dict[str, Any]) -> EnvReply:
+        return self._reply(await self._exchange({"type": "reset", "data": {**self.spec.reset, **data}}))
+
+    async def step(self, data: dict[str, Any]) -> EnvReply:
+        return self._reply(await self._exchange({"type": "step", "data": data}))
+
+    async def state(self) -> dict[str, Any]:
+        answer = await self._exchange({"type": "state"})
+        if answer.get("type") != "state":
+            raise EnvironmentBroken(f"it answered {answer.get('type')!r} to state")
+        return answer.get("data") or {}
+
+    async def close(self) -> None:
+        if self._ws is not None and not self._ws.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws.send_str(json.dumps({"type": "close"})), 2)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws.close(), 2)
+        if self._http is not None:
+            await self._http.close()
+        self._stop.set()
+        if self._server is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._server, 30)
+
+
+def hosted_command(spec: OpenEnvServer, provider: str, image_command: list[str] | None) -> list[str]:
+    """What serves the environment on ``127.0.0.1:{port}`` in the sandbox."""
+    if spec.command:
+        return list(spec.command)
+    if provider == "docker":
+        if not image_command:
+            raise ValueError(f"image {spec.image} has no command (CMD/ENTRYPOINT): give environment.command")
+        return image_command
+    return ["python", "-m", "uvicorn", spec.app, "--host", "127.0.0.1", "--port", str(spec.port)]
