@@ -6,7 +6,8 @@
 #                                                  start `podman system service` on SOCKET,
 #                                                  write its PID to PIDFILE, build the images
 #   deploy/docker-engine.sh stop PIDFILE           stop the service by its PID
-#   deploy/docker-engine.sh images                 build the images only (arena/agent-base, arena/quickstart)
+#   deploy/docker-engine.sh images                 build the images only (arena/agent-base, arena/quickstart;
+#                                                  others named in $ARENA_IMAGES, e.g. ARENA_IMAGES=openenv-echo)
 #   deploy/docker-engine.sh podman ARGS...         podman on the engine's store (e.g. `podman ps -a`)
 #
 # Configuration for a host that runs ephemeral sandboxes (measured in docs/sandbox.md):

