@@ -753,11 +753,12 @@ class EnvError(Base, kw_only=True):
 class EnvRequest(Base, kw_only=True):
     """``arena.env.{rollout_id}`` (core NATS request/reply): the environment endpoint asks the
     sandbox worker that holds the rollout's sandbox for one exchange. ``seq`` numbers them
-    from 0 (the reset); a repeated ``seq`` gets the stored reply again, never a second run."""
+    from 0 (the reset); a repeated ``seq`` gets the stored reply again, never a second run.
+    ``close``: the client ended the episode (OpenEnv's ``close`` frame): what it did is verified."""
 
     rollout_id: str
     seq: int
-    kind: Literal["reset", "step", "state"]
+    kind: Literal["reset", "step", "state", "close"]
     data: dict[str, Any] = {}
     timeout_s: float = 60.0
 

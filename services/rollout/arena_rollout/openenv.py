@@ -102,6 +102,7 @@ class Episode:
                 {"type": "dict_type", "loc": ["data"], "msg": "Input should be a valid dictionary"}])
         try:
             if kind == "close":
+                await self.close()
                 return None
             if kind == "reset":
                 return await self.reset(data or {})
@@ -114,6 +115,8 @@ class Episode:
             return error_frame("EXECUTION_ERROR", exc.message)
 
     async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
+        if self.done:
+            self.record = None  # over: its outcome stands
         await self.end("reset: the client started a new episode")
         try:
             group = _group_of(data)
@@ -189,6 +192,18 @@ class Episode:
 
     async def mcp(self, request: dict[str, Any]) -> dict[str, Any]:
         return mcp_answer(request, hosted=self.hosted)
+
+    async def close(self) -> None:
+        """The client closed the episode: the sandbox ends it and what it did is verified
+        (an abrupt disconnect cancels it instead)."""
+        if self.record is None or self.done:
+            self.record = None
+            return
+        self.seq += 1
+        reply = await self._exchange("close", {}, timeout_s=30.0)
+        if reply.error is None:
+            self.record, self.done = None, True
+        # else: the rollout is ended by ``end`` (cancelled)
 
     async def end(self, reason: str) -> None:
         """Cancel the current rollout unless it is final (the client left or reset)."""

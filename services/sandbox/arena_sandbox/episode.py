@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import posixpath
+import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,6 +51,7 @@ class EpisodeEnd(msgspec.Struct, frozen=True, kw_only=True):
     """How an episode ended. ``done``: the client submitted, or the environment said done."""
 
     done: bool
+    closed: bool = False  # the client closed the episode before it was done (still verified)
     timed_out: bool = False
     cancelled: bool = False
     failed: bool = False
@@ -147,6 +150,11 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
             await exchange.reply(replies[req.seq])
             continue
         at = time.time()
+        if req.kind == "close":
+            reply = EnvReply(seq=req.seq, done=True)
+            replies[req.seq] = reply
+            await exchange.reply(reply)
+            return end("the client closed the episode", done=True, closed=True)
         try:
             if req.kind == "state":
                 reply = EnvReply(seq=req.seq, state=await session.state())
@@ -168,7 +176,8 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
                 steps.append(record(len(steps), req.kind, req.data, reply, at))
             await exchange.reply(reply)
             return end(f"the environment failed: {exc}", failed=True)
-        replies[req.seq] = reply
+        if req.kind != "state":  # a state is read afresh each time; an action runs once
+            replies[req.seq] = reply
         if req.kind != "state" and (reply.error is None or req.kind == "step"):
             steps.append(record(len(steps), req.kind, req.data, reply, at))
         if isinstance(session, ToolSession) and session.answer is not None and not answer:
@@ -357,16 +366,25 @@ class HostedSession:
         self._http = None
         self._ws = None
         self._lock = asyncio.Lock()
+        self._link_dir: str | None = None
 
     def log(self) -> bytes:
         return self._output.data()
 
     def _socket(self) -> str:
+        """The socket's host path, through a short link when it is longer than a socket
+        address may be (108 bytes)."""
         host_path = getattr(self.sandbox, "host_path", None)
         if host_path is None:
             raise EnvironmentBroken(f"the {self.sandbox.provider} provider cannot host OpenEnv environments "
                                     "(its sandboxes have no host directory to reach the server through)")
-        return str(host_path(ENV_SOCKET))
+        path = str(host_path(ENV_SOCKET))
+        if len(path.encode()) < 100:
+            return path
+        self._link_dir = tempfile.mkdtemp(prefix="arena-env-")
+        link = os.path.join(self._link_dir, "s")
+        os.symlink(path, link)
+        return link
 
     async def start(self) -> None:
         import aiohttp  # the server extra: only the sandbox service hosts environments
@@ -472,6 +490,8 @@ class HostedSession:
         if self._server is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._server, 30)
+        if self._link_dir is not None:
+            shutil.rmtree(self._link_dir, ignore_errors=True)
 
 
 def hosted_command(spec: OpenEnvServer, provider: str, image_command: list[str] | None) -> list[str]:

@@ -337,7 +337,7 @@ async def run_job(
         if job.task.environment is not None and ended is not None:
             # the environment's own rewards: never a file in the sandbox, which its server can write
             result, note = {"env_rewards": [s.reward for s in ended.steps if s.kind == "step" and not s.error],
-                            "env_done": ended.done}, ""
+                            "env_done": ended.done and not ended.closed}, ""
         else:
             raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
             result, note = parse_result(raw, max_bytes=config.max_result_bytes)
