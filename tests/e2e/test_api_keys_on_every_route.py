@@ -85,3 +85,52 @@ async def test_every_route_needs_a_key_of_its_scope(tmp_path):
             assert client.list() == []
     finally:
         stack.stop()
+
+
+async def test_an_openenv_client_passes_its_key_in_the_base_url(tmp_path):
+    """OpenEnv's client sends no headers: ``/openenv/k/{key}/{name}`` carries the key; a
+    WebSocket without one, or with a read-only key, is refused before its handshake completes."""
+    import msgspec
+    import websockets
+    from openenv.core import GenericEnvClient
+
+    from arena.tasks import load_task
+    from arena_core.schemas import AgentSpec
+
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
+                        rollout_port=(rp := free_port()), trajectory_port=free_port(),
+                        public_url=f"http://127.0.0.1:{rp}", auth="keys", allow_host_paths=True)
+    stack = Stack(settings, log=lambda m: None)
+    await stack.start()
+    try:
+        bus = await Bus.connect(settings.nats_url, "test-admin")
+        try:
+            reader, _ = await apikeys.issue(bus, "reader", ["read"])
+            submitter, _ = await apikeys.issue(bus, "submitter", ["submit"])
+        finally:
+            await bus.close()
+        await asyncio.sleep(0.5)
+        from pathlib import Path
+
+        quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+        task = msgspec.structs.replace(load_task(quickstart), agent=AgentSpec(external=True))
+        async with httpx.AsyncClient(timeout=30) as http:
+            put = await http.put(f"{settings.rollout_url}/v1/environments/qs", json={"task": msgspec.to_builtins(task)},
+                                 headers={"authorization": f"Bearer {submitter}"})
+            assert put.status_code == 200, put.text
+            assert (await http.get(f"{settings.rollout_url}/openenv/qs/health")).status_code == 401
+            assert (await http.get(f"{settings.rollout_url}/openenv/k/{reader}/qs/health")).json() == {
+                "status": "healthy"}
+        ws = f"ws://127.0.0.1:{rp}/openenv"
+        for refused in (f"{ws}/qs/ws", f"{ws}/k/{reader}/qs/ws", f"{ws}/k/ak_nope_secret/qs/ws"):
+            with pytest.raises(websockets.InvalidStatus) as exc:
+                async with websockets.connect(refused):
+                    pass
+            assert exc.value.response.status_code == 403
+        async with GenericEnvClient(base_url=f"{settings.rollout_url}/openenv/k/{submitter}/qs") as env:
+            first = await env.reset()
+            assert "median" in first.observation["prompt"]
+            done = await env.step({"type": "call_tool", "tool_name": "submit", "arguments": {}})
+            assert done.done is True and done.reward == 0.0
+    finally:
+        stack.stop()
