@@ -212,6 +212,9 @@ class OpenEnvServer(Request, kw_only=True):
     step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
     #: Keyword arguments every ``reset`` gets (the client's own win).
     reset: dict[str, Any] = {}
+    #: Keep a started server for the next episode of this environment on the same worker
+    #: (OpenEnv's server makes a fresh environment per WebSocket); false: a server per episode.
+    reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.image is None and self.bundle is None and self.path is None and not self.command:

@@ -183,3 +183,35 @@ async def test_an_environment_that_cannot_start_is_an_infrastructure_outcome(tmp
     run = await runner.run_job(job_of(task), data_dir=tmp_path / "work", provider=provider, exchanges=script)
     assert run.done.outcome is SandboxOutcome.ERROR
     assert "did not start" in run.done.reason and "no such environment" in run.done.reason
+
+
+@pytest.mark.timeout(180)
+async def test_a_started_server_serves_the_next_episode_of_its_environment(tmp_path, provider):
+    from arena_sandbox.hosted import EnvServers
+
+    servers = EnvServers(max_idle=2, idle_s=60)
+    task = Task(id="echo", instructions="Echo.", agent=AgentSpec(external=True),
+                environment=OpenEnvServer(path=str(ECHO_ENV)))
+    durations, episode_ids = [], []
+    try:
+        for word in ("first", "second"):
+            script = Script([
+                EnvRequest(rollout_id="r-ep", seq=0, kind="reset"),
+                EnvRequest(rollout_id="r-ep", seq=1, kind="step", data={"message": word}),
+                EnvRequest(rollout_id="r-ep", seq=2, kind="state"),
+                EnvRequest(rollout_id="r-ep", seq=3, kind="close"),
+            ])
+            run = await runner.run_job(job_of(task), data_dir=tmp_path / "work", provider=provider,
+                                       exchanges=script, servers=servers)
+            assert run.done.outcome is SandboxOutcome.COMPLETED, run.done.reason
+            assert script.replies[1].observation["echoed_message"] == word
+            assert script.replies[2].state["step_count"] == 1  # a fresh environment per episode
+            episode_ids.append(script.replies[2].state["episode_id"])
+            durations.append(run.done.finished_at - run.done.started_at)
+        (waiting,) = servers.idle.values()
+        assert len(waiting) == 1 and waiting[0].episodes == 2  # one server, two episodes
+        assert episode_ids[0] != episode_ids[1]
+    finally:
+        await servers.close()
+    assert not servers.idle
+    assert not list((tmp_path / "data" / "sandboxes").glob("*/*/arena"))  # its sandbox destroyed

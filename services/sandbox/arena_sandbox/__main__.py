@@ -60,6 +60,8 @@ async def main(settings: Settings) -> int:
     code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch()],
                        app=health if settings.sandbox_health_port else None, host=settings.host,
                        port=settings.sandbox_health_port)
+    for worker in workers:
+        await worker.close()
     for pool in pools:
         await pool.close()
     for provider in providers:

@@ -1,6 +1,6 @@
 """An OpenEnv episode in a sandbox (a task whose agent is ``external``): each exchange the
 environment endpoint sends runs here, as one of Arena's tools in the task's sandbox
-(:class:`ToolSession`) or relayed to the task's own OpenEnv server (:class:`HostedSession`).
+(:class:`ToolSession`) or relayed to the task's own OpenEnv server (``arena_sandbox.hosted``).
 Pure: exchanges arrive through an :class:`Exchanges` source (the worker's NATS wiring).
 docs/openenv.md.
 """
@@ -8,23 +8,17 @@ docs/openenv.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
 import posixpath
-import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
 from arena_core import envtools
-from arena_core.schemas import EnvError, EnvReply, EnvRequest, EnvStep, OpenEnvServer
-from arena_sandbox_providers import envhost, local
+from arena_core.schemas import EnvError, EnvReply, EnvRequest, EnvStep
+from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward
 from arena_sandbox_providers.provider import Sandbox, SandboxError
 
@@ -32,8 +26,6 @@ log = logging.getLogger("arena.sandbox.episode")
 
 #: Longest string kept in a recorded observation or action; longer ones are cut (``truncated``).
 RECORD_STRING_MAX = 16 * 1024
-ENVHOST = Path(envhost.__file__)
-ENV_SOCKET = f"{local.ARENA_DIR}/env.sock"
 
 
 class Exchange(Protocol):
@@ -346,160 +338,3 @@ class _ToolFailed(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-# --------------------------------------------------------------------------- hosted environments
-
-
-class HostedSession:
-    """An unmodified OpenEnv environment server, run in the sandbox by ``envhost.py`` and
-    reached over a Unix socket in ``/sandbox/.arena``: one WebSocket ``/ws`` for the episode,
-    OpenEnv's frames relayed as they are."""
-
-    def __init__(self, sandbox: Sandbox, spec: OpenEnvServer, *, command: list[str], workdir: str,
-                 env: dict[str, str], proxy: ProxyForward | None, wall_clock_s: float, log_limit: int = 1 << 20):
-        self.sandbox, self.spec, self.command, self.workdir = sandbox, spec, command, workdir
-        self.env, self.proxy, self.wall_clock_s = env, proxy, wall_clock_s
-        self._output = _Output(log_limit)
-        self._stop = asyncio.Event()
-        self._server: asyncio.Task | None = None
-        self._http = None
-        self._ws = None
-        self._lock = asyncio.Lock()
-        self._link_dir: str | None = None
-
-    def log(self) -> bytes:
-        return self._output.data()
-
-    def _socket(self) -> str:
-        """The socket's host path, through a short link when it is longer than a socket
-        address may be (108 bytes)."""
-        host_path = getattr(self.sandbox, "host_path", None)
-        if host_path is None:
-            raise EnvironmentBroken(f"the {self.sandbox.provider} provider cannot host OpenEnv environments "
-                                    "(its sandboxes have no host directory to reach the server through)")
-        path = str(host_path(ENV_SOCKET))
-        if len(path.encode()) < 100:
-            return path
-        self._link_dir = tempfile.mkdtemp(prefix="arena-env-")
-        link = os.path.join(self._link_dir, "s")
-        os.symlink(path, link)
-        return link
-
-    async def start(self) -> None:
-        import aiohttp  # the server extra: only the sandbox service hosts environments
-
-        sock = self._socket()
-        await self.sandbox.put_files({f"{local.ARENA_DIR}/envhost.py": ENVHOST.read_bytes()})
-        argv = ["python3", f"{local.ARENA_DIR}/envhost.py", ENV_SOCKET, str(self.spec.port), "--", *self.command]
-        self._server = asyncio.ensure_future(self.sandbox.exec(
-            argv, env=self.env, workdir=self.workdir, timeout_s=self.wall_clock_s + 60, proxy=self.proxy,
-            cancel=self._stop, on_output=self._output))
-        self._http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock),
-                                           timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
-        deadline = time.monotonic() + self.spec.ready_timeout_s
-        problem = "not started"
-        while time.monotonic() < deadline:
-            if self._server.done():
-                raise EnvironmentBroken(f"its server exited ({self._exit()}); last output:\n{self._tail()}")
-            if os.path.exists(sock):
-                try:
-                    async with self._http.get("http://env/health", timeout=aiohttp.ClientTimeout(total=5)) as got:
-                        if got.status == 200:
-                            break
-                        problem = f"GET /health answered {got.status}"
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    problem = f"GET /health: {type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.2)
-        else:
-            raise EnvironmentBroken(f"not healthy within {self.spec.ready_timeout_s:g}s ({problem}); last output:\n"
-                                    f"{self._tail()}")
-        try:
-            self._ws = await self._http.ws_connect("http://env/ws", max_msg_size=100 * 2**20, heartbeat=None)
-        except (aiohttp.ClientError, OSError) as exc:
-            raise EnvironmentBroken(f"cannot open its WebSocket /ws: {exc}") from exc
-
-    def _exit(self) -> str:
-        try:
-            ran = self._server.result()
-        except BaseException as exc:  # noqa: BLE001 - a SandboxError, or cancelled
-            return f"{type(exc).__name__}: {exc}"
-        return f"exit code {ran.exit_code}"
-
-    def _tail(self) -> str:
-        return self.log().decode("utf-8", errors="replace")[-2000:]
-
-    async def _exchange(self, frame: dict[str, Any]) -> dict[str, Any]:
-        import aiohttp
-
-        async with self._lock:  # OpenEnv's replies carry no ids: strictly one at a time
-            try:
-                await self._ws.send_str(json.dumps(frame))
-                msg = await asyncio.wait_for(self._ws.receive(), self.spec.step_timeout_s)
-            except asyncio.TimeoutError:
-                raise EnvironmentBroken(f"no answer within {self.spec.step_timeout_s:g}s") from None
-            except (aiohttp.ClientError, ConnectionError) as exc:
-                raise EnvironmentBroken(f"its WebSocket failed: {exc}") from exc
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                raise EnvironmentBroken(f"its WebSocket closed ({msg.type.name}, {msg.data!r}); last output:\n"
-                                        f"{self._tail()}")
-            try:
-                answer = json.loads(msg.data)
-            except ValueError as exc:
-                raise EnvironmentBroken(f"it sent a frame that is not JSON: {exc}") from exc
-            if not isinstance(answer, dict) or not isinstance(answer.get("data", {}), dict):
-                raise EnvironmentBroken(f"it sent a frame OpenEnv does not define: {str(answer)[:200]}")
-            return answer
-
-    @staticmethod
-    def _reply(answer: dict[str, Any]) -> EnvReply:
-        data = answer.get("data") or {}
-        if answer.get("type") == "error":
-            extra = {k: v for k, v in data.items() if k not in ("code", "message")}
-            errors = extra.pop("errors", None)
-            return EnvReply(seq=0, error=EnvError(code=str(data.get("code", "EXECUTION_ERROR")),
-                                                  message=str(data.get("message", "")),
-                                                  errors=errors if isinstance(errors, list) else None))
-        if answer.get("type") != "observation":
-            raise EnvironmentBroken(f"it answered {answer.get('type')!r} where an observation was due")
-        reward = data.get("reward")
-        return EnvReply(seq=0, observation=data.get("observation") or {},
-                        reward=float(reward) if isinstance(reward, (int, float)) else None, done=bool(data.get("done")))
-
-    async def reset(self, data: dict[str, Any]) -> EnvReply:
-        return self._reply(await self._exchange({"type": "reset", "data": {**self.spec.reset, **data}}))
-
-    async def step(self, data: dict[str, Any]) -> EnvReply:
-        return self._reply(await self._exchange({"type": "step", "data": data}))
-
-    async def state(self) -> dict[str, Any]:
-        answer = await self._exchange({"type": "state"})
-        if answer.get("type") != "state":
-            raise EnvironmentBroken(f"it answered {answer.get('type')!r} to state")
-        return answer.get("data") or {}
-
-    async def close(self) -> None:
-        if self._ws is not None and not self._ws.closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._ws.send_str(json.dumps({"type": "close"})), 2)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._ws.close(), 2)
-        if self._http is not None:
-            await self._http.close()
-        self._stop.set()
-        if self._server is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._server, 30)
-        if self._link_dir is not None:
-            shutil.rmtree(self._link_dir, ignore_errors=True)
-
-
-def hosted_command(spec: OpenEnvServer, provider: str, image_command: list[str] | None) -> list[str]:
-    """What serves the environment on ``127.0.0.1:{port}`` in the sandbox."""
-    if spec.command:
-        return list(spec.command)
-    if provider == "docker":
-        if not image_command:
-            raise ValueError(f"image {spec.image} has no command (CMD/ENTRYPOINT): give environment.command")
-        return image_command
-    return ["python", "-m", "uvicorn", spec.app, "--host", "127.0.0.1", "--port", str(spec.port)]

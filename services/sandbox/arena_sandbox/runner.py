@@ -25,7 +25,7 @@ from arena_core.schemas import AgentSpec, OpenEnvServer, SandboxDone, SandboxJob
 from arena_core.sources import SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
-from arena_sandbox import episode
+from arena_sandbox import episode, hosted
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
@@ -257,10 +257,14 @@ async def run_job(
     sources: SourceCache | None = None,
     exchanges: episode.Exchanges | None = None,
     idle_s: float = 900.0,
+    servers: hosted.EnvServers | None = None,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
-    a ``SandboxDone`` with outcome ``error``. The sandbox is destroyed on every path."""
+    a ``SandboxDone`` with outcome ``error``. The sandbox is destroyed on every path.
+
+    An OpenEnv episode (``agent.external``) serves ``exchanges``; a hosted environment's
+    started server may come from, and go back to, ``servers``."""
     sandbox_id = sandbox_id or new_sandbox_id(job.rollout_id)
     name = provider.provider.name if isinstance(provider, WarmPool) else provider.name
     staging = Path(data_dir) / "staging" / sandbox_id
@@ -275,18 +279,17 @@ async def run_job(
             started_at=started_at, finished_at=time.time(), **fields,
         )
 
-    sandbox: Sandbox | None = None
     cache = sources if sources is not None else SourceCache(Path(data_dir) / "sources", allow_paths=True)
+    if job.task.environment is not None:
+        return await _run_hosted(job, provider=provider, config=config, cache=cache, finish=finish,
+                                 exchanges=exchanges, idle_s=idle_s, cancel=cancel, servers=servers)
+    sandbox: Sandbox | None = None
     attributes = {"arena.rollout_id": job.rollout_id, "arena.sandbox_id": sandbox_id, "arena.provider": name}
     try:
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes=attributes):
-                if job.task.source_of() is None and job.task.environment is not None:
-                    tree = Path(data_dir) / "empty-source"  # a hosted environment needs no repository
-                    tree.mkdir(parents=True, exist_ok=True)
-                else:
-                    tree = await cache.tree(job.task.source_of())
-                agent_tree = await agent_files(job.task.agent, cache, job.task.environment)
+                tree = await cache.tree(job.task.source_of())
+                agent_tree = await agent_files(job.task.agent, cache)
                 home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
                 plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
@@ -334,17 +337,12 @@ async def run_job(
                 outcome = SandboxOutcome.ERROR
                 reason += f"; last output:\n{tail}" if tail and tail not in reason else ""
         result_path = f"{local.ARENA_DIR}/result.json"
-        if job.task.environment is not None and ended is not None:
-            # the environment's own rewards: never a file in the sandbox, which its server can write
-            result, note = {"env_rewards": [s.reward for s in ended.steps if s.kind == "step" and not s.error],
-                            "env_done": ended.done and not ended.closed}, ""
-        else:
-            raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
-            result, note = parse_result(raw, max_bytes=config.max_result_bytes)
-            if raw is None and await sandbox.exists(result_path):
-                note = "result.json ignored: not a regular file (links are not followed)"
-            if ended is not None and ended.answer is not None:
-                result, note = {**(result or {}), "answer": ended.answer}, ""
+        raw = await sandbox.read_file(result_path, max_bytes=config.max_result_bytes)
+        result, note = parse_result(raw, max_bytes=config.max_result_bytes)
+        if raw is None and await sandbox.exists(result_path):
+            note = "result.json ignored: not a regular file (links are not followed)"
+        if ended is not None and ended.answer is not None:
+            result, note = {**(result or {}), "answer": ended.answer}, ""
         if note:
             reason = f"{reason}; {note}"
         artifacts: dict[str, bytes] = {}
@@ -382,33 +380,88 @@ async def run_job(
 
 
 async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exchanges, cancel, idle_s: float):
-    """An OpenEnv client's episode (``agent.external``): Arena's tools, or the task's own environment."""
+    """An OpenEnv client's episode on Arena's own task (``agent.external``): the tools."""
     task = job.task
     if exchanges is None:
         return episode.EpisodeEnd(done=False, failed=True, reason="no environment endpoint can reach this "
                                   "sandbox (the worker serves no exchanges)")
+    session = episode.ToolSession(sandbox, workdir=plan.workdir, env=plan.env, proxy=plan.proxy,
+                                  instructions=task.instructions, rollout_id=job.rollout_id)
+    return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
+                              idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
+
+
+async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache: SourceCache, finish, exchanges,
+                      idle_s: float, cancel, servers: hosted.EnvServers | None) -> JobRun:
+    """A hosted OpenEnv environment's episode: a server (warm from ``servers``, else started in
+    a new sandbox), one WebSocket, the environment's rewards as the result. The server's
+    failures are infrastructure outcomes (no reward)."""
+    task = job.task
     spec = task.environment
-    if spec is None:
-        session = episode.ToolSession(sandbox, workdir=plan.workdir, env=plan.env, proxy=plan.proxy,
-                                      instructions=task.instructions, rollout_id=job.rollout_id)
-    else:
-        base = provider.provider if isinstance(provider, WarmPool) else provider
-        image_command, image_workdir = [], ""
-        if base.name == "docker" and not spec.command:
-            image_command, image_workdir = await base.image_command(task.image_of())
+    base = provider.provider if isinstance(provider, WarmPool) else provider
+    image = task.image_of()
+    key = hosted.server_key(spec, image, base.name)
+    extra = {"rollout_id": job.rollout_id}
+    if exchanges is None:
+        return JobRun(done=finish(SandboxOutcome.ERROR, "no environment endpoint can reach this sandbox"), log=b"")
+    server = servers.take(key) if servers is not None and spec.reuse else None
+    if server is None:
+        sandbox: Sandbox | None = None
         try:
-            command = episode.hosted_command(spec, base.name, image_command)
-        except ValueError as exc:
-            return episode.EpisodeEnd(done=False, failed=True, reason=str(exc))
-        workdir = image_workdir or (local.AGENT_DIR if (spec.bundle or spec.path) else plan.workdir)
-        env = {**plan.env, **({"PYTHONPATH": local.AGENT_DIR} if base.name != "docker" else {}), **spec.env}
-        session = episode.HostedSession(sandbox, spec, command=command, workdir=workdir, env=env, proxy=plan.proxy,
-                                        wall_clock_s=task.budget.wall_clock_s)
+            with telemetry.tracer().start_as_current_span("sandbox.start", attributes={
+                    "arena.rollout_id": job.rollout_id, "arena.provider": base.name}):
+                env_tree = await agent_files(task.agent, cache, spec)
+                image_command, image_workdir = [], ""
+                if base.name == "docker" and not spec.command:
+                    image_command, image_workdir = await base.image_command(image)
+                command = hosted.hosted_command(spec, base.name, image_command)
+                spec_create = CreateSpec(image=image, limits=config.sandbox_limits)
+                sandbox = await (provider.acquire(spec_create) if isinstance(provider, WarmPool)
+                                 else provider.create(spec_create))
+                if env_tree is not None:
+                    await sandbox.put_dir(env_tree, local.AGENT_DIR)
+                workdir = image_workdir or (local.AGENT_DIR if env_tree is not None else local.WORKSPACE)
+                env = {**({"PYTHONPATH": local.AGENT_DIR} if base.name != "docker" and env_tree else {}), **spec.env}
+                local.validate_env(env)
+                server = hosted.HostedServer(sandbox, spec, command=command, workdir=workdir, env=env, proxy=None)
+                await server.start()
+        except (OSError, ValueError, SandboxError, SourceError, episode.EnvironmentBroken) as exc:
+            log.warning("cannot start the environment: %s", exc, extra=extra)
+            tail = server.tail() if server is not None else ""
+            if server is not None:
+                await server.close()
+            elif sandbox is not None:
+                await asyncio.shield(sandbox.destroy())
+            reason = f"the environment did not start: {exc}"
+            return JobRun(done=finish(SandboxOutcome.ERROR, reason, log_tail=tail[-4000:]), log=tail.encode())
+    server.episodes += 1
+    session = hosted.HostedSession(server)
     try:
-        return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
-                                  idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
+        with telemetry.tracer().start_as_current_span("sandbox.run", attributes={
+                "arena.rollout_id": job.rollout_id, "arena.provider": base.name, "arena.episode": server.episodes}):
+            ended = await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
+                                       idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
     finally:
         await session.close()
+        if servers is not None and spec.reuse and not session.broken and server.alive():
+            await servers.give(key, server)
+        else:
+            await server.close()
+    tail = log_tail(ended.log, lines=config.log_tail_lines, max_chars=config.log_tail_chars)
+    if ended.cancelled:
+        outcome = SandboxOutcome.CANCELLED
+    elif ended.failed:
+        outcome = SandboxOutcome.ERROR
+    elif ended.done:
+        outcome = SandboxOutcome.COMPLETED
+    else:
+        outcome = SandboxOutcome.TIMED_OUT
+    reason = ended.reason + (f"; last output:\n{tail}" if ended.failed and tail else "")
+    # the environment's own rewards, from its frames: never a file its server could write
+    result = {"env_rewards": [s.reward for s in ended.steps if s.kind == "step" and not s.error],
+              "env_done": ended.done and not ended.closed}
+    done = finish(outcome, reason, exit_code=None, result=result, log_tail=tail, env_steps=ended.steps)
+    return JobRun(done=done, log=ended.log)
 
 
 FLAG_GIT_TAMPERED = "git_tampered"

@@ -34,6 +34,7 @@ from arena_core.schemas import (
 from arena_core.settings import Settings
 from arena_core.sources import SourceCache
 from arena_sandbox import runner
+from arena_sandbox.hosted import EnvServers
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import SandboxProvider
 from arena_sandbox.runner import RunnerConfig
@@ -80,6 +81,12 @@ class SandboxWorker:
                                    docker_url=settings.docker_url)
         self.sources.reap()
         self.in_flight = metrics.SANDBOXES_IN_FLIGHT.labels(provider=self.name)  # 0 until a job runs
+        #: hosted OpenEnv servers kept between episodes (docs/openenv.md)
+        self.env_servers = EnvServers(max_idle=settings.sandbox_concurrency)
+
+    async def close(self) -> None:
+        """Stop the environment servers kept warm."""
+        await self.env_servers.close()
 
     def consumer(self) -> Consumer[SandboxJob]:
         return Consumer(
@@ -155,7 +162,7 @@ class SandboxWorker:
             result = await runner.run_job(
                 job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
                 sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
-                idle_s=self.settings.openenv_idle_s,
+                idle_s=self.settings.openenv_idle_s, servers=self.env_servers,
             )
         finally:
             self.in_flight.dec()
