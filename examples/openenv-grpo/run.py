@@ -8,7 +8,7 @@ OpenEnv's unmodified ``GenericEnvClient``: ``reset`` (the bits, and the group th
 belongs to), one LLM call through Arena's proxy (captured token-exact), ``step`` with the
 answer. The trainer reads finished groups from the trajectory stream. Prints the curve.
 
-    .venv/bin/python examples/openenv-grpo/run.py [--steps 12] [--group-size 4] [--batch-groups 4]
+    .venv/bin/python examples/openenv-grpo/run.py [--steps 40] [--group-size 4] [--batch-groups 4]
 """
 
 from __future__ import annotations
@@ -125,14 +125,14 @@ async def demo(args: argparse.Namespace) -> int:
                     while trainer.version == version and not stop.is_set():
                         await asyncio.sleep(0.1)
 
-            print(f"{'step':>4} {'version':>7} {'reward':>7} {'loss':>8} {'elapsed':>8}")
+            print(f"{'step':>4} {'version':>7} {'reward':>7} {'samples':>7} {'entropy':>7} {'grad':>7} {'elapsed':>8}")
             stop = asyncio.Event()
             async with TrajectoryStream(settings.nats_url, name="openenv-grpo") as stream:
                 driver = asyncio.create_task(drive(stop))
                 try:
                     await trainer.run(stream, steps=args.steps, on_step=lambda m: print(
-                        f"{m.step:>4} {m.policy_version:>7} {m.mean_reward:>7.3f} {m.loss:>8.4f} "
-                        f"{time.monotonic() - t0:>7.0f}s", flush=True), metrics_url=settings.trajectory_url,
+                        f"{m.step:>4} {m.policy_version:>7} {m.mean_reward:>7.3f} {m.samples:>7} {m.entropy:>7.3f} "
+                        f"{m.grad_norm:>7.3f} {time.monotonic() - t0:>7.0f}s", flush=True), metrics_url=settings.trajectory_url,
                         run_name="openenv-grpo")
                 finally:
                     stop.set()
@@ -150,12 +150,12 @@ async def demo(args: argparse.Namespace) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--eval-items", type=int, default=16, help="held-out bit strings evaluated")
+    p.add_argument("--eval-items", type=int, default=30, help="held-out bit strings evaluated")
     p.add_argument("--eval-repeats", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
