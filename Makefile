@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard
+.PHONY: test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -60,16 +60,38 @@ test-compose: venv
 	ARENA_COMPOSE=1 $(VENV)/bin/pytest -q -s -rs tests/deploy/test_compose.py
 
 ## the dashboard in a browser: Playwright driving Chromium headless (ARENA_CHROMIUM, default /usr/bin/chromium)
-## against a real stack with the scripted LLM; saves docs/img/dashboard-*.png (docs/dashboard.md)
+## against a real stack with the scripted LLM; saves docs/img/dashboard-*.png (docs/dashboard.md). Installs
+## Playwright (its driver only: Debian's Chromium is the browser) and, as root, Debian's chromium if missing
 DASHBOARD_TESTS := tests/dashboard/test_dashboard_browser.py
+CHROMIUM ?= $(or $(ARENA_CHROMIUM),/usr/bin/chromium)
 test-dashboard: venv
+	$(PY) -m pip install --quiet --disable-pip-version-check 'playwright>=1.45'
+	@test -x $(CHROMIUM) || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "warning: no Chromium at $(CHROMIUM); install it (sudo apt-get install chromium) or set ARENA_CHROMIUM" >&2; fi
 	$(VENV)/bin/pytest -q -rs $(DASHBOARD_TESTS)
+
+## an OpenEnv environment (examples/openenv-echo: `openenv init` output, unmodified) as an image
+image-openenv-echo:
+	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=openenv-echo bash deploy/docker-engine.sh images; \
+	else bash deploy/images/build.sh openenv-echo; fi
+
+## OpenEnv both ways with the heavier parts (docs/openenv.md): the image above hosted as a task on the docker
+## provider (Podman), then the GRPO-over-OpenEnv example learning (exits 1 unless held-out reward rises)
+OPENENV_IMAGE_TESTS := tests/e2e/test_openenv_hosted_image.py
+test-openenv: venv image-openenv-echo
+	$(VENV)/bin/pytest -q -rs $(OPENENV_IMAGE_TESTS)
+	$(PY) examples/openenv-grpo/run.py --data-dir .arena/openenv-grpo
+
+## GRPO on an OpenEnv environment through Arena (examples/openenv-grpo, CPU, about two minutes)
+demo-openenv: venv
+	$(PY) examples/openenv-grpo/run.py --data-dir .arena/openenv-grpo
 
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
 test: venv
-	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS))
+	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv

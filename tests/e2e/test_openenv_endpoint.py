@@ -341,3 +341,27 @@ def test_the_echo_environment_is_hosted_as_a_task_and_its_rewards_summed(arena):
     assert [s.observation.get("echoed_message") for s in traj.sandbox.env_steps] == [
         "Echo Env environment ready!", "hello", "hi", None]
     assert traj.verification.verifier == "env_reward" and "env_not_done" in traj.verification.flags
+
+
+def test_the_trl_environment_class_plays_an_episode(arena):
+    """``examples/openenv-trl``'s class, as TRL's ``environment_factory`` calls it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("arena_env", ROOT / "examples" / "openenv-trl" / "arena_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = module.ArenaToolEnv(url(arena))
+    from transformers.utils import get_json_schema  # how TRL renders each tool method for the prompt
+
+    tools = {name: get_json_schema(getattr(env, name)) for name in ("shell", "read_file", "edit_file", "submit")}
+    assert tools["edit_file"]["function"]["parameters"]["required"] == ["path", "old_str", "new_str"]
+    try:
+        assert "median" in env.reset(seed=1, prompt="ignored")
+        assert "def median" in env.read_file("textstats/core.py")
+        assert env.edit_file("textstats/core.py", BUG, FIX) == "1 replacement(s)"
+        assert "exit code 0" in env.shell("python -m pytest -q -p no:cacheprovider tests")
+        assert env.get_reward() == 0.0
+        assert env.submit() == "submitted; reward 1.0" and env.get_reward() == 1.0
+        assert "median" in env.reset()  # the next episode, on the same instance
+    finally:
+        env._env.close()
