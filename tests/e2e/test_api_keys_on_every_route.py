@@ -31,23 +31,36 @@ def routes(openapi: dict) -> list[tuple[str, str]]:
     return out
 
 
+def keyed_settings(tmp_path, **extra) -> Settings:
+    rp = free_port()
+    return Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"), rollout_port=rp,
+                    trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}", auth="keys", **extra)
+
+
+async def issue_keys(settings: Settings, wanted: list[tuple[str, list[str]]], revoke: list[str] = ()) -> list[str]:
+    """Keys made in the stack's bucket (``revoke``: those made, then revoked), once the services see them."""
+    bus = await Bus.connect(settings.nats_url, "test-admin")
+    try:
+        keys = []
+        for name, scopes in wanted:
+            key, record = await apikeys.issue(bus, name, scopes)
+            if name in revoke:
+                await apikeys.revoke(bus, record.key_id)
+            keys.append(key)
+    finally:
+        await bus.close()
+    await asyncio.sleep(0.5)  # the services' key watches see them
+    return keys
+
+
 async def test_every_route_needs_a_key_of_its_scope(tmp_path):
-    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
-                        rollout_port=(rp := free_port()), trajectory_port=free_port(),
-                        public_url=f"http://127.0.0.1:{rp}", auth="keys")
+    settings = keyed_settings(tmp_path)
     stack = Stack(settings, log=lambda m: None)
     await stack.start()
     try:
-        bus = await Bus.connect(settings.nats_url, "test-admin")
-        try:
-            reader, _ = await apikeys.issue(bus, "reader", ["read"])
-            submitter, _ = await apikeys.issue(bus, "submitter", ["submit"])
-            admin, _ = await apikeys.issue(bus, "admin", ["admin"])
-            gone, gone_record = await apikeys.issue(bus, "gone", ["admin"])
-            await apikeys.revoke(bus, gone_record.key_id)
-        finally:
-            await bus.close()
-        await asyncio.sleep(0.5)  # the services' key watches see them
+        reader, submitter, admin, gone = await issue_keys(
+            settings, [("reader", ["read"]), ("submitter", ["submit"]), ("admin", ["admin"]), ("gone", ["admin"])],
+            revoke=["gone"])
         checked = 0
         async with httpx.AsyncClient(timeout=30) as http:
             for base in (settings.rollout_url, settings.trajectory_url):
@@ -97,19 +110,11 @@ async def test_an_openenv_client_passes_its_key_in_the_base_url(tmp_path):
     from arena.tasks import load_task
     from arena_core.schemas import AgentSpec
 
-    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
-                        rollout_port=(rp := free_port()), trajectory_port=free_port(),
-                        public_url=f"http://127.0.0.1:{rp}", auth="keys", allow_host_paths=True)
+    settings = keyed_settings(tmp_path, allow_host_paths=True)
     stack = Stack(settings, log=lambda m: None)
     await stack.start()
     try:
-        bus = await Bus.connect(settings.nats_url, "test-admin")
-        try:
-            reader, _ = await apikeys.issue(bus, "reader", ["read"])
-            submitter, _ = await apikeys.issue(bus, "submitter", ["submit"])
-        finally:
-            await bus.close()
-        await asyncio.sleep(0.5)
+        reader, submitter = await issue_keys(settings, [("reader", ["read"]), ("submitter", ["submit"])])
         from pathlib import Path
 
         quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
@@ -121,7 +126,7 @@ async def test_an_openenv_client_passes_its_key_in_the_base_url(tmp_path):
             assert (await http.get(f"{settings.rollout_url}/openenv/qs/health")).status_code == 401
             assert (await http.get(f"{settings.rollout_url}/openenv/k/{reader}/qs/health")).json() == {
                 "status": "healthy"}
-        ws = f"ws://127.0.0.1:{rp}/openenv"
+        ws = f"ws://127.0.0.1:{settings.rollout_port}/openenv"
         for refused in (f"{ws}/qs/ws", f"{ws}/k/{reader}/qs/ws", f"{ws}/k/ak_nope_secret/qs/ws"):
             with pytest.raises(websockets.InvalidStatus) as exc:
                 async with websockets.connect(refused):

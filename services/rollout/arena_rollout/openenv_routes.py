@@ -27,6 +27,25 @@ def _json(obj, status: int = 200) -> Response:
     return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
 
 
+class _Unprocessable(Exception):
+    def __init__(self, detail: list[dict]):
+        self.detail = detail
+
+
+async def _body_object(request: Request, read_body, limit: int, *, empty_ok: bool) -> dict:
+    """The body as a JSON object; :class:`_Unprocessable` (FastAPI's 422 shape) otherwise."""
+    body = await read_body(request, limit)
+    if not body and empty_ok:
+        return {}
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _Unprocessable([{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]) from None
+    if not isinstance(data, dict):
+        raise _Unprocessable([{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}])
+    return data
+
+
 def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environments:
     environments = Environments(service)
     capacity = openenv.Capacity()
@@ -92,18 +111,14 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     async def env_reset(request: Request, name: str = name_param) -> Response:
         """Stateless, as in OpenEnv's own server: the first observation, no episode (that is ``/ws``)."""
         env = await environments.get(name)
-        body = await read_body(request, limit)
-        if body:
-            try:
-                data = msgspec.json.decode(body)
-            except msgspec.DecodeError as exc:
-                return _json({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, 422)
-            if not isinstance(data, dict):
-                return _json({"detail": [{"type": "dict_type", "loc": ["body"], "msg": "an object"}]}, 422)
-            seed = data.get("seed")
-            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-                return _json({"detail": [{"type": "greater_than_equal", "loc": ["body", "seed"],
-                                          "msg": "Input should be greater than or equal to 0"}]}, 422)
+        try:
+            data = await _body_object(request, read_body, limit, empty_ok=True)
+        except _Unprocessable as exc:
+            return _json({"detail": exc.detail}, 422)
+        seed = data.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            return _json({"detail": [{"type": "greater_than_equal", "loc": ["body", "seed"],
+                                      "msg": "Input should be greater than or equal to 0"}]}, 422)
         return _json(openenv.initial_observation(env))
 
     @app.post("/openenv/{name}/step", responses={200: openapi.answer(obj), **openapi.errors(400, 404)},
@@ -112,10 +127,10 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         """Stateless: the action is checked, but no episode runs it (an episode is a WebSocket)."""
         env = await environments.get(name)
         try:
-            data = msgspec.json.decode(await read_body(request, limit))
-        except msgspec.DecodeError as exc:
-            return _json({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, 422)
-        if not isinstance(data, dict) or not isinstance(data.get("action"), dict):
+            data = await _body_object(request, read_body, limit, empty_ok=False)
+        except _Unprocessable as exc:
+            return _json({"detail": exc.detail}, 422)
+        if not isinstance(data.get("action"), dict):
             return _json({"detail": [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]}, 422)
         if env.request.task.environment is None:
             try:
