@@ -215,3 +215,30 @@ async def test_a_started_server_serves_the_next_episode_of_its_environment(tmp_p
         await servers.close()
     assert not servers.idle
     assert not list((tmp_path / "data" / "sandboxes").glob("*/*/arena"))  # its sandbox destroyed
+
+
+async def test_the_tools_run_in_a_docker_sandbox_too(tmp_path, docker_url):
+    """The same episode on the docker provider (Podman here): the tools are commands in the container."""
+    from arena_core.settings import Settings
+    from arena_sandbox_providers.factory import build_provider
+
+    settings = Settings(data_dir=str(tmp_path / "data"), docker_url=docker_url, sandbox_owner="episodes-docker")
+    docker_provider = build_provider("docker", settings)
+    task = msgspec.structs.replace(quickstart(), image="arena/quickstart:latest")
+    script = Script([
+        EnvRequest(rollout_id="r-ep", seq=0, kind="reset"),
+        call(1, "shell", command="id -u && python3 -c 'print(6 * 7)'"),
+        call(2, "write_file", path="notes/a.txt", content="docker\n"),
+        call(3, "read_file", path="notes/a.txt"),
+        call(4, "submit", answer="42"),
+    ])
+    try:
+        run = await runner.run_job(job_of(task), data_dir=tmp_path / "work", provider=docker_provider,
+                                   exchanges=script)
+    finally:
+        await docker_provider.close()
+    assert run.done.outcome is SandboxOutcome.COMPLETED, run.done.reason
+    assert run.done.provider == "docker"
+    assert script.replies[1].observation["result"]["output"].split() == ["1000", "42"]
+    assert script.replies[3].observation["result"]["content"] == "docker\n"
+    assert "notes/a.txt" in run.done.diff and run.done.result == {"answer": "42"}
