@@ -18,8 +18,11 @@ from arena_core import sources
 from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
 from arena_core.schemas import (
+    AgentSpec,
     BundleSource,
     DuelSubmitted,
+    EnvironmentRequest,
+    EnvironmentView,
     PathSource,
     GroupSubmitted,
     RolloutStateChanged,
@@ -121,7 +124,31 @@ class ArenaClient:
         if task.agent.path is not None:
             agent = msgspec.structs.replace(task.agent, path=None, bundle=self.push_bundle(task.agent.path))
             task = msgspec.structs.replace(task, agent=agent)
+        if task.environment is not None and task.environment.path is not None:
+            env = msgspec.structs.replace(task.environment, path=None,
+                                          bundle=self.push_bundle(task.environment.path))
+            task = msgspec.structs.replace(task, environment=env)
         return task
+
+    # ------------------------------------------------------------------ environments (OpenEnv)
+
+    def put_environment(self, name: str, task: Task, *, max_concurrent: int = 64,
+                        sampling: SamplingParams | None = None, model: str = "default",
+                        metadata: dict[str, str] | None = None, provider: str = "local") -> EnvironmentView:
+        """Serve ``task`` over OpenEnv's protocol at ``/openenv/{name}`` (docs/openenv.md); its
+        agent is made ``external`` (an OpenEnv client plays it). The answer's ``url`` is what an
+        OpenEnv client takes as ``base_url``."""
+        if not task.agent.external:
+            task = msgspec.structs.replace(task, agent=AgentSpec(external=True))
+        req = EnvironmentRequest(task=self.prepare(task), max_concurrent=max_concurrent,
+                                 sampling=sampling or SamplingParams(), model=model, metadata=metadata or {},
+                                 provider=provider)
+        return self._call(self._http, "PUT", f"/v1/environments/{name}", EnvironmentView, content=encode(req),
+                          headers={"content-type": "application/json"})
+
+    def environments(self) -> list[EnvironmentView]:
+        answer = self._call(self._http, "GET", "/v1/environments")
+        return [msgspec.convert(e, EnvironmentView) for e in answer["environments"]]
 
     # ------------------------------------------------------------------ rollouts
 

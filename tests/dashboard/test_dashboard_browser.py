@@ -401,3 +401,24 @@ def test_the_other_pages_render_their_aggregates(stack, page):
         page.wait_for_timeout(300)
         shot(page, name)
     assert page.locator('#tasks tr[data-task="quickstart-textstats"]').count() == 1
+
+
+def test_an_openenv_episode_shows_its_exchanges_on_the_rollout_page(stack, page):
+    """An episode played with OpenEnv's client (docs/openenv.md): its resets and steps as a table."""
+    from openenv.core import GenericEnvClient
+
+    _, client = stack
+    env = client.put_environment("dashboard-quickstart", load_task(QUICKSTART), max_concurrent=4)
+    with GenericEnvClient(base_url=env.url).sync() as episode:
+        first = episode.reset()
+        episode.step({"type": "call_tool", "tool_name": "shell", "arguments": {"command": "ls textstats"}})
+        episode.step({"type": "call_tool", "tool_name": "submit", "arguments": {}})
+        rid = first.observation["rollout_id"]
+    client.wait(rid, timeout=120)
+    client.wait_trajectory(rid, timeout=30)
+    page.goto(f"{page.base}/#/rollout/{rid}")
+    loaded(page, "rollout")
+    card = page.locator(".card", has_text="Environment episode (3 exchanges)")
+    assert card.count() == 1
+    text = card.inner_text()
+    assert "reset" in text and "shell" in text and "core.py" in text and "submit" in text

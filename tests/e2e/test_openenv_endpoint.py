@@ -27,7 +27,7 @@ from openenv.core.mcp_client import MCPToolClient
 from arena.sdk import ArenaClient
 from arena.stream import TrajectoryStream
 from arena.tasks import load_task
-from arena_core.schemas import AgentSpec
+from arena_core.schemas import AgentSpec, Budget, OpenEnvServer, Task
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
@@ -61,10 +61,12 @@ def arena(tmp_path_factory):
             got = httpx.put(f"{settings.rollout_url}/v1/environments/{name}",
                             json={"task": body, "max_concurrent": limit})
             assert got.status_code == 200, got.text
-        echo = {"id": "echo", "instructions": "Say long things.", "agent": {"external": True},
-                "environment": {"path": str(ECHO_ENV)}, "budget": {"wall_clock_s": 120}}
-        got = httpx.put(f"{settings.rollout_url}/v1/environments/echo", json={"task": echo})
-        assert got.status_code == 200, got.text
+        # through the SDK: the environment's directory travels as a bundle, as it would to another machine
+        echo = Task(id="echo", instructions="Say long things.", agent=AgentSpec(external=True),
+                    environment=OpenEnvServer(path=str(ECHO_ENV)), budget=Budget(wall_clock_s=120))
+        with ArenaClient(settings.rollout_url, settings.trajectory_url) as client:
+            view = client.put_environment("echo", echo)
+        assert view.hosted and view.url == f"{settings.rollout_url}/openenv/echo"
         yield settings
     finally:
         stack.stop()

@@ -39,6 +39,21 @@ function sampling(s) {
   return keys.length ? keys.map(([k, v]) => `${k}=${Array.isArray(v) ? JSON.stringify(v) : v}`).join("  ") : "backend defaults";
 }
 
+// An OpenEnv episode (docs/openenv.md): every reset and step as the sandbox relayed it.
+function envSteps(sandbox) {
+  const steps = sandbox?.env_steps || [];
+  if (!steps.length) return null;
+  const short = v => { const s = JSON.stringify(v ?? {}); return s.length > 300 ? s.slice(0, 300) + "…" : s; };
+  return el("div", {}, el("div", { style: "height:14px" }),
+    card(`Environment episode (${steps.length} exchanges)`,
+      el("p", { class: "muted" }, "OpenEnv frames as the sandbox relayed them: index 0 is the reset."),
+      table(["#", "kind", "action", "observation", "reward", "done", "ms"], steps.map(s => [
+        s.index, s.kind, el("span", { class: "mono" }, short(s.action)),
+        s.error ? el("span", { class: "badge bad" }, s.error) : el("span", { class: "mono" }, short(s.observation) + (s.truncated ? " (cut)" : "")),
+        s.reward === null || s.reward === undefined ? "–" : num(s.reward, 3), s.done ? "yes" : "", num(s.duration_ms ?? 0, 0)]),
+        { numeric: [0, 4, 6] })));
+}
+
 function diffView(diff) {
   return el("pre", {}, (diff || "").split("\n").map(line => el("span", {
     class: line.startsWith("+") && !line.startsWith("+++") ? "add" : line.startsWith("-") && !line.startsWith("---") ? "del"
@@ -136,6 +151,7 @@ export async function render(ctx) {
       seqs.map((s, i) => el("div", { class: "step", "data-sequence": i },
         el("div", { class: "muted" }, `sequence ${i}: ${s.token_ids.length} tokens, ${s.loss_mask.filter(x => x).length} trained, steps ${s.step_indexes.join(", ")}`),
         strip(sequenceTokens(s, vocab, advantage, trainerBySeq.get(i)), { mode, showMask })))) : null,
+    envSteps(t.sandbox),
     (t.sequence_breaks || []).length ? card("Sequence breaks", table(["step", "kind", "reason"], t.sequence_breaks.map(b => [b.step_index, b.kind, b.reason]))) : null,
     el("div", { style: "height:14px" }),
     el("div", { class: "grid cols2" },
