@@ -1,5 +1,7 @@
 """Sandbox latency: p50/p99 of create -> exec `true` -> destroy, cold and warm (from a
-warm pool), for `local` and `docker`, and sandboxes per second at concurrency 1, 8, 32.
+warm pool), for `local` and `docker`, and sandboxes per second at concurrency 1, 8, 32; and a
+worker's acquisition for a job (the provider's health, then the pool), asking the provider
+each time (the baseline) beside the worker's cached health.
 
     python benchmarks/sandbox_latency.py [--docker-url unix:///path.sock] [--n 40]
 
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 from arena_sandbox.pool import WarmPool
+from arena_sandbox.worker import CachedHealth
 from arena_sandbox_providers.provider import CreateSpec
 from arena_sandbox_providers.testing import make_provider
 
@@ -65,8 +68,21 @@ async def bench(name: str, url: str, n: int, data: Path) -> list[tuple]:
     for _ in range(n):
         await pool.prefill(spec)  # measure acquisition from a full pool
         warm.append(await one(provider, pool, spec))
-    await pool.close()
     rows.append(row(name, "warm", warm))
+    # a worker's acquisition for a job: the provider's health, then the pool; the baseline asks
+    # the provider each time (as the worker did), the worker now caches a healthy answer
+    health = CachedHealth(provider)
+    for mode, check in (("job acquire: health each job", provider.health), ("job acquire: cached health", health.check)):
+        took = []
+        for _ in range(n):
+            await pool.prefill(spec)
+            t0 = time.perf_counter()
+            assert await check() is None
+            sandbox = await pool.acquire(spec)
+            took.append(time.perf_counter() - t0)
+            await sandbox.destroy()
+        rows.append((name, mode, pct(took, 50), pct(took, 99)))
+    await pool.close()
     for conc in (1, 8, 32):
         total = max(conc * 2, 16)
         sem = asyncio.Semaphore(conc)
@@ -101,6 +117,8 @@ async def main() -> None:
     for r in rows:
         if len(r) == 7:
             print(f"{r[0]:8} {r[1]:18} {r[2]*1e3:8.1f} {r[3]*1e3:8.1f} {r[4]*1e3:12.2f} {r[5]*1e3:9.1f} {r[6]*1e3:12.1f}")
+        elif len(r) == 4:
+            print(f"{r[0]:8} {r[1]:30} p50 {r[2]*1e3:8.2f} ms  p99 {r[3]*1e3:8.2f} ms")
         elif len(r) == 3:
             print(f"{r[0]:8} {r[1]:18} {r[2]:8.1f} sandboxes/s")
         else:

@@ -49,7 +49,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     trajectory_group_timeout_s: int = 1800
     #: Providers this sandbox service runs, comma-separated: local, docker, mock.
     sandbox_provider: str = "local"
-    sandbox_concurrency: int = 4
+    #: Sandboxes a worker runs at once; 0 (the default) sizes it from the machine: 4 per core
+    #: this process may use (an agent mostly waits on its LLM), at least 4.
+    sandbox_concurrency: int = 0
     #: Owner label of this worker's sandboxes ("" = the host name): reaped at start-up.
     sandbox_owner: str = ""
     #: Warm sandboxes kept ready per image (0 = none).
@@ -151,8 +153,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_BACKEND_MAX_INFLIGHT must be >= 1")
         if self.sandbox_pool_size < 0:
             raise SettingsError("ARENA_SANDBOX_POOL_SIZE must be >= 0")
-        if self.sandbox_concurrency < 1 or self.verify_concurrency < 1:
-            raise SettingsError("ARENA_SANDBOX_CONCURRENCY and ARENA_VERIFY_CONCURRENCY must be >= 1")
+        if self.sandbox_concurrency < 0 or self.verify_concurrency < 1:
+            raise SettingsError("ARENA_SANDBOX_CONCURRENCY must be >= 0 (0: sized from the machine) and "
+                                "ARENA_VERIFY_CONCURRENCY >= 1")
         if self.verify_deadline_s < 0:
             raise SettingsError("ARENA_VERIFY_DEADLINE_S must be >= 0 (0 = no deadline)")
         if not 1 <= self.max_wall_clock_s <= 7 * 86400:
@@ -181,6 +184,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return {
             "ARENA_" + f.name.upper(): str(getattr(self, f.name)) for f in msgspec.structs.fields(self)
         }
+
+    @property
+    def sandbox_slots(self) -> int:
+        """``sandbox_concurrency``, or (0) 4 per core this process may run on, at least 4."""
+        if self.sandbox_concurrency:
+            return self.sandbox_concurrency
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return max(4, 4 * cores)
 
     @property
     def trajectory_url(self) -> str:

@@ -19,7 +19,7 @@ def test_settings_from_env():
     ({"ARENA_ROLLOUT_PORT": "70000"}, "is not a TCP port"),
     ({"ARENA_NATS_URL": "http://x"}, "ARENA_NATS_URL='http://x' must be a nats/tls URL"),
     ({"ARENA_BACKEND_URL": "localhost:8000"}, "ARENA_BACKEND_URL"),
-    ({"ARENA_SANDBOX_CONCURRENCY": "0"}, "must be >= 1"),
+    ({"ARENA_SANDBOX_CONCURRENCY": "-1"}, "must be >= 0"),
 ])
 def test_bad_settings_fail_fast_naming_the_variable(env, message):
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -35,3 +35,11 @@ def test_proto_check_detects_drift(tmp_path):
     assert proto.drift(tmp_path) == []
     (tmp_path / "schemas" / "Step.json").write_text("{}")
     assert proto.drift(tmp_path) == ["stale schemas/Step.json"]
+
+
+def test_sandbox_slots_are_sized_from_the_machine_unless_set():
+    import os
+
+    assert Settings(sandbox_concurrency=3).sandbox_slots == 3
+    cores = len(os.sched_getaffinity(0))
+    assert Settings().sandbox_slots == max(4, 4 * cores)

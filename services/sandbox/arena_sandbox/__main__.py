@@ -41,7 +41,7 @@ async def main(settings: Settings) -> int:
             pools.append(pool)
         workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop, reap_pending=not reaped))
         log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
-                 provider.name, settings.sandbox_concurrency, settings.sandbox_pool_size)
+                 provider.name, settings.sandbox_slots, settings.sandbox_pool_size)
     async def providers_work() -> str | None:
         for provider in providers:
             reason = await provider.health()

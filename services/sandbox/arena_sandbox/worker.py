@@ -81,8 +81,9 @@ class SandboxWorker:
                                    docker_url=settings.docker_url)
         self.sources.reap()
         self.in_flight = metrics.SANDBOXES_IN_FLIGHT.labels(provider=self.name)  # 0 until a job runs
+        self.health = CachedHealth(provider)
         #: hosted OpenEnv servers kept between episodes (docs/openenv.md)
-        self.env_servers = EnvServers(max_idle=settings.sandbox_concurrency)
+        self.env_servers = EnvServers(max_idle=settings.sandbox_slots)
 
     async def close(self) -> None:
         """Stop the environment servers kept warm."""
@@ -96,7 +97,7 @@ class SandboxWorker:
             filter_subjects=[subjects.sandbox_run(self.name)],
             message_type=SandboxJob,
             handler=self.handle,
-            concurrency=self.settings.sandbox_concurrency,
+            concurrency=self.settings.sandbox_slots,
             ack_wait=ACK_WAIT_S,
         )
 
@@ -145,7 +146,7 @@ class SandboxWorker:
             SandboxStarted(rollout_id=rid, sandbox_id=sandbox_id, provider=self.name, at=_now()),
             msg_id=subjects.msg_id(rid, "sandbox-started", job.attempt),
         )
-        unavailable = await self.provider.health()
+        unavailable = await self.health.check()
         if unavailable is None:
             unavailable = await self._reap_if_pending()
         if unavailable is not None:
@@ -233,6 +234,29 @@ class SandboxWorker:
             log.warning("could not store %s: %s", name, exc, extra={"rollout_id": rollout_id})
             return None
         return key
+
+
+class CachedHealth:
+    """A provider's health for each job without asking the engine each time: a healthy answer
+    holds for ``ttl_s`` (a docker engine's ping and image lookup are two engine calls, about
+    as long as the warm sandbox they guard); an unhealthy one is asked again at the next job.
+    A sandbox that cannot be created is still an error outcome of its own."""
+
+    def __init__(self, provider: SandboxProvider, ttl_s: float = 5.0):
+        self.provider, self.ttl_s = provider, ttl_s
+        self._healthy_at = -1e9
+        self._lock = asyncio.Lock()
+
+    async def check(self) -> str | None:
+        if time.monotonic() - self._healthy_at < self.ttl_s:
+            return None
+        async with self._lock:  # one probe for the jobs arriving together
+            if time.monotonic() - self._healthy_at < self.ttl_s:
+                return None
+            problem = await self.provider.health()
+            if problem is None:
+                self._healthy_at = time.monotonic()
+            return problem
 
 
 class _NatsExchange:
