@@ -230,7 +230,8 @@ class Bus:
                 raise
             except APIError as exc:
                 raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
-        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS):
+        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS,
+                       subjects.KV_WORKERS):
             await self.kv(bucket)
             await self._scale(f"KV_{bucket}", replicas)
         await self.artifacts()

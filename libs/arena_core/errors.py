@@ -124,6 +124,13 @@ class Overloaded(ArenaError):
         self.retry_after = retry_after
 
 
+class ProviderUnserved(InvalidRequest):
+    """No sandbox worker serves the provider a submission names (``arena_core.workers``):
+    refused at once rather than left to wait out its queue limit."""
+
+    code = "provider_unserved"
+
+
 BY_CODE: dict[str, type[ArenaError]] = {
     cls.code: cls
     for cls in (
@@ -142,6 +149,7 @@ BY_CODE: dict[str, type[ArenaError]] = {
         SandboxError,
         VerificationError,
         Overloaded,
+        ProviderUnserved,
     )
 }
 

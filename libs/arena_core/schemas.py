@@ -803,6 +803,16 @@ class EnvironmentRecord(Base, kw_only=True):
     created_at: float = 0.0
 
 
+class WorkerInfo(Base, kw_only=True):
+    """``arena_workers`` entry (key ``{provider}.{worker}``): a sandbox worker serving ``provider``
+    with ``slots`` sandboxes at once, refreshed at ``at`` (``arena_core.workers``)."""
+
+    provider: str
+    worker: str
+    slots: int
+    at: float
+
+
 class EnvironmentView(Base, kw_only=True):
     """An environment as the API shows it (no private part)."""
 
@@ -1124,4 +1134,5 @@ MESSAGES: dict[str, type] = {
     "EnvReply": EnvReply,
     "EnvironmentRequest": EnvironmentRequest,
     "EnvironmentView": EnvironmentView,
+    "WorkerInfo": WorkerInfo,
 }

@@ -71,6 +71,8 @@ KV_VERIFIERS = "arena_verifiers"
 KV_API_KEYS = "arena_api_keys"  # API key id -> ApiKey (hashed; arena_core.apikeys)
 #: Environments served over OpenEnv's protocol: name -> EnvironmentRecord (docs/openenv.md).
 KV_ENVIRONMENTS = "arena_environments"
+#: Sandbox workers and the providers they serve, refreshed by each (arena_core.workers).
+KV_WORKERS = "arena_workers"
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).
@@ -189,7 +191,7 @@ def catalog() -> dict:
             "arena.duel.done.{duel_id}": "DuelRoundDone",
             "arena.env.{rollout_id}": "EnvRequest",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS],
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

@@ -136,3 +136,19 @@ def test_cancel_stops_a_running_sandbox(stack, tmp_path):
     assert client.cancel(rid).state.value == "cancelled"
     traj = client.wait_trajectory(rid, timeout=30)
     assert traj.final_state.value == "cancelled" and traj.reward == 0.0
+
+
+def test_a_submission_to_a_provider_nobody_serves_is_refused_at_once(stack):
+    """This stack's sandbox service serves ``local`` only: ``docker`` is refused with a clear
+    error at submission, not left queued until its queue limit (arena_core.workers)."""
+    import time
+
+    from arena_core.errors import ProviderUnserved
+
+    _, client = stack
+    task = load_task(QUICKSTART)
+    started = time.monotonic()
+    with pytest.raises(ProviderUnserved, match="no sandbox worker serves provider 'docker'.*served now: local"):
+        client.submit(task, provider="docker")
+    assert time.monotonic() - started < 5
+    assert client.submit(task, provider="local").rollout_id  # the served one is taken

@@ -11,6 +11,7 @@ from arena_core import apikeys, logs, metrics, subjects, telemetry
 from arena_core.bus import Bus
 from arena_core.runtime import run, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
+from arena_core.workers import Workers
 
 from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry
@@ -37,7 +38,7 @@ async def main(settings: Settings) -> int:
                              publisher=bus.publisher)
         upstream = UpstreamClient(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
-                                 upstream=upstream)
+                                 upstream=upstream, workers=Workers(bus))
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
                       asyncio.create_task(registry.health_loop(stop)),
                       asyncio.create_task(store.cache.watch(rollouts_kv, stop)),
@@ -53,7 +54,7 @@ async def main(settings: Settings) -> int:
         metrics.install("rollout", queues)
         metrics.ROLLOUTS_QUEUED.set_function(service.queued)
         app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
-        code = await serve(stop, consumers=[*results, bus.watch(), *keys], app=app,
+        code = await serve(stop, consumers=[*results, bus.watch(), *keys, service.workers], app=app,
                            host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()

@@ -211,8 +211,11 @@ def _leaf_verifiers(verifier) -> list:
 
 class RolloutService:
     def __init__(self, *, bus: Bus, store: RolloutStore, settings: Settings, http: httpx.AsyncClient,
-                 router: Router | None = None, upstream: UpstreamClient | None = None):
+                 router: Router | None = None, upstream: UpstreamClient | None = None, workers=None):
+        """``workers`` (``arena_core.workers.Workers``): when given, a submission to a provider no
+        sandbox worker serves is refused at once."""
         self.bus = bus
+        self.workers = workers
         self.store = store
         self.settings = settings
         self.http = http
@@ -302,6 +305,8 @@ class RolloutService:
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
                             allow_host_paths=self.settings.allow_host_paths,
                             max_wall_clock_s=self.settings.max_wall_clock_s, external=external)
+        if self.workers is not None:
+            await self.workers.check(req.provider)
         task = req.task
         for digest in _bundles_of(task):
             if not await sources.bundle_exists(self.bus, digest):

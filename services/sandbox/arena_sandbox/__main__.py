@@ -12,7 +12,8 @@ from arena_core.bus import Bus
 from arena_core.runtime import serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 
-from arena_sandbox_providers.factory import build_providers
+from arena_core.workers import Advertiser
+from arena_sandbox_providers.factory import build_providers, owner_of
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import CreateSpec
 from arena_sandbox.worker import SandboxWorker, reap_orphans
@@ -57,7 +58,9 @@ async def main(settings: Settings) -> int:
     # no sandbox lives longer than the longest wall clock a task may ask for
     bases = [p.base for p in providers if getattr(p, "base", None) is not None]
     sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
-    code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch()],
+    advertiser = Advertiser(bus, [p.name for p in providers], owner=owner_of(settings), slots=settings.sandbox_slots)
+    await advertiser.announce()  # before the consumers: a submission to these providers is accepted from now
+    code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch(), advertiser],
                        app=health if settings.sandbox_health_port else None, host=settings.host,
                        port=settings.sandbox_health_port)
     for worker in workers:

@@ -1,0 +1,100 @@
+"""Which sandbox providers some worker serves right now: each sandbox worker advertises its
+providers in the ``arena_workers`` bucket (refreshed every few seconds, gone with it), and the
+rollout service refuses at once a submission to a provider nobody serves, instead of letting it
+wait out its queue limit. docs/rollout.md ("Submission").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+
+import msgspec
+
+from arena_core import subjects
+from arena_core.bus import follow_kv
+from arena_core.errors import ProviderUnserved
+from arena_core.schemas import WorkerInfo
+
+log = logging.getLogger("arena.workers")
+
+#: A worker refreshes its entry this often; an entry older than ``STALE_S`` is a worker gone.
+REFRESH_S = 5.0
+STALE_S = 20.0
+
+
+class Advertiser:
+    """A sandbox worker's entries, one per provider it serves; removed when it stops."""
+
+    def __init__(self, bus, providers: list[str], *, owner: str, slots: int):
+        self.bus, self.providers, self.slots = bus, providers, slots
+        self.worker = f"{subjects.token(owner)}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.durable = "advertiser"
+
+    async def announce(self) -> None:
+        kv = await self.bus.kv(subjects.KV_WORKERS)
+        for provider in self.providers:
+            info = WorkerInfo(provider=provider, worker=self.worker, slots=self.slots, at=time.time())
+            await kv.put(f"{provider}.{self.worker}", msgspec.json.encode(info))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), REFRESH_S)
+            if stop.is_set():
+                break
+            try:
+                await self.announce()
+            except Exception as exc:  # noqa: BLE001 - a partition: the entry goes stale, and comes back
+                log.warning("cannot refresh this worker's entry in %s: %s", subjects.KV_WORKERS, exc)
+        with contextlib.suppress(Exception):
+            kv = await self.bus.kv(subjects.KV_WORKERS)
+            for provider in self.providers:
+                await kv.delete(f"{provider}.{self.worker}")
+
+
+class Workers:
+    """The rollout service's view of ``arena_workers`` (a watch; a miss is read afresh)."""
+
+    def __init__(self, bus) -> None:
+        self.bus = bus
+        self.entries: dict[str, WorkerInfo] = {}
+        self.durable = "workers-watch"
+        self._decoder = msgspec.json.Decoder(WorkerInfo)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        def on_entry(entry) -> None:
+            if entry.value is None or entry.operation is not None:  # deleted or purged
+                self.entries.pop(entry.key, None)
+                return
+            with contextlib.suppress(msgspec.DecodeError):
+                self.entries[entry.key] = self._decoder.decode(entry.value)
+
+        await follow_kv(await self.bus.kv(subjects.KV_WORKERS), stop, on_entry)
+
+    def _live(self, provider: str, now: float) -> bool:
+        return any(i.provider == provider and now - i.at < STALE_S for i in self.entries.values())
+
+    async def check(self, provider: str) -> None:
+        """Raise :class:`ProviderUnserved` unless a live worker serves ``provider``."""
+        if self._live(provider, time.time()):
+            return
+        kv = await self.bus.kv(subjects.KV_WORKERS)
+        try:
+            keys = await kv.keys()
+        except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+            keys = []
+        for key in keys:
+            if key.startswith(f"{provider}."):
+                with contextlib.suppress(Exception):
+                    entry = await kv.get(key)
+                    self.entries[key] = self._decoder.decode(entry.value)
+        if not self._live(provider, time.time()):
+            served = sorted({i.provider for i in self.entries.values() if time.time() - i.at < STALE_S})
+            raise ProviderUnserved(
+                f"no sandbox worker serves provider {provider!r} (served now: {', '.join(served) or 'none'}); "
+                "start one with ARENA_SANDBOX_PROVIDER including it, or submit to a provider that is served")
