@@ -2,7 +2,7 @@
 call) graded by an ``exact`` verifier, through the whole embedded stack (nats-server, the four
 services as processes), alone and with 256 submitted at once; per provider.
 
-Baseline, beside it in the same run: the same agent in a bare sandbox of the same provider
+The task's repository travels as a bundle, as it does from the SDK. Baseline, beside it in the same run: the same agent in a bare sandbox of the same provider
 (create, run the command, read ``done``, destroy) with no platform around it, what the agent
 itself costs. Every figure is printed with its ratio to that baseline. Phases are the medians
 of the rollouts' own state history: queued (pending -> running: submission, the job through
@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from arena.sdk import ArenaClient
 from arena_core.schemas import AgentSpec, Budget, ExactVerifier, PathSource, SubmitRolloutRequest, Task
 from arena_core.settings import Settings
 from arena_sandbox_providers.provider import CreateSpec
@@ -77,12 +78,14 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
                         allow_host_paths=True, sandbox_provider=name, docker_url=args.docker_url,
                         max_queued=100_000)
     image = "arena/agent-base:latest" if name == "docker" else ""
-    body = msgspec.json.encode(SubmitRolloutRequest(task=trivial_task(repo, image), provider=name))
     baseline = await bare(name, args.docker_url, data / f"bare-{name}", args.alone)
     stack = Stack(settings, log=lambda m: None)
     await stack.start(timeout=120)
     out = []
     try:
+        with ArenaClient(settings.rollout_url, settings.trajectory_url) as client:  # the repository as a bundle
+            task = client.prepare(trivial_task(repo, image))
+        body = msgspec.json.encode(SubmitRolloutRequest(task=task, provider=name))
         async with httpx.AsyncClient(base_url=settings.rollout_url, timeout=600,
                                      limits=httpx.Limits(max_connections=512)) as http:
             async def one() -> tuple[float, dict]:

@@ -335,6 +335,35 @@ class SourceCache:
                 await asyncio.to_thread(shutil.rmtree, tmp, True)
         return target
 
+    async def workspace(self, source: Source | None) -> tuple[Path, str] | None:
+        """The source committed as a base repository (:func:`prepare_workspace`), made once per
+        source on this worker and copied into each sandbox: ``(directory, base sha)``; ``None``
+        for a host path (it may change between jobs) or no source. Never modify it."""
+        if source is None or isinstance(source, PathSource):
+            return None
+        key = source_key(source)
+        target, base_file = self.dir / f"{key}.workspace", self.dir / f"{key}.base"
+        if base_file.is_file() and target.is_dir():
+            return target, base_file.read_text()
+        tree = await self.tree(source)
+        async with self._locks.setdefault(f"{key}.workspace", asyncio.Lock()):
+            if not (base_file.is_file() and target.is_dir()):
+                tmp = self.dir / f".tmp-{key}-ws-{uuid.uuid4().hex[:8]}"
+                try:
+                    base = await asyncio.to_thread(prepare_workspace, tree, tmp)
+                    try:
+                        tmp.rename(target)
+                    except OSError:  # another process of this worker made it first
+                        if not target.is_dir():
+                            raise
+                    else:
+                        base_file.write_text(base)
+                finally:
+                    await asyncio.to_thread(shutil.rmtree, tmp, True)
+            if not base_file.is_file():  # made by another process that has not written its sha yet
+                return None
+        return target, base_file.read_text()
+
     async def bundle_tree(self, digest: str) -> Path:
         return await self.tree(BundleSource(digest=digest))
 

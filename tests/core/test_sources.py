@@ -428,3 +428,27 @@ def test_mode_bits_never_include_setuid(tmp_path):
     f.chmod(0o4755)
     info = members(sources.pack_dir(tree))["suid"]
     assert info.mode == 0o755 and not info.mode & stat.S_ISUID
+
+
+async def test_a_sources_base_repository_is_committed_once_per_worker(tmp_path):
+    """``SourceCache.workspace``: the same directory and sha for every job of a source; a host
+    path is never cached (it may change between jobs)."""
+    import subprocess
+
+    from arena_core.schemas import BundleSource, PathSource
+    from arena_core.sources import SourceCache, prepare_workspace, source_key
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1\n")
+    cache = SourceCache(tmp_path / "cache")
+    source = BundleSource(digest="sha256:" + "0" * 64)
+    (cache.dir / source_key(source)).mkdir(parents=True)  # as if fetched
+    (cache.dir / source_key(source) / "a.py").write_text("x = 1\n")
+    first = await cache.workspace(source)
+    second = await cache.workspace(source)
+    assert first == second and first[0].name.endswith(".workspace")
+    assert first[1] == prepare_workspace(repo, tmp_path / "fresh")  # the deterministic base commit
+    log = subprocess.run(["git", "log", "--format=%H"], cwd=first[0], capture_output=True, text=True).stdout.split()
+    assert log == [first[1]]  # one commit: no history
+    assert await cache.workspace(PathSource(path=str(repo))) is None

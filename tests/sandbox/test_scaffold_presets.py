@@ -141,7 +141,7 @@ def test_the_runner_plans_a_scaffold_with_its_files_environment_and_artifacts(tm
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     agent = AgentSpec(scaffold=MINI, env={"MSWEA_COST_TRACKING": "default", "EXTRA": "1"})
-    plan, _ = runner._prepare(job(agent, repo), tmp_path / "staging", repo, None, "/opt/s/mini-swe-agent")
+    plan, _, _ = runner._prepare(job(agent, repo), tmp_path / "staging", repo, None, "/opt/s/mini-swe-agent")
     assert plan.command == ["sh", mini_swe_agent.WRAPPER] and plan.workdir == "/sandbox/workspace/pkg"
     assert plan.env["OPENAI_BASE_URL"] == "http://127.0.0.1:10080/proxy/r1/v1"  # the sandbox's view
     assert plan.env["OPENAI_API_KEY"] == "ak-1" and plan.env["MSWEA_CONFIGURED"] == "true"
@@ -152,7 +152,7 @@ def test_the_runner_plans_a_scaffold_with_its_files_environment_and_artifacts(tm
     assert "/opt/s/mini-swe-agent/bin/mini" in plan.files[mini_swe_agent.WRAPPER].decode()
     assert plan.artifacts == {"mini-swe-agent.traj.json": "/sandbox/.arena/mini-swe-agent.traj.json"}
     # a raw command is unchanged
-    plan, _ = runner._prepare(job(AgentSpec(command=["python3", "a.py"]), repo), tmp_path / "staging2", repo, None)
+    plan, _, _ = runner._prepare(job(AgentSpec(command=["python3", "a.py"]), repo), tmp_path / "staging2", repo, None)
     assert plan.command == ["python3", "a.py"] and plan.files == {} and plan.artifacts == {}
 
 

@@ -289,13 +289,15 @@ async def run_job(
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes=attributes):
                 tree = await cache.tree(job.task.source_of())
+                prepared = await cache.workspace(job.task.source_of())  # committed once per source on this worker
                 agent_tree = await agent_files(job.task.agent, cache)
                 home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
-                plan, base = await asyncio.to_thread(_prepare, job, staging, tree, agent_tree, home)  # copy + git: off the loop
+                plan, base, workspace = await asyncio.to_thread(  # copy + git: off the loop
+                    _prepare, job, staging, tree, agent_tree, home, prepared)
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
                                   workspace_mount=job.task.workspace_mount() if name == "docker" else "")
                 sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
-                await sandbox.put_dir(staging / "workspace", local.WORKSPACE)
+                await sandbox.put_dir(workspace, local.WORKSPACE)
                 if plan.agent_dir is not None:
                     await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
                 await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job), **plan.files})
@@ -528,7 +530,9 @@ async def agent_files(agent: AgentSpec, cache: SourceCache, environment: OpenEnv
 
 
 def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None,
-             scaffold_home: str = "") -> tuple[_Plan, str]:
+             scaffold_home: str = "", prepared: tuple[Path, str] | None = None) -> tuple[_Plan, str, Path]:
+    """The launch plan, the base sha and the workspace to copy in: ``prepared`` (the source's
+    base repository, cached) or one committed now under ``staging``."""
     task = job.task
     forward = proxy_forward(job.proxy_url)
     if agent_dir is not None and not agent_dir.is_dir():
@@ -555,12 +559,16 @@ def _prepare(job: SandboxJob, staging: Path, tree: Path, agent_dir: Path | None,
             raise ValueError(f"scaffold artifact {path!r} is not directly in {local.ARENA_DIR}")
     env = agent_env(job, launch.env)
     local.validate_env(env)
-    staging.mkdir(parents=True)
-    base = local.prepare_workspace(tree, staging / "workspace")
-    if not (staging / "workspace" / workdir).is_dir():
+    if prepared is not None:
+        workspace, base = prepared
+    else:
+        staging.mkdir(parents=True)
+        workspace = staging / "workspace"
+        base = local.prepare_workspace(tree, workspace)
+    if not (workspace / workdir).is_dir():
         raise ValueError(f"workdir {task.workdir!r} is not a directory of the repository")
     plan = _Plan(
         command=launch.command, env=env, workdir=sandbox_workdir, proxy=forward, agent_dir=agent_dir,
         files=launch.files, artifacts=launch.artifacts,
     )
-    return plan, base
+    return plan, base, workspace
