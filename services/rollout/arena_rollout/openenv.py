@@ -39,6 +39,15 @@ def error_frame(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
 
 
+def is_close(raw: str | bytes) -> bool:
+    """Whether a frame is OpenEnv's ``close`` (its client does not wait for an answer)."""
+    try:
+        frame = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(frame, dict) and frame.get("type") == "close"
+
+
 def observation_frame(reply: EnvReply) -> dict[str, Any]:
     return {"type": "observation", "data": {"observation": reply.observation, "reward": reply.reward,
                                             "done": reply.done}}

@@ -6,6 +6,7 @@ Thin: the protocol is :mod:`arena_rollout.openenv`. docs/openenv.md.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -163,14 +164,39 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
             await websocket.close(code=1000)
             return
         episode = openenv.Episode(service, env)
+        # frames are read while one is answered, so a client that leaves mid-step (a long
+        # command) is noticed at once: its rollout is cancelled, not left to finish the step
+        inbox: asyncio.Queue = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                while True:
+                    message = await websocket.receive()
+                    await inbox.put(message)
+                    if message["type"] == "websocket.disconnect":
+                        return
+            except (WebSocketDisconnect, RuntimeError):
+                await inbox.put({"type": "websocket.disconnect"})
+
+        reader = asyncio.create_task(read())
         try:
             while True:
-                message = await websocket.receive()
+                message = await inbox.get()
                 if message["type"] == "websocket.disconnect":
                     break
                 raw = message.get("text") if message.get("text") is not None else message.get("bytes") or b""
+                answer = asyncio.create_task(episode.handle(raw))
+                if not openenv.is_close(raw):  # a client may leave right after its close frame
+                    await asyncio.wait({answer, reader}, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.wait({answer})
+                if not answer.done():  # the client left while its frame was being answered
+                    answer.cancel()
+                    with contextlib.suppress(BaseException):
+                        await answer
+                    break
                 try:
-                    reply = await episode.handle(raw)
+                    reply = answer.result()
                 except ArenaError as exc:
                     reply = openenv.error_frame("EXECUTION_ERROR", exc.message)
                 if reply is None:  # close
@@ -184,6 +210,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
             with contextlib.suppress(Exception):
                 await websocket.close(code=1011)
         finally:
+            reader.cancel()
             capacity.give(name)
             with contextlib.suppress(Exception):
                 await episode.end("the OpenEnv client disconnected")

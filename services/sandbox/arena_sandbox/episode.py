@@ -8,6 +8,7 @@ docs/openenv.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import posixpath
 import time
@@ -142,32 +143,36 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
             await exchange.reply(replies[req.seq])
             continue
         at = time.time()
+        if req.kind != "close":  # an exchange in flight when the rollout is cancelled is cut short
+            work = asyncio.ensure_future(_answer(session, req, steps))
+            stop = asyncio.ensure_future(cancel.wait())
+            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not work.done():
+                # a command of Arena's tools gets the same cancel and is killed by its sandbox; what
+                # is still running after a moment (a hosted environment's answer) is abandoned
+                await asyncio.wait({work}, timeout=5.0)
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+                if hasattr(session, "broken"):
+                    session.broken = True  # its connection is mid-frame: never reused
+                return end("rollout cancelled during the episode", cancelled=True)
+            try:
+                reply = work.result()
+            except EnvironmentBroken as exc:
+                reply = EnvReply(seq=req.seq, error=EnvError(code="EXECUTION_ERROR",
+                                                             message=f"environment failed: {exc}"))
+                replies[req.seq] = reply
+                if req.kind != "state":
+                    steps.append(record(len(steps), req.kind, req.data, reply, at))
+                await exchange.reply(reply)
+                return end(f"the environment failed: {exc}", failed=True)
         if req.kind == "close":
             reply = EnvReply(seq=req.seq, done=True)
             replies[req.seq] = reply
             await exchange.reply(reply)
             return end("the client closed the episode", done=True, closed=True)
-        try:
-            if req.kind == "state":
-                reply = EnvReply(seq=req.seq, state=await session.state())
-            elif req.kind == "reset":
-                if steps:
-                    reply = EnvReply(seq=req.seq, error=EnvError(
-                        code="SESSION_ERROR", message="this episode was reset already; a new reset starts a new rollout"))
-                else:
-                    reply = _with_seq(await session.reset(req.data), req.seq)
-            else:
-                if not steps:
-                    reply = EnvReply(seq=req.seq, error=EnvError(code="SESSION_ERROR", message="reset before step"))
-                else:
-                    reply = _with_seq(await session.step(req.data), req.seq)
-        except EnvironmentBroken as exc:
-            reply = EnvReply(seq=req.seq, error=EnvError(code="EXECUTION_ERROR", message=f"environment failed: {exc}"))
-            replies[req.seq] = reply
-            if req.kind != "state":
-                steps.append(record(len(steps), req.kind, req.data, reply, at))
-            await exchange.reply(reply)
-            return end(f"the environment failed: {exc}", failed=True)
         if req.kind != "state":  # a state is read afresh each time; an action runs once
             replies[req.seq] = reply
         if req.kind != "state" and (reply.error is None or req.kind == "step"):
@@ -178,6 +183,20 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
         if reply.done:
             return end("the client submitted" if isinstance(session, ToolSession) else "the environment said done",
                        done=True)
+
+
+async def _answer(session: Session, req: EnvRequest, steps: list[EnvStep]) -> EnvReply:
+    """One exchange's answer from ``session`` (reset once, then steps); raises EnvironmentBroken."""
+    if req.kind == "state":
+        return EnvReply(seq=req.seq, state=await session.state())
+    if req.kind == "reset":
+        if steps:
+            return EnvReply(seq=req.seq, error=EnvError(
+                code="SESSION_ERROR", message="this episode was reset already; a new reset starts a new rollout"))
+        return _with_seq(await session.reset(req.data), req.seq)
+    if not steps:
+        return EnvReply(seq=req.seq, error=EnvError(code="SESSION_ERROR", message="reset before step"))
+    return _with_seq(await session.step(req.data), req.seq)
 
 
 def _with_seq(reply: EnvReply, seq: int) -> EnvReply:
@@ -212,8 +231,9 @@ class ToolSession:
     a command in the task's sandbox (never a host-side file operation on agent-made paths)."""
 
     def __init__(self, sandbox: Sandbox, *, workdir: str, env: dict[str, str], proxy: ProxyForward | None,
-                 instructions: str, rollout_id: str):
+                 instructions: str, rollout_id: str, cancel: asyncio.Event | None = None):
         self.sandbox, self.workdir, self.env, self.proxy = sandbox, workdir, env, proxy
+        self.cancel = cancel  # kills a running command when the rollout ends
         self.instructions, self.rollout_id = instructions, rollout_id
         self.answer: str | None = None
         self.calls = 0
@@ -270,7 +290,7 @@ class ToolSession:
         out = _Output(limit)
         try:
             ran = await self.sandbox.exec(argv, env=self.env, workdir=self.workdir, timeout_s=timeout_s,
-                                          proxy=self.proxy, on_output=out)
+                                          proxy=self.proxy, cancel=self.cancel, on_output=out)
         except SandboxError as exc:
             raise _ToolFailed("execution_error", f"the sandbox could not run it: {exc}") from exc
         return ran, out

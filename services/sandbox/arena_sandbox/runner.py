@@ -388,7 +388,7 @@ async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exc
         return episode.EpisodeEnd(done=False, failed=True, reason="no environment endpoint can reach this "
                                   "sandbox (the worker serves no exchanges)")
     session = episode.ToolSession(sandbox, workdir=plan.workdir, env=plan.env, proxy=plan.proxy,
-                                  instructions=task.instructions, rollout_id=job.rollout_id)
+                                  instructions=task.instructions, rollout_id=job.rollout_id, cancel=cancel)
     return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
                               idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
 
