@@ -35,6 +35,7 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from arena_core import subjects, telemetry
+from arena_core.batching import BatchFailed, Batcher
 from arena_core.errors import Permanent, Retryable, Unavailable
 from arena_core.schemas import DeadLetter, encode
 
@@ -97,6 +98,9 @@ class Bus:
         self.replicas = topology_replicas()
         self.closing = False
         self.publish_timeout = PUBLISH_TIMEOUT_S  # per attempt of ``publish``
+        #: streams whose publishes go out in atomic batches (``arena_core.batching``): those
+        #: ``ensure_topology`` found allowing them; a stream's ``Batcher``
+        self.batchers: dict[str, Batcher] = {}
         #: Set when nats-py closed the connection for good without ``close`` (a protocol error
         #: from the server is final to it): the service must exit non-zero for its supervisor.
         self.lost = asyncio.Event()
@@ -220,6 +224,7 @@ class Bus:
                 duplicate_window=DUPLICATE_WINDOW_S,
                 max_age=spec.max_age_s or None,
                 num_replicas=replicas,
+                allow_atomic=True,  # batched publishes (nats-server 2.12+; older ones ignore it)
             )
             try:
                 try:
@@ -230,6 +235,8 @@ class Bus:
                 raise
             except APIError as exc:
                 raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
+            if (await self.js.stream_info(spec.name)).config.allow_atomic:
+                self.batchers.setdefault(spec.name, Batcher(self.nc, timeout=self.publish_timeout))
         for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS,
                        subjects.KV_WORKERS):
             await self.kv(bucket)
@@ -303,6 +310,13 @@ class Bus:
         data = message if isinstance(message, bytes) else encode(message)
         hdrs = telemetry.inject(dict(headers or {}))
         hdrs["Nats-Msg-Id"] = msg_id
+        batcher = self.batchers.get(subjects.stream_of(subject) or "") if self.batchers else None
+        if (batcher is not None and len(data) <= self.nc.max_payload - BODY_HEADROOM
+                and not any(k.startswith("Nats-Expected") for k in hdrs)):
+            try:  # with the publishes of this loop turn to the same stream: one commit
+                return await batcher.publish(subject, data, hdrs)
+            except BatchFailed as exc:
+                log.debug("publish to %s: %s; publishing it alone", subject, exc)
         delay = 0.1
         for attempt in range(1, attempts + 1):
             try:

@@ -147,6 +147,18 @@ def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
     return f"{rollout_id}:{kind}:{seq}"
 
 
+def stream_of(subject: str) -> str | None:
+    """The stream of :data:`STREAMS` that takes ``subject`` (NATS wildcards), or ``None``."""
+    parts = subject.split(".")
+    for spec in STREAMS:
+        for pattern in spec.subjects:
+            want = pattern.split(".")
+            if (want[-1] == ">" and len(parts) >= len(want) and all(w in ("*", p) for w, p in zip(want[:-1], parts))
+                    or len(want) == len(parts) and all(w in ("*", p) for w, p in zip(want, parts))):
+                return spec.name
+    return None
+
+
 def token(value: str) -> str:
     """Make ``value`` safe as one subject token (no dots, spaces or wildcards)."""
     out = []

@@ -1,0 +1,82 @@
+"""Publishes to one stream made in the same turn of the event loop go to JetStream as one
+atomic batch (NATS ADR-50, nats-server 2.12+): the server stores them together, one commit and
+one fsync, and acknowledges the batch once. With ``sync_interval: always`` that is what bounds
+a publisher (benchmarks/trajectory_throughput.py; docs/trajectory.md, "Durable throughput").
+
+nats-py 2.16 has no batch publish, so this is the protocol's few headers over its core
+publish and request: ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` on each message, and
+``Nats-Batch-Commit`` on the last, whose answer is the batch's ack (``stream``, ``seq`` of
+the last message, ``count``). A batch the server refuses or does not answer fails each of its
+publishes with :class:`BatchFailed`; ``Bus.publish`` then publishes them one by one (their
+``Nats-Msg-Id`` make that safe if the batch was stored after all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import msgspec
+from nats.js.api import PubAck
+
+#: The most messages in one batch (the server's limit is 1,000).
+BATCH_MAX = 256
+_ack = msgspec.json.Decoder(dict[str, Any])
+
+
+class BatchFailed(Exception):
+    """The batch this publish was in was refused or not answered: publish it alone."""
+
+
+class Batcher:
+    """The batches of one stream, on one connection."""
+
+    def __init__(self, nc, *, timeout: float = 5.0, max_messages: int = BATCH_MAX):
+        self.nc, self.timeout, self.max_messages = nc, timeout, max_messages
+        self._queue: list[tuple[str, bytes, dict[str, str], asyncio.Future]] = []
+        self._scheduled = False
+        self.batches = 0  # sent as batches (for the benchmark)
+        self.messages = 0
+
+    def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> asyncio.Future:
+        """A future of the message's ``PubAck`` (or :class:`BatchFailed`)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.append((subject, data, headers, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._drain)
+        return future
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        queue, self._queue = self._queue, []
+        for start in range(0, len(queue), self.max_messages):
+            asyncio.ensure_future(self._send(queue[start:start + self.max_messages]))
+
+    async def _send(self, batch: list[tuple[str, bytes, dict[str, str], asyncio.Future]]) -> None:
+        try:
+            batch_id = uuid.uuid4().hex
+            for i, (subject, data, headers, _) in enumerate(batch[:-1], 1):
+                await self.nc.publish(subject, data, headers={**headers, "Nats-Batch-Id": batch_id,
+                                                              "Nats-Batch-Sequence": str(i)})
+            subject, data, headers, _ = batch[-1]
+            answer = await self.nc.request(subject, data, timeout=self.timeout, headers={
+                **headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(len(batch)),
+                "Nats-Batch-Commit": "1"})
+            ack = _ack.decode(answer.data)
+            if "error" in ack or ack.get("count") != len(batch) or not isinstance(ack.get("seq"), int):
+                raise BatchFailed(f"batch refused: {ack.get('error') or ack}")
+        except Exception as exc:  # noqa: BLE001 - every publish of the batch falls back to one by one
+            failed = exc if isinstance(exc, BatchFailed) else BatchFailed(f"{type(exc).__name__}: {exc}")
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(failed)
+            return
+        self.batches += 1
+        self.messages += len(batch)
+        first = ack["seq"] - len(batch) + 1
+        for i, (*_, future) in enumerate(batch):
+            if not future.done():
+                future.set_result(PubAck(stream=ack["stream"], seq=first + i))
