@@ -35,7 +35,7 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from arena_core import subjects, telemetry
-from arena_core.batching import BatchFailed, Batcher
+from arena_core.batching import BatchFailed, Batcher, NotBatched
 from arena_core.errors import Permanent, Retryable, Unavailable
 from arena_core.schemas import DeadLetter, encode
 
@@ -264,7 +264,8 @@ class Bus:
             except (NotFoundError, nats.js.errors.BucketNotFoundError):
                 try:
                     self._kv[bucket] = await self.js.create_key_value(jsapi.KeyValueConfig(
-                        bucket=bucket, history=1, storage=jsapi.StorageType.FILE, replicas=self.replicas))
+                        bucket=bucket, history=1, storage=jsapi.StorageType.FILE, replicas=self.replicas,
+                        ttl=subjects.KV_TTL_S.get(bucket)))
                 except ServiceUnavailableError:
                     raise
                 except APIError as exc:
@@ -315,6 +316,8 @@ class Bus:
                 and not any(k.startswith("Nats-Expected") for k in hdrs)):
             try:  # with the publishes of this loop turn to the same stream: one commit
                 return await batcher.publish(subject, data, hdrs)
+            except NotBatched:
+                pass
             except BatchFailed as exc:
                 log.debug("publish to %s: %s; publishing it alone", subject, exc)
         delay = 0.1

@@ -92,8 +92,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: before it ends the episode (the client is gone); within the task's wall clock.
     openenv_idle_s: int = 900
     #: Seconds the environment endpoint waits for an episode's sandbox to come up on ``reset``
-    #: (queueing, image start, the environment's own start) before it answers an error.
-    openenv_start_timeout_s: int = 300
+    #: (queueing, image start, the environment's own start) before it answers "still starting:
+    #: reset again" (the next reset waits for the same episode); under OpenEnv's client timeout (60 s).
+    openenv_start_timeout_s: int = 50
     #: Seconds ``submit`` waits for the verifier's reward before it answers ``done`` with
     #: ``reward: null`` (the reward then comes with ``state``); OpenEnv's client gives up after 60.
     openenv_submit_wait_s: int = 45

@@ -73,6 +73,8 @@ KV_API_KEYS = "arena_api_keys"  # API key id -> ApiKey (hashed; arena_core.apike
 KV_ENVIRONMENTS = "arena_environments"
 #: Sandbox workers and the providers they serve, refreshed by each (arena_core.workers).
 KV_WORKERS = "arena_workers"
+#: Buckets whose entries expire (seconds, by the NATS server's clock).
+KV_TTL_S = {KV_WORKERS: 20.0}
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).

@@ -51,11 +51,8 @@ class Advertiser:
                 await self.announce()
             except Exception as exc:  # noqa: BLE001 - a partition: the entry goes stale, and comes back
                 log.warning("cannot refresh this worker's entry in %s: %s", subjects.KV_WORKERS, exc)
-        with contextlib.suppress(Exception):
-            kv = await self.bus.kv(subjects.KV_WORKERS)
-            for provider in self.providers:
-                await kv.delete(f"{provider}.{self.worker}")
-
+        # the entries are left to go stale (STALE_S): a restarting worker does not turn
+        # submissions away meanwhile
 
 class Workers:
     """The rollout service's view of ``arena_workers`` (a watch; a miss is read afresh)."""
@@ -63,6 +60,8 @@ class Workers:
     def __init__(self, bus) -> None:
         self.bus = bus
         self.entries: dict[str, WorkerInfo] = {}
+        #: when this process last saw each entry written (its own clock: the workers' may differ)
+        self.seen: dict[str, float] = {}
         self.durable = "workers-watch"
         self._decoder = msgspec.json.Decoder(WorkerInfo)
 
@@ -73,15 +72,19 @@ class Workers:
                 return
             with contextlib.suppress(msgspec.DecodeError):
                 self.entries[entry.key] = self._decoder.decode(entry.value)
+                self.seen[entry.key] = time.monotonic()
 
         await follow_kv(await self.bus.kv(subjects.KV_WORKERS), stop, on_entry)
 
-    def _live(self, provider: str, now: float) -> bool:
-        return any(i.provider == provider and now - i.at < STALE_S for i in self.entries.values())
+    def _live(self, provider: str) -> bool:
+        now = time.monotonic()
+        return any(i.provider == provider and now - self.seen.get(k, -1e9) < STALE_S for k, i in self.entries.items())
 
     async def check(self, provider: str) -> None:
-        """Raise :class:`ProviderUnserved` unless a live worker serves ``provider``."""
-        if self._live(provider, time.time()):
+        """Raise :class:`ProviderUnserved` unless a live worker serves ``provider`` (an entry
+        written within ``STALE_S``, by this process's clock; a miss is read afresh, where the
+        bucket's TTL, by the server's clock, bounds an entry's age)."""
+        if self._live(provider):
             return
         kv = await self.bus.kv(subjects.KV_WORKERS)
         try:
@@ -93,8 +96,10 @@ class Workers:
                 with contextlib.suppress(Exception):
                     entry = await kv.get(key)
                     self.entries[key] = self._decoder.decode(entry.value)
-        if not self._live(provider, time.time()):
-            served = sorted({i.provider for i in self.entries.values() if time.time() - i.at < STALE_S})
+                    self.seen[key] = time.monotonic()  # the bucket keeps an entry STALE_S (its TTL, by the server's clock)
+        if not self._live(provider):
+            now = time.monotonic()
+            served = sorted({i.provider for k, i in self.entries.items() if now - self.seen.get(k, -1e9) < STALE_S})
             raise ProviderUnserved(
                 f"no sandbox worker serves provider {provider!r} (served now: {', '.join(served) or 'none'}); "
                 "start one with ARENA_SANDBOX_PROVIDER including it, or submit to a provider that is served")

@@ -29,11 +29,24 @@ async def test_publishes_of_one_loop_turn_are_one_batch_each_acknowledged(bus: B
 
 async def test_a_batch_holding_a_message_already_stored_falls_back_one_by_one(bus: Bus):
     await bus.ensure_topology()
+    batcher = bus.batchers["ARENA_STEPS"]
     first = await bus.publish(subjects.step("r-2"), b"zero", msg_id="r-2:step:0")
-    again = await asyncio.gather(*(bus.publish(subjects.step("r-2"), b"x", msg_id=f"r-2:step:{i}") for i in range(4)))
+    assert batcher.batches == 0  # one publish alone: no batch (its fixed cost would not pay)
+    again = await asyncio.gather(*(bus.publish(subjects.step("r-2"), b"x", msg_id=f"r-2:step:{i}") for i in range(20)))
+    assert batcher.batches == 0  # refused whole: published one by one
     assert again[0].duplicate and again[0].seq == first.seq
-    assert [a.seq for a in again[1:]] == [first.seq + 1, first.seq + 2, first.seq + 3]
-    assert (await bus.js.stream_info("ARENA_STEPS")).state.messages == 4
+    assert sorted(a.seq for a in again[1:]) == list(range(first.seq + 1, first.seq + 20))
+    assert (await bus.js.stream_info("ARENA_STEPS")).state.messages == 20
+
+
+async def test_a_few_publishes_together_go_one_by_one_and_a_batch_is_cut_by_bytes(bus: Bus):
+    await bus.ensure_topology()
+    batcher = bus.batchers["ARENA_STEPS"]
+    acks = await asyncio.gather(*(bus.publish(subjects.step("r-3"), b"x", msg_id=f"r-3:{i}") for i in range(5)))
+    assert batcher.batches == 0 and len({a.seq for a in acks}) == 5
+    big = b"y" * (600 * 1024)  # 20 of them: 12 MiB, over a batch's 4 MiB
+    acks = await asyncio.gather(*(bus.publish(subjects.step("r-4"), big, msg_id=f"r-4:{i}") for i in range(20)))
+    assert batcher.batches >= 3 and len({a.seq for a in acks}) == 20
 
 
 async def test_a_stream_that_takes_no_batches_is_published_to_one_by_one(bus: Bus):
@@ -41,3 +54,9 @@ async def test_a_stream_that_takes_no_batches_is_published_to_one_by_one(bus: Bu
     assert "PLAIN" not in bus.batchers and subjects.stream_of("plain.x") is None
     acks = await asyncio.gather(*(bus.publish("plain.x", b"m", msg_id=f"p:{i}") for i in range(10)))
     assert sorted(a.seq for a in acks) == list(range(1, 11))
+
+
+async def test_the_workers_bucket_forgets_an_entry_after_its_ttl(bus: Bus):
+    kv = await bus.kv(subjects.KV_WORKERS)
+    status = await kv.status()
+    assert status.ttl == subjects.KV_TTL_S[subjects.KV_WORKERS]

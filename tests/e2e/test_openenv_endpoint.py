@@ -214,6 +214,7 @@ async def test_raw_frames_follow_openenvs_error_codes(arena):
             return json.loads(await asyncio.wait_for(ws.recv(), 60))
 
         assert (await rt("{not json"))["data"]["code"] == "INVALID_JSON"
+        assert (await rt("[" * 5000 + "]" * 5000))["data"]["code"] == "INVALID_JSON"  # nested too deeply
         assert (await rt({"type": "bogus"}))["data"]["code"] == "UNKNOWN_TYPE"
         assert (await rt({"type": "step"}))["data"]["code"] == "VALIDATION_ERROR"  # no data
         assert (await rt({"type": "step", "data": call("shell", command="true")}))["data"]["code"] == "EXECUTION_ERROR"
@@ -318,6 +319,8 @@ def test_http_routes_answer_like_an_openenv_server(arena):
 
 def test_registering_a_task_that_is_not_external_is_refused(arena):
     task = msgspec.to_builtins(load_task(QUICKSTART))
+    named_k = httpx.put(f"{arena.rollout_url}/v1/environments/k", json={"task": {**task, "agent": {"external": True}}})
+    assert named_k.status_code == 422 and "/openenv/k/" in named_k.json()["error"]["message"]
     got = httpx.put(f"{arena.rollout_url}/v1/environments/not-external", json={"task": task})
     assert got.status_code == 422 and "external" in got.json()["error"]["message"]
     direct = httpx.post(f"{arena.rollout_url}/v1/rollouts",

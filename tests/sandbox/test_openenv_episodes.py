@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from arena.tasks import load_task
-from arena_core.schemas import AgentSpec, EnvReply, EnvRequest, OpenEnvServer, SandboxJob, SandboxOutcome, Task
+from arena_core.schemas import AgentSpec, Budget, EnvReply, EnvRequest, OpenEnvServer, SandboxJob, SandboxOutcome, Task
 from arena_sandbox import runner
 from arena_sandbox_providers.local_provider import LocalProvider
 
@@ -242,3 +242,35 @@ async def test_the_tools_run_in_a_docker_sandbox_too(tmp_path, docker_url):
     assert script.replies[1].observation["result"]["output"].split() == ["1000", "42"]
     assert script.replies[3].observation["result"]["content"] == "docker\n"
     assert "notes/a.txt" in run.done.diff and run.done.result == {"answer": "42"}
+
+
+async def test_the_wall_clock_holds_during_a_step(tmp_path, provider):
+    task = msgspec.structs.replace(quickstart(), budget=Budget(wall_clock_s=3))
+    script = Script([EnvRequest(rollout_id="r-ep", seq=0, kind="reset"),
+                     call(1, "shell", command="sleep 12; echo still-here", timeout_s=20)])
+    run = await runner.run_job(job_of(task), data_dir=tmp_path / "work", provider=provider, exchanges=script)
+    assert run.done.outcome is SandboxOutcome.TIMED_OUT, run.done.reason
+    assert "during a step" in run.done.reason
+    assert run.done.finished_at - run.done.started_at < 10  # the command was killed, not waited for
+
+
+async def test_a_tool_on_a_binary_file_is_a_failed_call_and_the_episode_goes_on(tmp_path, provider):
+    script = Script([
+        EnvRequest(rollout_id="r-ep", seq=0, kind="reset"),
+        call(1, "shell", command="printf 'a\\377b' > bin.dat"),
+        call(2, "edit_file", path="bin.dat", old_str="a", new_str="c"),
+        call(3, "submit"),
+    ])
+    run = await runner.run_job(job_of(quickstart()), data_dir=tmp_path / "work", provider=provider, exchanges=script)
+    assert run.done.outcome is SandboxOutcome.COMPLETED, run.done.reason
+    assert script.replies[2].observation["error"]["error_type"] == "execution_error"
+    assert "not UTF-8" in script.replies[2].observation["error"]["message"]
+
+
+async def test_an_episode_taken_over_mid_way_ends_as_arenas_failure(tmp_path, provider):
+    """A job run again (a worker stopped, a redelivery) in a fresh sandbox: the client's next
+    step must not run on a pristine workspace as if nothing happened."""
+    script = Script([call(5, "shell", command="echo one"), call(6, "shell", command="echo two")])
+    run = await runner.run_job(job_of(quickstart()), data_dir=tmp_path / "work", provider=provider, exchanges=script)
+    assert run.done.outcome is SandboxOutcome.ERROR and "restarted" in run.done.reason
+    assert script.replies[0].error.code == "SESSION_ERROR" and len(script.replies) == 1

@@ -300,3 +300,29 @@ async def test_a_diff_larger_than_a_message_is_delivered_whole(bus, tmp_path, na
     assert "diff --git a/blob.bin b/blob.bin\nnew file mode" in done.diff and "GIT binary patch" in done.diff
     assert len(done.diff) > nats_server.max_payload and verify.diff == done.diff
     assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 0  # acked once
+
+
+async def test_the_providers_health_is_asked_once_for_jobs_arriving_together():
+    """``CachedHealth``: one probe answers the jobs that wait for it, a healthy answer holds
+    a while, an unhealthy one briefly (jobs of a broken provider never queue behind probes)."""
+    from arena_sandbox.worker import CachedHealth
+
+    class Slow:
+        name = "slow"
+
+        def __init__(self, answer):
+            self.answer, self.probes = answer, 0
+
+        async def health(self):
+            self.probes += 1
+            await asyncio.sleep(0.3)
+            return self.answer
+
+    for answer in (None, "the engine is down"):
+        provider = Slow(answer)
+        health = CachedHealth(provider, ttl_s=60, failure_ttl_s=60)
+        started = asyncio.get_running_loop().time()
+        got = await asyncio.gather(*(health.check() for _ in range(5)))
+        assert got == [answer] * 5 and provider.probes == 1
+        assert asyncio.get_running_loop().time() - started < 1.0  # one probe's time, not five
+        assert await health.check() == answer and provider.probes == 1

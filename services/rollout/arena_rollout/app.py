@@ -11,8 +11,6 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import msgspec

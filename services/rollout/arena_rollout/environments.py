@@ -44,6 +44,8 @@ class Environments:
     async def put(self, name: str, req: EnvironmentRequest) -> EnvironmentRecord:
         if not valid_id(name):
             raise InvalidRequest("an environment name follows the id grammar (letters, digits, _ - and single dots)")
+        if name == "k":
+            raise InvalidRequest("an environment may not be named 'k': /openenv/k/ is where a key goes")
         if not req.task.agent.external:
             raise InvalidRequest("an environment's task is played by an OpenEnv client: set task.agent to "
                                  "{\"external\": true}")

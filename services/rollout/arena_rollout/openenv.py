@@ -10,11 +10,13 @@ server. docs/openenv.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
 from arena_core import envtools, subjects
@@ -43,7 +45,7 @@ def is_close(raw: str | bytes) -> bool:
     """Whether a frame is OpenEnv's ``close`` (its client does not wait for an answer)."""
     try:
         frame = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return False
     return isinstance(frame, dict) and frame.get("type") == "close"
 
@@ -76,6 +78,8 @@ class Episode:
         self.service = service
         self.env = env
         self.record: RolloutRecord | None = None
+        self.pending: str | None = None  # a rollout whose reset was not answered yet
+        self.pending_data: dict[str, Any] = {}
         self.seq = 0
         self.steps = 0
         self.done = False
@@ -90,8 +94,8 @@ class Episode:
         """The reply to one frame; ``None`` for ``close`` (the server closes the socket)."""
         try:
             frame = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
-            return error_frame("INVALID_JSON", f"Invalid JSON: {exc}")
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return error_frame("INVALID_JSON", f"Invalid JSON: {exc if isinstance(exc, msgspec.DecodeError) else 'nested too deeply'}")
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             return error_frame("VALIDATION_ERROR", "Invalid message", errors=[
                 {"type": "missing", "loc": ["type"], "msg": "Field required", "input": frame}])
@@ -122,10 +126,18 @@ class Episode:
             return {"type": "mcp", "data": await self.mcp(data)}
         except ArenaError as exc:
             return error_frame("EXECUTION_ERROR", exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one frame's trouble is an error frame, as OpenEnv's server answers
+            log.exception("OpenEnv %s frame on %s failed", kind, self.env.name)
+            return error_frame("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}")
 
     async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
         if self.done:
             self.record = None  # over: its outcome stands
+        if self.pending is not None and self.record is not None and self.record.rollout_id == self.pending:
+            # the last reset was not answered in time: this one waits for the same episode
+            return await self._reset_answer(self.pending_data)
         await self.end("reset: the client started a new episode")
         try:
             group = _group_of(data)
@@ -133,9 +145,29 @@ class Episode:
             return error_frame("VALIDATION_ERROR", "Invalid message", errors=[
                 {"type": "value_error", "loc": ["data"], "msg": str(exc)}])
         env_data = {k: v for k, v in data.items() if k not in ARENA_RESET_KEYS}
-        record = await self._submit(data, group)
+        # the submission runs whole even if the client leaves meanwhile: its rollout is then cancelled
+        submission = asyncio.ensure_future(self._submit(data, group))
+        try:
+            record = await asyncio.shield(submission)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                made = await submission
+                await self.service.cancel(made.rollout_id, reason="the OpenEnv client disconnected")
+            raise
         self.record, self.seq, self.steps, self.done = record, 0, 0, False
-        reply = await self._exchange("reset", env_data, timeout_s=self.service.settings.openenv_start_timeout_s)
+        self.pending, self.pending_data = record.rollout_id, env_data
+        return await self._reset_answer(env_data)
+
+    async def _reset_answer(self, env_data: dict[str, Any]) -> dict[str, Any]:
+        """The reset's observation once the sandbox answers; if it is not up within the answer
+        budget (under OpenEnv's client timeout), an error asking to reset again, which then
+        waits for the same episode rather than starting another."""
+        budget = float(self.service.settings.openenv_start_timeout_s)
+        reply = await self._exchange("reset", env_data, timeout_s=budget, give_up=True)
+        if reply.error is not None and reply.error.code == "STILL_STARTING":
+            return error_frame("EXECUTION_ERROR", f"episode {self.record.rollout_id} is still starting (its sandbox "
+                               "is queued or starting): send reset again to wait for it")
+        self.pending = None
         if reply.error is not None:
             return error_frame(reply.error.code, reply.error.message,
                                **({"errors": reply.error.errors} if reply.error.errors is not None else {}))
@@ -159,7 +191,9 @@ class Episode:
             if isinstance(action, envtools.CallTool) and action.tool_name == "shell":
                 shell_timeout = action.arguments.get("timeout_s")
                 if isinstance(shell_timeout, (int, float)) and not isinstance(shell_timeout, bool):
-                    timeout_s = max(timeout_s, min(float(shell_timeout), 3600.0))
+                    # never past the task's wall clock: the sandbox ends the episode there
+                    budget = self.env.request.task.budget.wall_clock_s
+                    timeout_s = max(timeout_s, min(float(shell_timeout), 3600.0, budget))
         self.seq += 1
         reply = await self._exchange("step", data, timeout_s=timeout_s + 30)
         if reply.error is not None:
@@ -215,14 +249,16 @@ class Episode:
         # else: the rollout is ended by ``end`` (cancelled)
 
     async def end(self, reason: str) -> None:
-        """Cancel the current rollout unless it is final (the client left or reset)."""
-        record, self.record = self.record, None
+        """Cancel the current rollout unless it is final (the client left or reset). Raises
+        when the store cannot be reached (the caller tries again)."""
+        record = self.record
         if record is None:
             return
         try:
             await self.service.cancel(record.rollout_id, reason=reason)
         except ArenaError:
             pass  # final already: its outcome stands
+        self.record, self.pending = None, None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -250,17 +286,23 @@ class Episode:
         return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s), group_id=group_id,
                                      index=index, size=size, sampling=sampling)
 
-    async def _exchange(self, kind: str, data: dict[str, Any], *, timeout_s: float) -> EnvReply:
+    async def _exchange(self, kind: str, data: dict[str, Any], *, timeout_s: float,
+                        give_up: bool = False) -> EnvReply:
         """One exchange with the sandbox worker, retried (same ``seq``) until it answers, the
-        rollout ends, or ``timeout_s`` passes."""
+        rollout ends, or ``timeout_s`` passes (then ``STILL_STARTING`` with ``give_up``)."""
         rid = self.record.rollout_id
         seq = -1 if kind == "state" else self.seq
         payload = msgspec.json.encode(EnvRequest(rollout_id=rid, seq=seq, kind=kind, data=data, timeout_s=timeout_s))
-        deadline = time.monotonic() + timeout_s
         nc = self.service.bus.nc
+        if len(payload) > nc.max_payload - 16 * 1024:
+            return _failed("VALIDATION_ERROR", f"the frame is too large to relay ({len(payload)} bytes; at most "
+                                               f"{nc.max_payload - 16 * 1024})")
+        deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                if give_up:
+                    return _failed("STILL_STARTING", "")
                 return _failed("EXECUTION_ERROR", f"no answer from the sandbox of {rid} within {timeout_s:g}s")
             try:
                 msg = await nc.request(subjects.env_exchange(rid), payload, timeout=min(left, 2.0))
@@ -271,7 +313,15 @@ class Episode:
                 pass
             except msgspec.DecodeError as exc:
                 return _failed("EXECUTION_ERROR", f"the sandbox answered something that is not an EnvReply: {exc}")
-            record, _ = await self.service.store.get(rid)
+            except (nats.errors.Error, OSError) as exc:  # an outage: the episode may still be there
+                log.warning("exchange with the sandbox of %s: %s", rid, exc)
+                await asyncio.sleep(0.2)
+            try:
+                record, _ = await self.service.store.get(rid)
+            except ArenaError:
+                raise
+            except Exception:  # noqa: BLE001 - the store is unreachable now: keep trying until the deadline
+                continue
             if record.state.is_final:
                 self.record, self.done = record, True
                 return _failed("EXECUTION_ERROR", f"episode {rid} ended: {record.state.value}: {record.reason}")

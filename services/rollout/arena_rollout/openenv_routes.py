@@ -40,11 +40,29 @@ async def _body_object(request: Request, read_body, limit: int, *, empty_ok: boo
         return {}
     try:
         data = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise _Unprocessable([{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _Unprocessable([{"type": "json_invalid", "loc": ["body"], "msg": str(exc) or "nested too deeply"}]) from None
     if not isinstance(data, dict):
         raise _Unprocessable([{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}])
     return data
+
+
+async def _end(episode: openenv.Episode, attempts: int = 10) -> None:
+    """Cancel the episode's rollout if it is not final, trying again through a NATS outage
+    (else it would hold its sandbox until the episode's idle time)."""
+    for attempt in range(attempts):
+        try:
+            await episode.end("the OpenEnv client disconnected")
+            return
+        except Exception as exc:  # noqa: BLE001 - the store unreachable for now
+            if attempt == attempts - 1:
+                log.warning("could not end the episode's rollout: %s", exc)
+                return
+            await asyncio.sleep(1.0)
+
+
+#: Rollouts of departed clients being cancelled (kept referenced until done).
+endings: set[asyncio.Future] = set()
 
 
 def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environments:
@@ -102,7 +120,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         env = await environments.get(name)
         try:
             body = msgspec.json.decode(await read_body(request, limit))
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             return _json({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"Parse error: {exc}",
                                                                   "data": None}})
         return _json(openenv.mcp_answer(body, hosted=env.request.task.environment is not None))
@@ -166,17 +184,24 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         episode = openenv.Episode(service, env)
         # frames are read while one is answered, so a client that leaves mid-step (a long
         # command) is noticed at once: its rollout is cancelled, not left to finish the step
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox: asyncio.Queue = asyncio.Queue(maxsize=4)  # OpenEnv's clients wait for each answer
 
         async def read() -> None:
             try:
                 while True:
                     message = await websocket.receive()
-                    await inbox.put(message)
                     if message["type"] == "websocket.disconnect":
                         return
-            except (WebSocketDisconnect, RuntimeError):
-                await inbox.put({"type": "websocket.disconnect"})
+                    if inbox.full():  # frames piling up unanswered: not OpenEnv's client
+                        with contextlib.suppress(Exception):
+                            await websocket.close(code=1008, reason="frames sent without waiting for answers")
+                        return
+                    inbox.put_nowait(message)
+            except Exception:  # noqa: BLE001 - the connection is gone, whatever the library says
+                return
+            finally:
+                with contextlib.suppress(asyncio.QueueFull):
+                    inbox.put_nowait({"type": "websocket.disconnect"})
 
         reader = asyncio.create_task(read())
         try:
@@ -212,6 +237,9 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         finally:
             reader.cancel()
             capacity.give(name)
-            with contextlib.suppress(Exception):
-                await episode.end("the OpenEnv client disconnected")
+            ending = asyncio.ensure_future(_end(episode))  # runs whole even if this handler is cancelled
+            endings.add(ending)
+            ending.add_done_callback(endings.discard)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(ending)
     return environments

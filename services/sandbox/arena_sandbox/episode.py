@@ -106,17 +106,30 @@ def record(index: int, kind: str, action: dict[str, Any], reply: EnvReply, start
 
 async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, idle_s: float,
                cancel: asyncio.Event | None = None) -> EpisodeEnd:
-    """Serve exchanges until the episode is done, the wall clock runs out, the client is
-    gone for ``idle_s``, or ``cancel``. Each ``seq`` runs once: a repeated one gets its reply again."""
+    """Serve exchanges until the episode is done, the wall clock runs out (a step in flight
+    included), the client is gone for ``idle_s``, or ``cancel``. Each ``seq`` runs once: a
+    repeated one gets its reply again. An episode whose first exchange is not its reset (this
+    sandbox took over an episode another one had begun) ends at once as a failure of Arena's,
+    as does anything unexpected: never an exception out of here, which would run the job again."""
     cancel = cancel or asyncio.Event()
     started = time.monotonic()
     replies: dict[int, EnvReply] = {}
     steps: list[EnvStep] = []
     answer: list[str] = []
+    reset_done = False
 
     def end(reason: str, **fields: Any) -> EpisodeEnd:
         return EpisodeEnd(reason=reason, steps=steps, answer=answer[0] if answer else None, log=session.log(),
                           duration_s=time.monotonic() - started, **{"done": False, **fields})
+
+    async def send(exchange: Exchange, reply: EnvReply) -> None:
+        try:
+            await exchange.reply(reply)
+        except Exception as exc:  # noqa: BLE001 - too big for a message, the connection gone
+            log.warning("cannot answer exchange %d: %s", reply.seq, exc)
+            with contextlib.suppress(Exception):
+                await exchange.reply(EnvReply(seq=reply.seq, error=EnvError(
+                    code="EXECUTION_ERROR", message=f"the answer could not be sent: {type(exc).__name__}: {exc}")))
 
     try:
         await session.start()
@@ -140,61 +153,77 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
             return end(f"no action for {idle_s:g}s: the client is gone", timed_out=True)
         req = exchange.request
         if req.seq in replies:
-            await exchange.reply(replies[req.seq])
+            await send(exchange, replies[req.seq])
             continue
+        if not reset_done and req.kind in ("step", "close") and req.seq > 0:
+            await send(exchange, EnvReply(seq=req.seq, error=EnvError(
+                code="SESSION_ERROR", message="the episode's sandbox was restarted: reset to start another")))
+            return end("the episode's sandbox was restarted after the episode had begun (its state is gone)",
+                       failed=True)
         at = time.time()
-        if req.kind != "close":  # an exchange in flight when the rollout is cancelled is cut short
-            work = asyncio.ensure_future(_answer(session, req, steps))
-            stop = asyncio.ensure_future(cancel.wait())
-            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if not work.done():
-                # a command of Arena's tools gets the same cancel and is killed by its sandbox; what
-                # is still running after a moment (a hosted environment's answer) is abandoned
-                await asyncio.wait({work}, timeout=5.0)
-                work.cancel()
-                with contextlib.suppress(BaseException):
-                    await work
-                if hasattr(session, "broken"):
-                    session.broken = True  # its connection is mid-frame: never reused
-                return end("rollout cancelled during the episode", cancelled=True)
-            try:
-                reply = work.result()
-            except EnvironmentBroken as exc:
-                reply = EnvReply(seq=req.seq, error=EnvError(code="EXECUTION_ERROR",
-                                                             message=f"environment failed: {exc}"))
-                replies[req.seq] = reply
-                if req.kind != "state":
-                    steps.append(record(len(steps), req.kind, req.data, reply, at))
-                await exchange.reply(reply)
-                return end(f"the environment failed: {exc}", failed=True)
         if req.kind == "close":
             reply = EnvReply(seq=req.seq, done=True)
             replies[req.seq] = reply
-            await exchange.reply(reply)
+            await send(exchange, reply)
             return end("the client closed the episode", done=True, closed=True)
+        # an exchange in flight is cut short by a cancel or the wall clock: a command of Arena's
+        # tools gets the same cancel and is killed by its sandbox; a hosted environment's answer
+        # still awaited after a moment is abandoned (its connection is never reused)
+        left = wall_clock_s - (time.monotonic() - started)
+        work = asyncio.ensure_future(_answer(session, req, reset_done))
+        stop = asyncio.ensure_future(cancel.wait())
+        await asyncio.wait({work, stop}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not work.done():
+            over = not cancel.is_set()
+            if over and getattr(session, "cancel", None) is not None:
+                session.cancel.set()  # kills the command in flight
+            await asyncio.wait({work}, timeout=5.0)
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+            if hasattr(session, "broken"):
+                session.broken = True
+            if over:
+                return end(f"wall clock of {wall_clock_s:g}s exceeded (during a step)", timed_out=True)
+            return end("rollout cancelled during the episode", cancelled=True)
+        try:
+            reply = work.result()
+        except Exception as exc:  # noqa: BLE001 - EnvironmentBroken, or anything unexpected
+            what = f"environment failed: {exc}" if isinstance(exc, EnvironmentBroken) else \
+                f"Arena could not run it: {type(exc).__name__}: {exc}"
+            log.warning("episode exchange %d failed: %s", req.seq, what)
+            reply = EnvReply(seq=req.seq, error=EnvError(code="EXECUTION_ERROR", message=what))
+            if req.kind != "state":
+                steps.append(record(len(steps), req.kind, req.data, reply, at))
+            await send(exchange, reply)
+            return end(what, failed=True)
+        if req.kind == "reset" and reply.error is None:
+            reset_done = True
         if req.kind != "state":  # a state is read afresh each time; an action runs once
             replies[req.seq] = reply
-        if req.kind != "state" and (reply.error is None or req.kind == "step"):
+            for old in [q for q in replies if q < req.seq - 2]:  # only the latest are ever asked again
+                del replies[old]
+        if req.kind != "state" and reset_done and (reply.error is None or req.kind == "step"):
             steps.append(record(len(steps), req.kind, req.data, reply, at))
         if isinstance(session, ToolSession) and session.answer is not None and not answer:
             answer.append(session.answer)
-        await exchange.reply(reply)
+        await send(exchange, reply)
         if reply.done:
             return end("the client submitted" if isinstance(session, ToolSession) else "the environment said done",
                        done=True)
 
 
-async def _answer(session: Session, req: EnvRequest, steps: list[EnvStep]) -> EnvReply:
+async def _answer(session: Session, req: EnvRequest, reset_done: bool) -> EnvReply:
     """One exchange's answer from ``session`` (reset once, then steps); raises EnvironmentBroken."""
     if req.kind == "state":
         return EnvReply(seq=req.seq, state=await session.state())
     if req.kind == "reset":
-        if steps:
+        if reset_done:
             return EnvReply(seq=req.seq, error=EnvError(
                 code="SESSION_ERROR", message="this episode was reset already; a new reset starts a new rollout"))
         return _with_seq(await session.reset(req.data), req.seq)
-    if not steps:
+    if not reset_done:
         return EnvReply(seq=req.seq, error=EnvError(code="SESSION_ERROR", message="reset before step"))
     return _with_seq(await session.step(req.data), req.seq)
 
@@ -339,7 +368,10 @@ class ToolSession:
         return {"bytes_written": len(data)}, False
 
     async def _edit_file(self, args: envtools.EditFile):
-        text = (await self._read(args.path)).decode("utf-8", errors="strict")
+        try:
+            text = (await self._read(args.path)).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _ToolFailed("execution_error", f"{args.path} is not UTF-8 text: edit it with shell") from None
         count = text.count(args.old_str)
         if count == 0:
             raise _ToolFailed("execution_error", f"old_str does not occur in {args.path}")

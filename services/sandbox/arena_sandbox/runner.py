@@ -387,10 +387,21 @@ async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exc
     if exchanges is None:
         return episode.EpisodeEnd(done=False, failed=True, reason="no environment endpoint can reach this "
                                   "sandbox (the worker serves no exchanges)")
+    kill = asyncio.Event()  # kills the command in flight: the rollout ended, or its wall clock did
+    follow = asyncio.ensure_future(_set_when(cancel, kill)) if cancel is not None else None
     session = episode.ToolSession(sandbox, workdir=plan.workdir, env=plan.env, proxy=plan.proxy,
-                                  instructions=task.instructions, rollout_id=job.rollout_id, cancel=cancel)
-    return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
-                              idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
+                                  instructions=task.instructions, rollout_id=job.rollout_id, cancel=kill)
+    try:
+        return await episode.play(session, exchanges, wall_clock_s=task.budget.wall_clock_s,
+                                  idle_s=min(idle_s, task.budget.wall_clock_s), cancel=cancel)
+    finally:
+        if follow is not None:
+            follow.cancel()
+
+
+async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache: SourceCache, finish, exchanges,

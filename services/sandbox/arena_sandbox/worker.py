@@ -171,8 +171,12 @@ class SandboxWorker:
                 await exchanges.close()
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
-            # Killed because this worker is stopping, not because of the rollout.
-            raise Retryable("sandbox worker shutting down; the job goes back to the queue", 1.0)
+            if job.task.agent.external:  # an episode cannot move: its client's actions so far are gone
+                done = msgspec.structs.replace(done, outcome=SandboxOutcome.ERROR,
+                                               reason="the sandbox worker stopped during the episode")
+            else:
+                # Killed because this worker is stopping, not because of the rollout.
+                raise Retryable("sandbox worker shutting down; the job goes back to the queue", 1.0)
         if done.outcome is SandboxOutcome.CANCELLED and cancel_reason:
             done = msgspec.structs.replace(done, reason=cancel_reason[0])
         if result.log:
@@ -242,21 +246,23 @@ class CachedHealth:
     as long as the warm sandbox they guard); an unhealthy one is asked again at the next job.
     A sandbox that cannot be created is still an error outcome of its own."""
 
-    def __init__(self, provider: SandboxProvider, ttl_s: float = 5.0):
-        self.provider, self.ttl_s = provider, ttl_s
-        self._healthy_at = -1e9
-        self._lock = asyncio.Lock()
+    def __init__(self, provider: SandboxProvider, ttl_s: float = 5.0, failure_ttl_s: float = 1.0):
+        self.provider, self.ttl_s, self.failure_ttl_s = provider, ttl_s, failure_ttl_s
+        self._answer: tuple[float, str | None] = (-1e9, None)
+        self._probe: asyncio.Future | None = None
 
     async def check(self) -> str | None:
-        if time.monotonic() - self._healthy_at < self.ttl_s:
-            return None
-        async with self._lock:  # one probe for the jobs arriving together
-            if time.monotonic() - self._healthy_at < self.ttl_s:
-                return None
-            problem = await self.provider.health()
-            if problem is None:
-                self._healthy_at = time.monotonic()
+        at, problem = self._answer
+        if time.monotonic() - at < (self.ttl_s if problem is None else self.failure_ttl_s):
             return problem
+        if self._probe is None or self._probe.done():  # one probe; the jobs arriving meanwhile share it
+            self._probe = asyncio.ensure_future(self._ask())
+        return await asyncio.shield(self._probe)
+
+    async def _ask(self) -> str | None:
+        problem = await self.provider.health()
+        self._answer = (time.monotonic(), problem)
+        return problem
 
 
 class _NatsExchange:
