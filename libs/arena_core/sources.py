@@ -326,11 +326,7 @@ class SourceCache:
             tmp.mkdir(parents=True)
             try:
                 await self._fill(source, tmp)
-                try:
-                    tmp.rename(target)
-                except OSError:  # another process of this worker filled it first
-                    if not target.is_dir():
-                        raise
+                _into_place(tmp, target)
             finally:
                 await asyncio.to_thread(shutil.rmtree, tmp, True)
         return target
@@ -351,17 +347,13 @@ class SourceCache:
                 tmp = self.dir / f".tmp-{key}-ws-{uuid.uuid4().hex[:8]}"
                 try:
                     base = await asyncio.to_thread(prepare_workspace, tree, tmp)
-                    try:
-                        tmp.rename(target)
-                    except OSError:  # another process of this worker made it first
-                        if not target.is_dir():
-                            raise
-                    else:
-                        base_file.write_text(base)
+                    # the base commit is deterministic: whoever writes it first writes the same sha
+                    staged = base_file.with_name(f".tmp-{uuid.uuid4().hex[:8]}.base")
+                    staged.write_text(base)
+                    staged.replace(base_file)
+                    _into_place(tmp, target)
                 finally:
                     await asyncio.to_thread(shutil.rmtree, tmp, True)
-            if not base_file.is_file():  # made by another process that has not written its sha yet
-                return None
         return target, base_file.read_text()
 
     async def bundle_tree(self, digest: str) -> Path:
@@ -384,7 +376,19 @@ class SourceCache:
         """Remove half-filled trees a crash left behind."""
         if self.dir.is_dir():
             for path in self.dir.glob(".tmp-*"):
-                shutil.rmtree(path, ignore_errors=True)
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+
+def _into_place(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``, unless another process of this worker made it first."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():
+            raise
 
 
 def source_key(source: Source) -> str:
