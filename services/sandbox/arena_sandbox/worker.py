@@ -243,10 +243,11 @@ class SandboxWorker:
 class CachedHealth:
     """A provider's health for each job without asking the engine each time: a healthy answer
     holds for ``ttl_s`` (a docker engine's ping and image lookup are two engine calls, about
-    as long as the warm sandbox they guard); an unhealthy one is asked again at the next job.
+    as long as the warm sandbox they guard); an unhealthy one is asked again at the next job (an
+    engine that comes back is used at once), one probe at a time for the jobs waiting on it.
     A sandbox that cannot be created is still an error outcome of its own."""
 
-    def __init__(self, provider: SandboxProvider, ttl_s: float = 5.0, failure_ttl_s: float = 1.0):
+    def __init__(self, provider: SandboxProvider, ttl_s: float = 5.0, failure_ttl_s: float = 0.0):
         self.provider, self.ttl_s, self.failure_ttl_s = provider, ttl_s, failure_ttl_s
         self._answer: tuple[float, str | None] = (-1e9, None)
         self._probe: asyncio.Future | None = None
