@@ -274,3 +274,27 @@ async def test_an_episode_taken_over_mid_way_ends_as_arenas_failure(tmp_path, pr
     run = await runner.run_job(job_of(quickstart()), data_dir=tmp_path / "work", provider=provider, exchanges=script)
     assert run.done.outcome is SandboxOutcome.ERROR and "restarted" in run.done.reason
     assert script.replies[0].error.code == "SESSION_ERROR" and len(script.replies) == 1
+
+
+async def test_warm_servers_are_capped_in_all_the_longest_idle_retired_first():
+    from arena_sandbox.hosted import EnvServers
+
+    class Server:
+        def __init__(self, name):
+            self.name, self.closed, self.idle_since = name, False, 0.0
+
+        def alive(self):
+            return not self.closed
+
+        async def close(self):
+            self.closed = True
+
+    servers = EnvServers(max_idle=2, max_total=3, idle_s=60)
+    made = {name: Server(name) for name in ("a1", "a2", "a3", "b1", "b2")}
+    for name in ("a1", "a2", "a3", "b1", "b2"):  # a3: over a's own cap; b2: over the cap in all
+        await servers.give(name[0], made[name])
+        await asyncio.sleep(0.01)
+    assert made["a3"].closed and made["a1"].closed  # a's own cap, then the longest idle in all
+    assert [s.name for s in servers.idle["a"]] == ["a2"] and [s.name for s in servers.idle["b"]] == ["b1", "b2"]
+    assert servers.take("b") is made["b2"] and servers.take("a") is made["a2"] and servers.take("a") is None
+    await servers.close()

@@ -243,11 +243,13 @@ def server_key(spec: OpenEnvServer, image: str, provider: str) -> str:
 
 class EnvServers:
     """Started servers kept between episodes, per environment: at most ``max_idle`` waiting
-    for each, each retired after ``idle_s`` without an episode. ``reuse: false`` on the
-    environment gives every episode a server of its own."""
+    for each and ``max_total`` in all (the longest idle is retired first), each retired after
+    ``idle_s`` without an episode. ``reuse: false`` on the environment gives every episode a
+    server of its own."""
 
-    def __init__(self, *, max_idle: int = 4, idle_s: float = 300.0):
+    def __init__(self, *, max_idle: int = 4, idle_s: float = 300.0, max_total: int | None = None):
         self.max_idle, self.idle_s = max_idle, idle_s
+        self.max_total = max_total if max_total is not None else max_idle
         self.idle: dict[str, list[HostedServer]] = {}
         self.closed = False
         self._sweeper: asyncio.Task | None = None
@@ -269,6 +271,10 @@ class EnvServers:
             return
         server.idle_since = time.monotonic()
         waiting.append(server)
+        while sum(len(w) for w in self.idle.values()) > self.max_total:  # the longest idle goes
+            oldest = min((s for w in self.idle.values() for s in w), key=lambda s: s.idle_since)
+            next(w for w in self.idle.values() if oldest in w).remove(oldest)
+            await oldest.close()
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.ensure_future(self._sweep())
 

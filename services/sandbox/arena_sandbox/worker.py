@@ -83,7 +83,7 @@ class SandboxWorker:
         self.in_flight = metrics.SANDBOXES_IN_FLIGHT.labels(provider=self.name)  # 0 until a job runs
         self.health = CachedHealth(provider)
         #: hosted OpenEnv servers kept between episodes (docs/openenv.md)
-        self.env_servers = EnvServers(max_idle=settings.sandbox_slots)
+        self.env_servers = EnvServers(max_idle=settings.sandbox_slots, max_total=settings.sandbox_slots)
 
     async def close(self) -> None:
         """Stop the environment servers kept warm."""
