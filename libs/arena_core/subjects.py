@@ -6,6 +6,8 @@ is generated from this module.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 PREFIX = "arena"
@@ -150,8 +152,16 @@ def msg_id(rollout_id: str, kind: str, seq: int | str = 0) -> str:
 
 
 def stream_of(subject: str) -> str | None:
-    """The stream of :data:`STREAMS` that takes ``subject`` (NATS wildcards), or ``None``."""
+    """The stream of :data:`STREAMS` that takes ``subject`` (NATS wildcards), or ``None``.
+    On every publish: the answer depends only on the subject's first three tokens and its
+    length (every pattern is literal in those and wildcards after), so it is cached by them."""
     parts = subject.split(".")
+    return _stream_by_shape(tuple(parts[:3]), len(parts))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_by_shape(head: tuple[str, ...], length: int) -> str | None:
+    parts = [*head, *("_" * (length - len(head)))]
     for spec in STREAMS:
         for pattern in spec.subjects:
             want = pattern.split(".")
@@ -159,6 +169,10 @@ def stream_of(subject: str) -> str | None:
                     or len(want) == len(parts) and all(w in ("*", p) for w, p in zip(want, parts))):
                 return spec.name
     return None
+
+
+assert all(w in ("*", ">") for spec in STREAMS for p in spec.subjects for w in p.split(".")[3:]), \
+    "stream_of caches by a subject's first three tokens: no pattern may be literal past them"
 
 
 def token(value: str) -> str:

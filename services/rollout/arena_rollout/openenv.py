@@ -22,12 +22,15 @@ from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 from arena_core import envtools, subjects
 from arena_core.errors import ArenaError
 from arena_core.schemas import (
+    EnvError,
     EnvironmentRecord,
     EnvReply,
     EnvRequest,
     RolloutRecord,
     valid_id,
 )
+
+from arena_rollout.environments import as_submission
 
 log = logging.getLogger("arena.rollout.openenv")
 
@@ -279,8 +282,6 @@ class Episode:
             labels["arena.openenv.episode_id"] = episode_id
         service = self.service
         service.admission.check(queued=service.queued(), adding=1)
-        from arena_rollout.environments import as_submission
-
         single = msgspec.structs.replace(as_submission(req), sampling=sampling, metadata=labels)
         group_id, index, size = group
         return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s), group_id=group_id,
@@ -328,8 +329,6 @@ class Episode:
 
 
 def _failed(code: str, message: str) -> EnvReply:
-    from arena_core.schemas import EnvError
-
     return EnvReply(seq=-1, error=EnvError(code=code, message=message))
 
 

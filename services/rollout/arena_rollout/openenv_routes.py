@@ -72,6 +72,11 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     obj = {"type": "object"}
     public_url = service.settings.public_url
 
+    @app.exception_handler(_Unprocessable)
+    async def unprocessable(request: Request, exc: _Unprocessable) -> Response:
+        """OpenEnv's stateless routes answer a body they cannot read as FastAPI does: 422 ``detail``."""
+        return _json({"detail": exc.detail}, 422)
+
     # ------------------------------------------------------------------ registry
 
     @app.put("/v1/environments/{name}", openapi_extra=openapi.request_body(EnvironmentRequest),
@@ -130,10 +135,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     async def env_reset(request: Request, name: str = name_param) -> Response:
         """Stateless, as in OpenEnv's own server: the first observation, no episode (that is ``/ws``)."""
         env = await environments.get(name)
-        try:
-            data = await _body_object(request, read_body, limit, empty_ok=True)
-        except _Unprocessable as exc:
-            return _json({"detail": exc.detail}, 422)
+        data = await _body_object(request, read_body, limit, empty_ok=True)
         seed = data.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             return _json({"detail": [{"type": "greater_than_equal", "loc": ["body", "seed"],
@@ -145,10 +147,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     async def env_step(request: Request, name: str = name_param) -> Response:
         """Stateless: the action is checked, but no episode runs it (an episode is a WebSocket)."""
         env = await environments.get(name)
-        try:
-            data = await _body_object(request, read_body, limit, empty_ok=False)
-        except _Unprocessable as exc:
-            return _json({"detail": exc.detail}, 422)
+        data = await _body_object(request, read_body, limit, empty_ok=False)
         if not isinstance(data.get("action"), dict):
             return _json({"detail": [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]}, 422)
         if env.request.task.environment is None:

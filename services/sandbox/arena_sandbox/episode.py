@@ -68,6 +68,9 @@ class Session(Protocol):
 
     def log(self) -> bytes: ...
 
+    def interrupt(self) -> None:
+        """The exchange in flight is being abandoned (a cancel, the wall clock)."""
+
 
 class EnvironmentBroken(Exception):
     """The hosted environment cannot go on (it exited, closed its socket, or did not answer)."""
@@ -176,14 +179,11 @@ async def play(session: Session, exchanges: Exchanges, *, wall_clock_s: float, i
         stop.cancel()
         if not work.done():
             over = not cancel.is_set()
-            if over and getattr(session, "cancel", None) is not None:
-                session.cancel.set()  # kills the command in flight
+            session.interrupt()
             await asyncio.wait({work}, timeout=5.0)
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
-            if hasattr(session, "broken"):
-                session.broken = True
             if over:
                 return end(f"wall clock of {wall_clock_s:g}s exceeded (during a step)", timed_out=True)
             return end("rollout cancelled during the episode", cancelled=True)
@@ -275,6 +275,10 @@ class ToolSession:
 
     async def close(self) -> None:
         return None
+
+    def interrupt(self) -> None:
+        if self.cancel is not None:
+            self.cancel.set()  # its sandbox kills the command in flight
 
     async def state(self) -> dict[str, Any]:
         return {"episode_id": self.rollout_id, "step_count": self.calls, "workdir": self.workdir}

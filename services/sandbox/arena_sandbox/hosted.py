@@ -159,6 +159,9 @@ class HostedSession:
     def log(self) -> bytes:
         return self.server.output.since(self._mark)
 
+    def interrupt(self) -> None:
+        self.broken = True  # its connection is mid-frame: the server is never reused
+
     async def start(self) -> None:
         self._ws = await self.server.connect()
 

@@ -423,7 +423,7 @@ async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache:
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes={
                     "arena.rollout_id": job.rollout_id, "arena.provider": base.name}):
-                env_tree = await agent_files(task.agent, cache, spec)
+                env_tree = await agent_files(spec, cache)
                 image_command, image_workdir = [], ""
                 if base.name == "docker" and not spec.command:
                     image_command, image_workdir = await base.image_command(image)
@@ -525,18 +525,16 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     artifacts: dict[str, str] = {}
 
 
-async def agent_files(agent: AgentSpec, cache: SourceCache, environment: OpenEnvServer | None = None) -> Path | None:
-    """The agent's own files (mounted at ``/sandbox/agent``): its bundle, or a host path
-    where those are allowed; a hosted OpenEnv environment's directory in their place;
-    ``None`` when it has none."""
-    if environment is not None and (environment.bundle or environment.path):
-        agent = AgentSpec(external=True, bundle=environment.bundle, path=environment.path)
-    if agent.bundle:
-        return await cache.bundle_tree(agent.bundle)
-    if agent.path:
+async def agent_files(owner: AgentSpec | OpenEnvServer, cache: SourceCache) -> Path | None:
+    """The files mounted at ``/sandbox/agent``: the agent's own, or a hosted OpenEnv
+    environment's directory; its bundle, or a host path where those are allowed; ``None``
+    when it has none."""
+    if owner.bundle:
+        return await cache.bundle_tree(owner.bundle)
+    if owner.path:
         if not cache.allow_paths:
             raise SourceError("agent.path: host paths are not accepted here (ARENA_ALLOW_HOST_PATHS is off)")
-        return Path(agent.path)
+        return Path(owner.path)
     return None
 
 
