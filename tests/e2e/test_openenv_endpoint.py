@@ -52,7 +52,7 @@ def arena(tmp_path_factory):
         backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0", sandbox_concurrency=4,
         allow_host_paths=True, openenv_idle_s=60,
     )
-    stack = Stack(settings, nats_sync="1s", log=lambda m: None)
+    stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
     try:
         task = msgspec.structs.replace(load_task(QUICKSTART), id="quickstart-env", agent=AgentSpec(external=True))
@@ -130,6 +130,11 @@ def test_a_sync_episode_fixes_the_bug_and_gets_the_verifiers_reward(arena):
         obs = first.observation
         assert first.done is False and first.reward is None
         assert "median" in obs["prompt"] and obs["llm_base_url"].endswith(f"/proxy/{obs['rollout_id']}/v1")
+        # the client's own LLM call, through the rollout's proxy: a captured step of this rollout
+        answer = httpx.post(f"{obs['llm_base_url']}/chat/completions", timeout=30,
+                            headers={"authorization": f"Bearer {obs['llm_api_key']}"},
+                            json={"model": "default", "messages": [{"role": "user", "content": obs["prompt"]}]})
+        assert answer.status_code == 200, answer.text
         listing = env.step(call("read_file", path="textstats/core.py"))
         assert BUG in listing.observation["result"]["content"]
         edited = env.step(call("edit_file", path="textstats/core.py", old_str=BUG, new_str=FIX))
@@ -150,9 +155,18 @@ def test_a_sync_episode_fixes_the_bug_and_gets_the_verifiers_reward(arena):
     assert [s.kind for s in steps] == ["reset", "step", "step", "step", "step"]
     assert steps[2].action["tool_name"] == "edit_file" and steps[-1].done is True
     assert FIX.strip() in traj.sandbox.diff and traj.reward == 1.0
+    assert len(traj.steps) == 1 and traj.steps[0].completion_token_ids  # the LLM call, token ids and all
 
 
-async def test_typed_and_mcp_clients_run_async_episodes_at_once(arena):
+async def test_typed_mcp_and_generic_clients_run_episodes_at_once_async_and_sync(arena):
+    def typed_sync() -> str:
+        with TypedClient(base_url=url(arena)).sync() as env:
+            env.reset()
+            step = env.step(call("shell", command="echo typed"))
+            assert isinstance(step.observation, AnyObservation) and step.observation.result["output"] == "typed\n"
+            assert env.step(call("submit")).done is True
+            return env.state().episode_id
+
     async def typed() -> str:
         async with TypedClient(base_url=url(arena)) as env:
             first = await env.reset()
@@ -185,11 +199,11 @@ async def test_typed_and_mcp_clients_run_async_episodes_at_once(arena):
             assert result.done
             return (await env.state())["rollout_id"]
 
-    ids = await asyncio.gather(typed(), mcp(), generic(), generic())
-    assert len(set(ids)) == 4
+    ids = await asyncio.gather(typed(), mcp(), generic(), generic(), asyncio.to_thread(typed_sync))
+    assert len(set(ids)) == 5
     views = [rollout(arena, rid) for rid in ids]
     assert all(v["state"] == "completed" for v in views), [(v["state"], v["reason"]) for v in views]
-    assert [v["reward"] for v in views] == [0.0] * 4  # nothing fixed
+    assert [v["reward"] for v in views] == [0.0] * 5  # nothing fixed
 
 
 def test_bad_actions_are_validation_errors_and_the_episode_goes_on(arena):
