@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from arena_sandbox_providers.local import DIFF_EXCLUDES, SHIM
@@ -87,17 +87,19 @@ class HostDirSandbox:
         return os.path.lexists(self.host_path(path))
 
 
-async def tail_file(path: Path, on_output: OutputCallback, done: Callable[[], bool], interval_s: float = 0.1) -> None:
-    """Stream what is appended to ``path`` to ``on_output`` until ``done()``, then the rest."""
+async def tail_file(path: Path, on_output: OutputCallback, finished: asyncio.Event, interval_s: float = 0.1) -> None:
+    """Stream what is appended to ``path`` to ``on_output`` every ``interval_s`` until
+    ``finished`` is set, then the rest at once (the caller does not wait out an interval)."""
     offset = 0
     while True:
-        finished = done()
+        done = finished.is_set()
         with contextlib.suppress(FileNotFoundError):
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 while chunk := fh.read(65536):
                     offset += len(chunk)
                     on_output(chunk)
-        if finished:
+        if done:
             return
-        await asyncio.sleep(interval_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(finished.wait(), interval_s)

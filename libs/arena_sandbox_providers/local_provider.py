@@ -76,12 +76,12 @@ class LocalSandbox(HostDirSandbox):
         log_path = self.root / "run" / f"exec-{uuid.uuid4().hex[:8]}.log"
         spec = self._spec(command, env=env, workdir=workdir, timeout_s=timeout_s, proxy=proxy, log_path=log_path)
         ooms = self.cgroup.oom_kills() if self.cgroup else 0
-        finished = False
-        tail = asyncio.create_task(tail_file(log_path, on_output, lambda: finished)) if on_output else None
+        finished = asyncio.Event()
+        tail = asyncio.create_task(tail_file(log_path, on_output, finished)) if on_output else None
         try:
             run = await local.run(spec, cancel=cancel)
         finally:
-            finished = True
+            finished.set()
             if tail is not None:
                 await tail
             log_path.unlink(missing_ok=True)

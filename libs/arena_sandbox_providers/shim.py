@@ -1,22 +1,23 @@
 """In-sandbox entry point that makes the LLM proxy reachable on the sandbox's loopback.
 
-``python3 -I -S shim.py PORT SOCKET -- COMMAND [ARG...]`` (stdlib only) relays ``127.0.0.1:PORT``
-to the Unix socket SOCKET, runs COMMAND and exits with its code. See docs/sandbox.md ("The sandbox").
+``python3 -I -S shim.py PORT SOCKET -- COMMAND [ARG...]`` relays ``127.0.0.1:PORT`` to the Unix
+socket SOCKET, runs COMMAND and exits with its code. See docs/sandbox.md ("The sandbox").
+It starts once per command, so it imports only C modules (``_socket``, ``_thread``, ``_signal``):
+``socket``/``subprocess``/``threading`` cost more than the rest of its start-up.
 """
 
 from __future__ import annotations
 
+import _signal
+import _socket
+import _thread
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
 
 _CHUNK = 65536
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src, dst) -> None:
     try:
         while True:
             data = src.recv(_CHUNK)
@@ -28,13 +29,13 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     finally:
         # Half-close so the other direction can still finish its response.
         try:
-            dst.shutdown(socket.SHUT_WR)
+            dst.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
 
 
-def _serve_connection(client: socket.socket, socket_path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _serve_connection(client, socket_path: str) -> None:
+    upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         upstream.connect(socket_path)
     except OSError as exc:
@@ -42,21 +43,30 @@ def _serve_connection(client: socket.socket, socket_path: str) -> None:
         client.close()
         upstream.close()
         return
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-    back.start()
+    back_done = _thread.allocate_lock()
+    back_done.acquire()
+
+    def back() -> None:
+        try:
+            _pump(upstream, client)
+        finally:
+            back_done.release()
+
+    _thread.start_new_thread(back, ())
     _pump(client, upstream)
-    back.join()
+    back_done.acquire()
     client.close()
     upstream.close()
 
 
-def _accept_loop(listener: socket.socket, socket_path: str) -> None:
+def _accept_loop(listener, socket_path: str) -> None:
     while True:
         try:
-            client, _ = listener.accept()
+            fd, _ = listener._accept()
         except OSError:
             return
-        threading.Thread(target=_serve_connection, args=(client, socket_path), daemon=True).start()
+        client = _socket.socket(fileno=fd)
+        _thread.start_new_thread(_serve_connection, (client, socket_path))
 
 
 def main(argv: list[str]) -> int:
@@ -64,29 +74,51 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: shim.py PORT SOCKET -- COMMAND [ARG...]\n")
         return 2
     port, socket_path, command = int(argv[0]), argv[1], argv[3:]
-    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for family, address in ((_socket.AF_INET, "127.0.0.1"), (_socket.AF_INET6, "::1")):
+        listener = _socket.socket(family, _socket.SOCK_STREAM)
+        listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         try:
             listener.bind((address, port))
         except OSError:
-            if family == socket.AF_INET:
+            if family == _socket.AF_INET:
                 raise
             listener.close()  # no IPv6 loopback in this sandbox: 127.0.0.1 is enough
             continue
         listener.listen(128)
-        threading.Thread(target=_accept_loop, args=(listener, socket_path), daemon=True).start()
-    try:
-        child = subprocess.Popen(command)
+        _thread.start_new_thread(_accept_loop, (listener, socket_path))
+    try:  # the listeners are close-on-exec: the command inherits only stdin/stdout/stderr
+        pid = _spawn(command)
     except OSError as exc:
         sys.stderr.write(f"arena shim: cannot run {command[0]!r}: {exc}\n")
         return 127
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
-    code = child.wait()
-    return 128 - code if code < 0 else code
+
+    def forward(signum, _frame) -> None:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(sig, forward)
+    _, status = os.waitpid(pid, 0)
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _spawn(command: list[str]) -> int:
+    """The command's pid (``posix_spawnp``; fork and exec on a Python older than 3.8,
+    which an image may ship)."""
+    if hasattr(os, "posix_spawnp"):
+        return os.posix_spawnp(command[0], command, os.environ)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            sys.stderr.write(f"arena shim: cannot run {command[0]!r}: {exc}\n")
+        os._exit(127)
+    return pid
 
 
 if __name__ == "__main__":
     sys.stdout.flush()
-    os._exit(main(sys.argv[1:]))  # daemon relay threads must not delay the exit
+    os._exit(main(sys.argv[1:]))  # the relay threads must not delay the exit

@@ -343,3 +343,20 @@ async def test_environment_is_exactly_the_sandbox_env(tmp_path, monkeypatch):
 async def test_invalid_env_name_is_rejected(tmp_path):
     with pytest.raises(ValueError):
         await local.run(_spec(tmp_path, ["true"], env={"A=B": "1"}))
+
+
+async def test_shim_reports_a_signal_and_a_missing_command(tmp_path, http_proxy):
+    proxy = ProxyForward("127.0.0.1", http_proxy)
+    killed = await local.run(_spec(tmp_path, ["sh", "-c", "kill -9 $$"], proxy=proxy))
+    assert killed.exit_code == 137
+    missing = await local.run(_spec(tmp_path, ["/no/such/agent"], proxy=proxy))
+    assert missing.exit_code == 127
+    assert "arena shim: cannot run '/no/such/agent'" in _log(tmp_path)
+
+
+async def test_shim_forwards_sigterm_to_the_command(tmp_path, http_proxy):
+    # the shim is the command's parent: a SIGTERM to it reaches the command, whose trap answers
+    script = "trap 'echo got-term; exit 3' TERM; kill -TERM $PPID; while :; do sleep 0.01; done"
+    result = await local.run(_spec(tmp_path, ["sh", "-c", script], proxy=ProxyForward("127.0.0.1", http_proxy),
+                                   timeout_s=30))
+    assert result.exit_code == 3 and "got-term" in _log(tmp_path)
