@@ -285,13 +285,23 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     return argv + list(spec.command)
 
 
-def _set_limits(limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
-    """Runs in the child between fork and exec (so: nothing that allocates much)."""
-    pid = str(os.getpid()).encode()
+#: The sandbox's first process: waits on stdin until the service has put it in the sandbox's
+#: cgroups and set its limits (both inherited from then on), then becomes bwrap. The service
+#: forks no Python for it (``preexec_fn`` would: a fork of the whole service per command).
+_GATE = 'read -r go && [ "$go" = go ] || exit 125; exec "$@" </dev/null'
+
+
+def _gate_argv(argv: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", _GATE, "sh", *argv]
+
+
+def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
+    """Put process ``pid`` (the gate, not yet running bwrap) in ``cgroup_procs`` and set its
+    rlimits, soft and hard (capped at this process's own hard limit)."""
     for procs in cgroup_procs:
         fd = os.open(procs, os.O_WRONLY)
         try:
-            os.write(fd, pid)
+            os.write(fd, str(pid).encode())
         finally:
             os.close(fd)
     for which, value in (
@@ -303,7 +313,7 @@ def _set_limits(limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> N
         _soft, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY:
             value = min(value, hard)
-        resource.setrlimit(which, (value, value))
+        resource.prlimit(pid, which, (value, value))
 
 
 # --------------------------------------------------------------------------- proxy forwarder
@@ -426,16 +436,17 @@ async def _execute(
             await forwarder.start()
             shim = (spec.proxy.inside_port, PROXY_SOCKET)
         argv = _bwrap_argv(spec, run_dir, shim=shim)
-        limits, cgroup_procs = spec.limits, spec.cgroup_procs
         proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.DEVNULL,
+            *_gate_argv(argv),
+            stdin=subprocess.PIPE,
             stdout=stdout,
             stderr=stderr,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
             start_new_session=True,
-            preexec_fn=lambda: _set_limits(limits, cgroup_procs),
         )
+        _limit_process(proc.pid, spec.limits, spec.cgroup_procs)  # raises (and the gate is killed) if it cannot
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
         waiters = {asyncio.ensure_future(proc.wait())}
         cancel_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
         if cancel_wait is not None:
