@@ -278,9 +278,13 @@ def prepare_workspace(repo: Path, dest: Path) -> str:
     if not repo.is_dir():
         raise FileNotFoundError(f"task repository {repo} is not a directory")
     shutil.copytree(repo, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    host_git(["-c", "init.defaultBranch=main", "init", "-q"], dest)
+    # no template: its sample hooks and description would be copied into, and removed from, every sandbox
+    host_git(["-c", "init.defaultBranch=main", "init", "-q", "--template="], dest)
+    (dest / ".git" / "hooks").mkdir()
     host_git(["add", "-A"], dest)
-    host_git(["-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "--allow-empty", "-m", "base"], dest)
+    host_git(["-c", "commit.gpgsign=false", "-c", "core.logAllRefUpdates=false", "commit", "-q", "--no-verify",
+              "--allow-empty", "-m", "base"], dest)
+    (dest / ".git" / "COMMIT_EDITMSG").unlink(missing_ok=True)
     return host_git(["rev-parse", "HEAD"], dest).strip()
 
 

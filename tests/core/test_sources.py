@@ -308,8 +308,10 @@ def test_prepare_workspace_is_one_commit_and_nothing_else(tmp_path):
     assert git(dest, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
     assert git(dest, "tag").strip() == "" and git(dest, "remote").strip() == ""
     assert git(dest, "stash", "list").strip() == ""
-    reflog = git(dest, "reflog", "--all").strip().splitlines()
-    assert len(reflog) <= 2 and all(line.startswith(sha[:7]) for line in reflog)  # HEAD and main: the one commit
+    assert git(dest, "reflog", "--all").strip() == ""
+    # no template's sample hooks or description (each file is copied into every sandbox); an empty hooks dir
+    assert sorted(p.name for p in (dest / ".git").iterdir()) == ["HEAD", "config", "hooks", "index", "objects", "refs"]
+    assert not any((dest / ".git" / "hooks").iterdir())
     assert not (dest / ".git" / "packed-refs").exists() or not (dest / ".git" / "packed-refs").read_text().strip()
     assert git(dest, "status", "--porcelain").strip() == ""
     # the base holds the tree (with the branch's extra file), its symlink and exec bit
