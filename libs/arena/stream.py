@@ -22,8 +22,8 @@ from nats.js.errors import NotFoundError
 
 from arena_core.bus import BodyMissing, Bus
 from arena_core.errors import Unavailable
-from arena_core.schemas import GroupCompleted, TrainingSequence
-from arena_core.sequences import sequences_of
+from arena_core.schemas import GroupCompleted, TrainingSequence, Trajectory
+from arena_core.sequences import sequences_of, with_sequences
 
 log = logging.getLogger("arena.stream")
 
@@ -46,16 +46,30 @@ class StreamStats(msgspec.Struct, kw_only=True):
 
 
 def _decode(data: bytes) -> GroupCompleted:
-    """Decode with the cyclic GC paused: a group is tens of thousands of fresh objects
-    (token ids, logprobs) with no cycles among them, and letting the collector run every
-    700 of them while decoding multiplied the decode time by ~3. It runs again right after."""
+    """Decode, and assemble each member's training sequences from its steps: they are
+    derived data, not on the wire (docs/trajectory.md, "Training sequences"). Assembling
+    them costs less than decoding them would (as many token ids again).
+
+    With the cyclic GC paused: a group is tens of thousands of fresh objects (token ids,
+    logprobs) with no cycles among them, and letting the collector run every 700 of them
+    while decoding multiplied the decode time by ~3. It runs again right after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decoder.decode(data)
+        group = _decoder.decode(data)
+        if any(_lacks_sequences(t) for t in group.trajectories):
+            group = msgspec.structs.replace(group, trajectories=[
+                with_sequences(t) if _lacks_sequences(t) else t for t in group.trajectories])
+        return group
     finally:
         if enabled:
             gc.enable()
+
+
+def _lacks_sequences(t: Trajectory) -> bool:
+    """Steps but neither sequences nor breaks: left out on the wire (any step makes one or
+    the other)."""
+    return bool(t.steps) and not t.sequences and not t.sequence_breaks
 
 
 class SequenceSample(NamedTuple):

@@ -1,4 +1,4 @@
-"""Publishing steps as the JSON they arrived as: the same message as encoding the structs."""
+"""Publishing steps as the JSON they arrived as: the same message as encoding the structs, without\nthe training sequences, which the trainer stream assembles from the steps."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from arena_core.schemas import (
     SandboxDone,
     SandboxOutcome,
     Step,
+    Trajectory,
     Usage,
     VerificationResult,
     encode,
 )
+from arena.stream import _decode as decode_group
 from arena_trajectory import assembler
 from arena_trajectory.caches import MemberCache, ResultCache, StepCache, StoredStep, first_per_index
 from arena_trajectory.wire import encode_group, encode_trajectory
@@ -37,25 +39,46 @@ def trajectory(rid: str, index: int, steps: list[Step]):
     return assembler.assemble(event, steps, sandbox, verification)
 
 
-def test_raw_steps_encode_to_the_same_bytes_as_the_structs():
+def without_sequences(t: Trajectory) -> Trajectory:
+    return msgspec.structs.replace(t, sequences=[], sequence_breaks=[])
+
+
+def test_raw_steps_encode_to_the_same_bytes_as_the_structs_without_the_sequences():
     steps = [step("r1", i) for i in range(3)]
     t = trajectory("r1", 0, steps)
+    assert t.sequences  # the assembler made them; the wire leaves them out
     raw = {s.step_index: encode(s) for s in steps}
-    assert encode_trajectory(t, raw) == encode(t)
-    assert encode_trajectory(t) == encode(t)
-    assert encode_trajectory(t, {1: raw[1]}) == encode(t)  # a step without JSON at hand is encoded
+    wire = encode(without_sequences(t))
+    assert encode_trajectory(t, raw) == wire and b"sequences" not in wire
+    assert encode_trajectory(t) == wire
+    assert encode_trajectory(t, {1: raw[1]}) == wire  # a step without JSON at hand is encoded
+
+
+def test_the_trainer_stream_assembles_the_sequences_the_wire_left_out():
+    a = trajectory("r1", 0, [step("r1", 0), step("r1", 1)])
+    b = trajectory("r2", 1, [step("r2", 0, abandoned=True)])  # no sequence, one break
+    none = trajectory("r3", 2, [])
+    group = assembler.complete_group([msgspec.structs.replace(t, group_size=3) for t in (a, b, none)])
+    wire = encode_group(group, {"r1": {i: encode(s) for i, s in enumerate(a.steps)}})
+    assert b"sequence" not in wire
+    decoded = decode_group(wire)
+    assert decoded.trajectories[0].sequences == a.sequences and len(a.sequences) == 2
+    assert decoded.trajectories[1].sequences == [] and decoded.trajectories[1].sequence_breaks == b.sequence_breaks
+    assert decoded.trajectories[2].sequences == [] == decoded.trajectories[2].sequence_breaks
 
 
 def test_a_group_with_raw_steps_decodes_to_the_same_group():
     a, b = trajectory("r1", 0, [step("r1", 0)]), trajectory("r2", 1, [step("r2", 0), step("r2", 1)])
     group = assembler.complete_group([a, b])
     raw = {"r1": {0: encode(a.steps[0])}, "r2": {i: encode(s) for i, s in enumerate(b.steps)}}
-    assert encode_group(group, raw) == encode(group)
+    bare = msgspec.structs.replace(group, trajectories=[without_sequences(t) for t in group.trajectories])
+    assert encode_group(group, raw) == encode(bare)
+    assert decode_group(encode_group(group, raw)) == group
     # JSON as a producer sent it (other key order, spacing, a field we do not know) stays valid
     odd = b'{"step_index": 0, "rollout_id": "r1", "model": "m", "backend": "b", "future_field": 1}'
     decoded = msgspec.json.decode(encode_group(group, {"r1": {0: odd}}), type=GroupCompleted)
     assert decoded.trajectories[0].steps[0] == Step(rollout_id="r1", step_index=0, model="m", backend="b")
-    assert decoded.trajectories[1] == b
+    assert decoded.trajectories[1] == without_sequences(b)
 
 
 def test_step_cache_counts_and_keeps_each_step_with_its_json():

@@ -9,6 +9,7 @@ import pytest
 
 from arena_core import subjects
 from arena_core.bus import run_consumers
+from arena_core.sequences import with_sequences
 from arena_core.schemas import (
     GroupCompleted,
     RolloutState,
@@ -136,7 +137,7 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
     await publish_step(bus, step("r1", 2))
 
     group = await last(bus, subjects.group("g1"), GroupCompleted)
-    t1 = await last(bus, subjects.trajectory("calc/add", "r1"), Trajectory)
+    t1 = with_sequences(await last(bus, subjects.trajectory("calc/add", "r1"), Trajectory))  # derived: not on the wire
     t2 = await last(bus, subjects.trajectory("calc/add", "r2"), Trajectory)
 
     assert [s.step_index for s in t0.steps] == [0, 1]
@@ -151,7 +152,7 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
     assert [t.rollout_id for t in group.trajectories] == ["r0", "r1"]
     assert group.rewards == [1.0, 0.0]
     assert group.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
-    assert group.trajectories[1] == t1
+    assert with_sequences(group.trajectories[1]) == t1
 
     # stored, once each, and the same as what was published
     assert await store.trajectory("r1") == t1
@@ -173,7 +174,9 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
     async with TrajectoryStream(nats_server.url, name="t") as stream:
         async for batch in stream.groups(batch_size=1):
             assert [g.group_id for g in batch] == ["g1"]
-            assert batch.groups[0] == group
+            # as published, with the members' training sequences assembled from their steps
+            assert batch.groups[0] == msgspec.structs.replace(
+                group, trajectories=[with_sequences(t) for t in group.trajectories])
             await batch.commit()
             break
 
@@ -194,7 +197,10 @@ async def test_a_multi_turn_rollout_is_published_and_stored_with_its_training_se
     await publish_outcome(bus, "mt", 1.0)
     await publish_state(bus, state("mt", RolloutState.COMPLETED, steps=4))
     running()
-    t = await last(bus, subjects.trajectory("calc/add", "mt"), Trajectory)
+    published = await last(bus, subjects.trajectory("calc/add", "mt"), Trajectory)
+    # published without them (they are the steps' tokens again): readers assemble them
+    assert published.sequences == [] == published.sequence_breaks
+    t = with_sequences(published)
 
     first, second = t.sequences
     assert first.token_ids == [1, 2, 3, 4, 5, 6, 6, 7] and first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
@@ -258,7 +264,7 @@ async def test_messages_over_max_payload_travel_through_the_object_store(small_b
     assert (await store.trajectory("big1")).steps == group.trajectories[1].steps
     raw = await bus.js.get_last_msg(TRAJECTORIES_STREAM, subjects.trajectory("calc/add", "big1"))
     assert raw.data in (b"", None) and raw.headers["Arena-Body-Object"] == "bodies/big1:trajectory:0"
-    assert msgspec.json.decode(await bus.body(raw), type=Trajectory) == group.trajectories[1]
+    assert with_sequences(msgspec.json.decode(await bus.body(raw), type=Trajectory)) == group.trajectories[1]
     assert await dead_letters(bus) == 0
 
 

@@ -101,6 +101,7 @@ def assemble(
     *,
     incomplete: Sequence[str] = (),
     history: Sequence[StateTransition] = (),
+    merge_sequences: bool = True,
 ) -> Trajectory:
     """Build the trajectory of the rollout that ``event`` (a final state) ended.
 
@@ -108,12 +109,14 @@ def assemble(
     ``Trajectory.incomplete`` (and, for older readers, ``metadata["incomplete"]``) so a
     trainer can filter such trajectories out. ``history`` is the stored transitions; the
     final one is added from ``event`` if it is not among them. The steps are merged into
-    training sequences (``arena_core.sequences.assemble``).
+    training sequences (``arena_core.sequences.assemble``) unless ``merge_sequences`` is
+    false: the trajectory service leaves them out (derived data: neither its store nor its
+    messages carry them; readers assemble them from the steps).
     """
     if not event.to_state.is_final:
         raise ValueError(f"rollout {event.rollout_id}: {event.to_state.value} is not a final state")
     ordered = dedupe_steps(steps)
-    merged, breaks = sequences.assemble(ordered)
+    merged, breaks = sequences.assemble(ordered) if merge_sequences else ([], [])
     metadata = dict(event.metadata)
     if incomplete:
         metadata["incomplete"] = "; ".join(incomplete)

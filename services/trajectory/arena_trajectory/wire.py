@@ -1,6 +1,8 @@
 """Encode ``Trajectory`` and ``GroupCompleted`` with their steps as the JSON they arrived as.
 
-Same message, same values, without re-encoding every step's token ids and logprobs.
+Same message, same values, without re-encoding every step's token ids and logprobs, and
+without the training sequences: they are derived from the steps (as many token ids again),
+so readers assemble them (``arena.stream`` does, ``arena_core.sequences.sequences_of``).
 See docs/trajectory.md (Assembly, step 6).
 """
 
@@ -37,8 +39,10 @@ _encoder = msgspec.json.Encoder()
 
 
 def wire_trajectory(t: Trajectory, raw_steps: Mapping[int, msgspec.Raw | bytes] | None = None) -> msgspec.Struct:
-    """``t`` with each step replaced by its JSON from ``raw_steps`` (by step index) if there."""
+    """``t`` with each step replaced by its JSON from ``raw_steps`` (by step index) if there,
+    and without its training sequences."""
     values = {f: getattr(t, f) for f in t.__struct_fields__}
+    values["sequences"], values["sequence_breaks"] = [], []
     if raw_steps:
         values["steps"] = [_raw(raw_steps.get(s.step_index), s) for s in t.steps]
     return _TrajectoryWire(**values)

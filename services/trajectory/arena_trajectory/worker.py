@@ -211,7 +211,8 @@ class TrajectoryWorker:
                 log.warning("rollout %s: assembling without %s after %d deliveries", rid, ", ".join(missing),
                             delivery.num_delivered, extra={"rollout_id": rid})
             new.append(assembler.assemble(event, ordered, sandboxes.get(rid), verifications.get(rid),
-                                          incomplete=missing, history=histories.get(rid, [])))
+                                          incomplete=missing, history=histories.get(rid, []),
+                                          merge_sequences=False))  # derived: readers assemble them
             raw[rid] = {s.step.step_index: s.raw for s in kept}
             self._results.forget(rid)
         t1, stored_from = time.perf_counter(), time.time()
