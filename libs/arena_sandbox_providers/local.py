@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 
 from arena_core import sources
+from arena_sandbox_providers import netns
 
 log = logging.getLogger("arena.sandbox.local")
 
@@ -107,6 +108,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     run_prefix: str = "arena-run-"
     #: Host directories bound read-only at their own path (installed agent scaffolds).
     ro_binds: tuple[str, ...] = ()
+    #: Relay to ``proxy`` through the in-sandbox shim even where the service can make the
+    #: sandbox's network namespace itself (:mod:`.netns`, no relay process inside).
+    shim_relay: bool = False
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,15 +238,22 @@ def _userns_args() -> tuple[str, ...]:
     return ("--unshare-user", "--disable-userns") if b"--disable-userns" in out else ()
 
 
-def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None) -> list[str]:
+def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None, net: str = "") -> list[str]:
     """The bwrap command line. The sandbox's environment is set with ``--setenv`` on
     top of ``--clearenv``, never in bwrap's own environment: bwrap runs on the host,
-    where a variable such as ``LD_PRELOAD`` from a task must have no effect."""
+    where a variable such as ``LD_PRELOAD`` from a task must have no effect.
+
+    ``net``: a network namespace made for the sandbox (:mod:`.netns`), joined by ``nsenter``
+    before bwrap starts, instead of a new empty one of bwrap's."""
     env = _base_env() | dict(spec.env)
     validate_env(env)
+    # --unshare-all but the network when it joins ``net``
+    unshare = ["--unshare-all"] if not net else [
+        "--unshare-user-try", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     argv = [
+        *((netns.NSENTER, f"--net={net}", "--") if net else ()),
         BWRAP,
-        "--unshare-all",
+        *unshare,
         *_userns_args(),
         "--die-with-parent",
         "--new-session",
@@ -320,26 +331,31 @@ def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ..
 
 
 class _Forwarder:
-    """Host side of the proxy relay: a Unix socket whose connections go to host:port."""
+    """Host side of the proxy relay: a Unix socket (``path``, the shim's end), or listening
+    sockets in the sandbox's network namespace (``listeners``), whose connections go to host:port."""
 
-    def __init__(self, proxy: ProxyForward, path: Path):
+    def __init__(self, proxy: ProxyForward, path: Path | None = None, *, listeners=()):
         self.proxy = proxy
         self.path = path
-        self._server: asyncio.AbstractServer | None = None
+        self.listeners = list(listeners)
+        self._servers: list[asyncio.AbstractServer] = []
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
-        os.chmod(self.path, 0o666)
+        if self.path is not None:
+            self._servers.append(await asyncio.start_unix_server(self._handle, path=str(self.path)))
+            os.chmod(self.path, 0o666)
+        for listener in self.listeners:
+            self._servers.append(await asyncio.start_server(self._handle, sock=listener))
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for writer in list(self._writers):
             writer.close()
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await asyncio.wait_for(server.wait_closed(), 2)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -426,16 +442,21 @@ async def _execute(
         return RunResult(exit_code=None, timed_out=False, killed=True, duration_s=0.0)
     run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix))
     forwarder: _Forwarder | None = None
+    net: netns.SandboxNet | None = None
     proc: asyncio.subprocess.Process | None = None
     started = time.monotonic()
     try:
         shim: tuple[int, str] | None = None
-        if spec.proxy is not None:
+        if spec.proxy is not None and not spec.shim_relay and netns.available() is None:
+            net = await netns.create(spec.proxy.inside_port)
+            forwarder = _Forwarder(spec.proxy, listeners=net.listeners)
+            await forwarder.start()
+        elif spec.proxy is not None:
             shutil.copyfile(SHIM, run_dir / "shim.py")
             forwarder = _Forwarder(spec.proxy, run_dir / "proxy.sock")
             await forwarder.start()
             shim = (spec.proxy.inside_port, PROXY_SOCKET)
-        argv = _bwrap_argv(spec, run_dir, shim=shim)
+        argv = _bwrap_argv(spec, run_dir, shim=shim, net=net.path if net is not None else "")
         proc = await asyncio.create_subprocess_exec(
             *_gate_argv(argv),
             stdin=subprocess.PIPE,
@@ -473,6 +494,8 @@ async def _execute(
             await asyncio.shield(_kill_tree(proc))
         if forwarder is not None:
             await forwarder.close()
+        if net is not None:
+            net.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

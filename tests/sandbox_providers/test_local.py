@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from arena_sandbox_providers import local
+from arena_sandbox_providers import local, netns
 from arena_sandbox_providers.local import ProxyForward, SandboxSpec
 
 pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no bubblewrap: {local.available()}")
@@ -189,7 +189,10 @@ def http_proxy():
         server.server_close()
 
 
-async def test_network_reaches_only_the_proxy(tmp_path, http_proxy):
+@pytest.mark.parametrize("shim_relay", [False, True], ids=["namespace-relay", "shim-relay"])
+async def test_network_reaches_only_the_proxy(tmp_path, http_proxy, shim_relay):
+    if not shim_relay and netns.available() is not None:
+        pytest.skip(f"the service cannot make the sandbox's network namespace here: {netns.available()}")
     # Another TCP server on the host that the sandbox must NOT reach.
     other = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     other_port = other.sockets[0].getsockname()[1]
@@ -210,7 +213,7 @@ for host, port in [('127.0.0.1', {other_port}), ('8.8.8.8', 53), ('1.1.1.1', 443
 """
     try:
         result = await local.run(
-            _spec(tmp_path, _py(code), proxy=ProxyForward("127.0.0.1", http_proxy), timeout_s=30)
+            _spec(tmp_path, _py(code), proxy=ProxyForward("127.0.0.1", http_proxy), timeout_s=30, shim_relay=shim_relay)
         )
     finally:
         other.close()
@@ -237,7 +240,7 @@ except OSError:
 
 async def test_shim_relays_the_exit_code(tmp_path, http_proxy):
     result = await local.run(
-        _spec(tmp_path, ["sh", "-c", "exit 7"], proxy=ProxyForward("127.0.0.1", http_proxy))
+        _spec(tmp_path, ["sh", "-c", "exit 7"], proxy=ProxyForward("127.0.0.1", http_proxy), shim_relay=True)
     )
     assert result.exit_code == 7
 
@@ -347,9 +350,9 @@ async def test_invalid_env_name_is_rejected(tmp_path):
 
 async def test_shim_reports_a_signal_and_a_missing_command(tmp_path, http_proxy):
     proxy = ProxyForward("127.0.0.1", http_proxy)
-    killed = await local.run(_spec(tmp_path, ["sh", "-c", "kill -9 $$"], proxy=proxy))
+    killed = await local.run(_spec(tmp_path, ["sh", "-c", "kill -9 $$"], proxy=proxy, shim_relay=True))
     assert killed.exit_code == 137
-    missing = await local.run(_spec(tmp_path, ["/no/such/agent"], proxy=proxy))
+    missing = await local.run(_spec(tmp_path, ["/no/such/agent"], proxy=proxy, shim_relay=True))
     assert missing.exit_code == 127
     assert "arena shim: cannot run '/no/such/agent'" in _log(tmp_path)
 
@@ -358,5 +361,5 @@ async def test_shim_forwards_sigterm_to_the_command(tmp_path, http_proxy):
     # the shim is the command's parent: a SIGTERM to it reaches the command, whose trap answers
     script = "trap 'echo got-term; exit 3' TERM; kill -TERM $PPID; while :; do sleep 0.01; done"
     result = await local.run(_spec(tmp_path, ["sh", "-c", script], proxy=ProxyForward("127.0.0.1", http_proxy),
-                                   timeout_s=30))
+                                   timeout_s=30, shim_relay=True))
     assert result.exit_code == 3 and "got-term" in _log(tmp_path)
