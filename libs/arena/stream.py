@@ -7,6 +7,7 @@ A restarted trainer resumes where it left off. See docs/trajectory.md ("The trai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -22,7 +23,7 @@ from nats.js.errors import NotFoundError
 
 from arena_core.bus import BodyMissing, Bus
 from arena_core.errors import Unavailable
-from arena_core.schemas import GroupCompleted, TrainingSequence, Trajectory
+from arena_core.schemas import GroupCompleted, MemberRef, TrainingSequence, Trajectory
 from arena_core.sequences import sequences_of, with_sequences
 
 log = logging.getLogger("arena.stream")
@@ -31,6 +32,10 @@ STREAM = "ARENA_TRAJECTORIES"
 GROUP_SUBJECTS = "arena.group.*"
 
 _decoder = msgspec.json.Decoder(GroupCompleted)
+_trajectory_decoder = msgspec.json.Decoder(Trajectory)
+#: Deliveries of a group whose member trajectory is not on the stream before it is dropped
+#: (the service publishes members before their group: one missing that long was removed).
+MEMBER_WAIT_DELIVERIES = 60
 
 
 class StreamStats(msgspec.Struct, kw_only=True):
@@ -43,6 +48,7 @@ class StreamStats(msgspec.Struct, kw_only=True):
     duplicates: int = 0  # a group already yielded in this session, delivered again
     dropped_partial: int = 0  # partial groups (timed out without every member) acked unseen
     undecodable: int = 0  # messages that are not a ``GroupCompleted`` (terminated)
+    missing_members: int = 0  # groups terminated because a member's trajectory never was on the stream
 
 
 def _decode(data: bytes) -> GroupCompleted:
@@ -53,14 +59,27 @@ def _decode(data: bytes) -> GroupCompleted:
     With the cyclic GC paused: a group is tens of thousands of fresh objects (token ids,
     logprobs) with no cycles among them, and letting the collector run every 700 of them
     while decoding multiplied the decode time by ~3. It runs again right after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _gc_paused():
         group = _decoder.decode(data)
         if any(_lacks_sequences(t) for t in group.trajectories):
             group = msgspec.structs.replace(group, trajectories=[
                 with_sequences(t) if _lacks_sequences(t) else t for t in group.trajectories])
         return group
+
+
+def _decode_trajectory(data: bytes) -> Trajectory:
+    """A member's trajectory message, with its training sequences assembled (as ``_decode``)."""
+    with _gc_paused():
+        t = _trajectory_decoder.decode(data)
+        return with_sequences(t) if _lacks_sequences(t) else t
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if enabled:
             gc.enable()
@@ -193,6 +212,7 @@ class TrajectoryStream:
         self._yielded: set[str] = set()  # group ids handed out in this session
         self._heartbeat: asyncio.Task | None = None
         self._closed = False
+        self._direct = True  # members read with direct gets (any replica) while the stream takes them
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -272,8 +292,8 @@ class TrajectoryStream:
                     except Exception as sub_exc:  # noqa: BLE001 - keep trying
                         log.warning("resubscribe failed: %s", sub_exc)
                     continue
-                for msg in msgs:
-                    group = await self._accept(msg)
+                # concurrently: a group's members are read from the stream
+                for msg, group in zip(msgs, await asyncio.gather(*(self._accept(msg) for msg in msgs))):
                     if group is not None:
                         groups.append(group)
                         seqs.append(msg.metadata.sequence.stream)
@@ -304,6 +324,27 @@ class TrajectoryStream:
             log.warning("group %d on %s: %s", seq, msg.subject, exc)
             await msg.nak(delay=1.0)
             return None
+        if group.members:  # the members by reference: read them
+            try:
+                group = await self._resolve(group)
+            except Unavailable as exc:
+                log.warning("group %d on %s: %s", seq, msg.subject, exc)
+                await msg.nak(delay=1.0)
+                return None
+            except (msgspec.DecodeError, BodyMissing) as exc:
+                log.error("terminating group %d on %s: a member is undecodable: %s", seq, msg.subject, exc)
+                self.stats.undecodable += 1
+                await msg.term()
+                return None
+            except LookupError as exc:  # not on the stream (yet)
+                if msg.metadata.num_delivered < MEMBER_WAIT_DELIVERIES:
+                    await msg.nak(delay=1.0)
+                    return None
+                log.error("terminating group %d on %s: %s after %d deliveries", seq, msg.subject, exc,
+                          msg.metadata.num_delivered)
+                self.stats.missing_members += 1
+                await msg.term()
+                return None
         if group.group_id in self._yielded:
             self.stats.duplicates += 1
             await msg.ack()
@@ -323,6 +364,34 @@ class TrajectoryStream:
         self._pending[seq] = msg
         self._yielded.add(group.group_id)
         return group
+
+    async def _resolve(self, group: GroupCompleted) -> GroupCompleted:
+        """``group`` with its ``members`` read from the stream into ``trajectories``.
+        ``LookupError`` if one is not there."""
+        members = await asyncio.gather(*(self._member(ref) for ref in group.members))
+        return msgspec.structs.replace(group, trajectories=list(members), members=[])
+
+    async def _member(self, ref: MemberRef) -> Trajectory:
+        """The last message on ``ref.subject``: from any replica (a direct get), else, when
+        that one has not got it (a follower behind) or the stream takes no direct gets,
+        from the stream's leader."""
+        js = self._bus.js
+        raw = None
+        if self._direct:
+            try:
+                raw = await js.get_msg(STREAM, subject=ref.subject, direct=True)
+            except NotFoundError:
+                pass
+            except (NoRespondersError, NatsTimeout):  # no direct gets on this stream
+                self._direct = False
+        if raw is None:
+            try:
+                raw = await js.get_msg(STREAM, subject=ref.subject)
+            except NotFoundError:
+                raise LookupError(f"member {ref.group_index} ({ref.rollout_id}) is not on {ref.subject}") from None
+            except (NoRespondersError, NatsTimeout, ConnectionClosedError) as exc:
+                raise Unavailable(f"cannot read member {ref.rollout_id}: {exc}") from exc
+        return _decode_trajectory(await self._bus.body(raw))
 
     async def _commit(self, seqs: list[int]) -> None:
         """Acknowledge ``seqs`` together (concurrently) and wait for the server's confirmations."""

@@ -225,6 +225,7 @@ class Bus:
                 max_age=spec.max_age_s or None,
                 num_replicas=replicas,
                 allow_atomic=True,  # batched publishes (nats-server 2.12+; older ones ignore it)
+                allow_direct=True,  # reads by subject from any replica (a group's members, by TrajectoryStream)
             )
             try:
                 try:

@@ -1021,9 +1021,23 @@ class Trajectory(Base, kw_only=True):
     sequence_breaks: list[SequenceBreak] = []
 
 
+class MemberRef(Base, kw_only=True):
+    """Where a group member's ``Trajectory`` is: the last message on ``subject``
+    (``arena.trajectory.{task_id}.{rollout_id}``) of ``ARENA_TRAJECTORIES``."""
+
+    rollout_id: str
+    group_index: int
+    subject: str
+
+
 class GroupCompleted(Base, kw_only=True):
     """``arena.group.{group_id}``: every member of a group reached a final state, or the
-    group timed out (``partial``) with the members in ``trajectories``."""
+    group timed out (``partial``) with the members in ``trajectories``.
+
+    On the stream a group refers to its members instead of copying them (each trajectory's
+    bytes are stored once): ``members`` lists them, in ``group_index`` order, and
+    ``trajectories`` is empty. ``arena.stream.TrajectoryStream`` reads each member and hands
+    the group out whole (``trajectories`` filled, ``members`` empty)."""
 
     group_id: str
     task_id: str
@@ -1039,6 +1053,8 @@ class GroupCompleted(Base, kw_only=True):
     missing_indexes: list[int] = []
     #: ``group_index`` of members without a reward (infrastructure outcomes): out of the advantages.
     excluded_indexes: list[int] = []
+    #: On the stream: the members by reference (``trajectories`` then empty); see above.
+    members: list[MemberRef] = []
 
 
 class DuelRoundDone(Base, kw_only=True):

@@ -1,4 +1,5 @@
-"""TrajectoryStream against a real nats-server: commit semantics, redelivery, staleness."""
+"""TrajectoryStream against a real nats-server: commit semantics, redelivery, staleness, groups
+that refer to their members."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from arena_core import subjects
 from arena_core.schemas import GroupCompleted, RolloutState, Step, Trajectory
 from arena_core.sequences import with_sequences
 from arena.stream import TrajectoryStream, group_policy_version, is_stale, training_sequences
+from arena_trajectory.wire import encode_group
 
 
 def group(gid: str, *versions: str) -> GroupCompleted:
@@ -156,3 +158,62 @@ async def test_bad_names_and_missing_stream(nats_server):
     with pytest.raises(Unavailable):
         async with TrajectoryStream(nats_server.url, name="early"):
             pass
+
+
+async def publish_by_reference(bus, g: GroupCompleted, *, members: bool = True) -> None:
+    """As the trajectory service publishes: each member's trajectory, then the group referring to them."""
+    if members:
+        for t in g.trajectories:
+            await bus.publish(subjects.trajectory(t.task_id, t.rollout_id), t,
+                              msg_id=subjects.msg_id(t.rollout_id, "trajectory", 0))
+    await bus.publish(subjects.group(g.group_id), encode_group(g), msg_id=f"{g.group_id}:group:0")
+
+
+def with_steps(g: GroupCompleted) -> GroupCompleted:
+    """``g`` whose members have a step each with token ids (so each has a training sequence)."""
+    members = [msgspec.structs.replace(t, steps=[Step(
+        rollout_id=t.rollout_id, step_index=0, model="m", backend="b", prompt_token_ids=[1, 2], completion_token_ids=[3],
+        logprobs=[-0.5])]) for t in g.trajectories]
+    return msgspec.structs.replace(g, trajectories=members)
+
+
+async def test_a_group_that_refers_to_its_members_is_handed_out_whole(nats_server, bus):
+    g = with_steps(group("ref1"))
+    await publish_by_reference(bus, g)
+    raw = await bus.js.get_last_msg("ARENA_TRAJECTORIES", subjects.group("ref1"))
+    assert b"token_ids" not in raw.data  # the group carries references, not copies
+    async with TrajectoryStream(nats_server.url, name="by-ref") as stream:
+        batch = await take(stream)
+        (got,) = batch.groups
+        assert got == msgspec.structs.replace(g, trajectories=[with_sequences(t) for t in g.trajectories])
+        assert got.members == [] and [len(t.sequences) for t in got.trajectories] == [1, 1]
+        await batch.commit()
+
+
+async def test_a_member_not_on_the_stream_yet_holds_its_group_back_until_it_is(nats_server, bus):
+    g = with_steps(group("late"))
+    first, second = g.trajectories
+    await bus.publish(subjects.trajectory("t", first.rollout_id), first, msg_id="late-0")
+    await publish_by_reference(bus, g, members=False)  # the second member is not there yet
+    async with TrajectoryStream(nats_server.url, name="late-member") as stream:
+        assert await nothing_within(stream, 1.5)
+        await bus.publish(subjects.trajectory("t", second.rollout_id), second, msg_id="late-1")
+        batch = await take(stream)
+        assert [t.rollout_id for t in batch.groups[0].trajectories] == [first.rollout_id, second.rollout_id]
+        await batch.commit()
+
+
+async def test_members_are_read_from_the_leader_on_a_stream_without_direct_gets(nats_server, bus):
+    info = await bus.js.stream_info("ARENA_TRAJECTORIES")
+    info.config.allow_direct = False
+    await bus.js.update_stream(info.config)
+    try:
+        g = with_steps(group("nodirect"))
+        await publish_by_reference(bus, g)
+        async with TrajectoryStream(nats_server.url, name="no-direct") as stream:
+            batch = await take(stream)
+            assert [len(t.steps) for t in batch.groups[0].trajectories] == [1, 1]
+            await batch.commit()
+    finally:
+        info.config.allow_direct = True
+        await bus.js.update_stream(info.config)

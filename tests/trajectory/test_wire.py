@@ -6,6 +6,7 @@ import msgspec
 
 from arena_core.schemas import (
     GroupCompleted,
+    MemberRef,
     RolloutState,
     RolloutStateChanged,
     SandboxDone,
@@ -17,6 +18,7 @@ from arena_core.schemas import (
     encode,
 )
 from arena.stream import _decode as decode_group
+from arena.stream import _decode_trajectory as decode_trajectory
 from arena_trajectory import assembler
 from arena_trajectory.caches import MemberCache, ResultCache, StepCache, StoredStep, first_per_index
 from arena_trajectory.wire import encode_group, encode_trajectory
@@ -58,27 +60,33 @@ def test_the_trainer_stream_assembles_the_sequences_the_wire_left_out():
     a = trajectory("r1", 0, [step("r1", 0), step("r1", 1)])
     b = trajectory("r2", 1, [step("r2", 0, abandoned=True)])  # no sequence, one break
     none = trajectory("r3", 2, [])
+    assert len(a.sequences) == 2 and b.sequences == [] and len(b.sequence_breaks) == 1
+    for t in (a, b, none):
+        wire = encode_trajectory(t, {s.step_index: encode(s) for s in t.steps})
+        assert b"sequence" not in wire
+        assert decode_trajectory(wire) == t
+    # a group that carries its members (as published before they were referred to)
     group = assembler.complete_group([msgspec.structs.replace(t, group_size=3) for t in (a, b, none)])
-    wire = encode_group(group, {"r1": {i: encode(s) for i, s in enumerate(a.steps)}})
-    assert b"sequence" not in wire
-    decoded = decode_group(wire)
-    assert decoded.trajectories[0].sequences == a.sequences and len(a.sequences) == 2
-    assert decoded.trajectories[1].sequences == [] and decoded.trajectories[1].sequence_breaks == b.sequence_breaks
-    assert decoded.trajectories[2].sequences == [] == decoded.trajectories[2].sequence_breaks
+    embedded = encode(msgspec.structs.replace(group, trajectories=[without_sequences(t) for t in group.trajectories]))
+    assert decode_group(embedded) == group
 
 
-def test_a_group_with_raw_steps_decodes_to_the_same_group():
+def test_a_group_refers_to_its_members_trajectory_messages():
     a, b = trajectory("r1", 0, [step("r1", 0)]), trajectory("r2", 1, [step("r2", 0), step("r2", 1)])
     group = assembler.complete_group([a, b])
-    raw = {"r1": {0: encode(a.steps[0])}, "r2": {i: encode(s) for i, s in enumerate(b.steps)}}
-    bare = msgspec.structs.replace(group, trajectories=[without_sequences(t) for t in group.trajectories])
-    assert encode_group(group, raw) == encode(bare)
-    assert decode_group(encode_group(group, raw)) == group
-    # JSON as a producer sent it (other key order, spacing, a field we do not know) stays valid
+    wire = msgspec.json.decode(encode_group(group), type=GroupCompleted)
+    assert wire.trajectories == [] and wire == msgspec.structs.replace(group, trajectories=[], members=[
+        MemberRef(rollout_id="r1", group_index=0, subject="arena.trajectory.t.r1"),
+        MemberRef(rollout_id="r2", group_index=1, subject="arena.trajectory.t.r2")])
+    assert b"token_ids" not in encode_group(group)
+
+
+def test_steps_json_as_a_producer_sent_it_stays_valid_in_a_trajectory():
+    t = trajectory("r1", 0, [step("r1", 0)])
+    # other key order, spacing, a field we do not know
     odd = b'{"step_index": 0, "rollout_id": "r1", "model": "m", "backend": "b", "future_field": 1}'
-    decoded = msgspec.json.decode(encode_group(group, {"r1": {0: odd}}), type=GroupCompleted)
-    assert decoded.trajectories[0].steps[0] == Step(rollout_id="r1", step_index=0, model="m", backend="b")
-    assert decoded.trajectories[1] == without_sequences(b)
+    decoded = msgspec.json.decode(encode_trajectory(t, {0: odd}), type=Trajectory)
+    assert decoded.steps[0] == Step(rollout_id="r1", step_index=0, model="m", backend="b")
 
 
 def test_step_cache_counts_and_keeps_each_step_with_its_json():

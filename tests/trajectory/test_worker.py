@@ -87,6 +87,16 @@ async def last(bus, subject: str, type_, timeout: float = 15.0):
             await asyncio.sleep(0.1)
 
 
+async def whole_group(bus, group_id: str) -> GroupCompleted:
+    """The group on the stream, which refers to its members, with each member read from
+    its trajectory message (as a raw reader would; ``TrajectoryStream`` does it too)."""
+    group = await last(bus, subjects.group(group_id), GroupCompleted)
+    assert group.trajectories == [] and group.members, group
+    members = [await last(bus, ref.subject, Trajectory) for ref in group.members]
+    assert [t.rollout_id for t in members] == [ref.rollout_id for ref in group.members]
+    return msgspec.structs.replace(group, trajectories=members, members=[])
+
+
 async def count_on(bus, subject_filter: str) -> int:
     info = await bus.js.stream_info(TRAJECTORIES_STREAM, subjects_filter=subject_filter)
     return sum((info.state.subjects or {}).values())
@@ -136,7 +146,7 @@ async def test_group_of_two_with_a_state_that_overtakes_its_last_step(nats_serve
     assert await count_on(bus, "arena.group.*") == 0
     await publish_step(bus, step("r1", 2))
 
-    group = await last(bus, subjects.group("g1"), GroupCompleted)
+    group = await whole_group(bus, "g1")
     t1 = with_sequences(await last(bus, subjects.trajectory("calc/add", "r1"), Trajectory))  # derived: not on the wire
     t2 = await last(bus, subjects.trajectory("calc/add", "r2"), Trajectory)
 
@@ -286,7 +296,7 @@ async def test_a_group_that_times_out_is_published_partial_once(nats_server, bus
         await publish_outcome(bus, rid, float(index))
         await publish_state(bus, state(rid, RolloutState.COMPLETED, steps=1, group="gp", index=index, size=3))
     running(group_timeout=0.5)
-    group = await last(bus, subjects.group("gp"), GroupCompleted)
+    group = await whole_group(bus, "gp")
     assert group.partial and group.missing_indexes == [2] and group.size == 3
     assert [t.rollout_id for t in group.trajectories] == ["p0", "p1"]
     assert group.advantages == pytest.approx([-1.0, 1.0], abs=1e-5)

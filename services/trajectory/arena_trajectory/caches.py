@@ -1,5 +1,5 @@
 """In-process caches of the trajectory worker: what this process stored, kept until it is
-assembled or published so the hot path does not read it back from ClickHouse. Both are
+assembled or published so the hot path does not read it back from ClickHouse. All are
 bounded and both are only shortcuts: on a miss the worker reads the store.
 
 A step is kept with the JSON it arrived as (``StoredStep.raw``), so it is published
@@ -125,3 +125,24 @@ class ResultCache:
     def forget(self, rollout_id: str) -> None:
         self.sandboxes.pop(rollout_id, None)
         self.verifications.pop(rollout_id, None)
+
+
+class RecentSet:
+    """The last ``max_items`` keys added, oldest forgotten first: what this process knows
+    happened (a miss only means "look it up")."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+        self._keys: dict[str, None] = {}
+
+    def add(self, key: str) -> None:
+        self._keys.pop(key, None)
+        self._keys[key] = None
+        if len(self._keys) > self.max_items:
+            del self._keys[next(iter(self._keys))]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)

@@ -3,6 +3,7 @@
 Same message, same values, without re-encoding every step's token ids and logprobs, and
 without the training sequences: they are derived from the steps (as many token ids again),
 so readers assemble them (``arena.stream`` does, ``arena_core.sequences.sequences_of``).
+A group refers to its members' trajectory messages instead of copying them.
 See docs/trajectory.md (Assembly, step 6).
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 
 import msgspec
 
-from arena_core.schemas import GroupCompleted, Step, Trajectory
+from arena_core import subjects
+from arena_core.schemas import GroupCompleted, MemberRef, Step, Trajectory
 
 #: A step as it goes on the wire: its JSON if we have it, else the ``Step``.
 WireStep = msgspec.Raw | Step
@@ -34,7 +36,6 @@ def _mirror(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct]:
 
 
 _TrajectoryWire = _mirror(Trajectory, "_TrajectoryWire")
-_GroupWire = _mirror(GroupCompleted, "_GroupWire")
 _encoder = msgspec.json.Encoder()
 
 
@@ -52,11 +53,13 @@ def encode_trajectory(t: Trajectory, raw_steps: Mapping[int, msgspec.Raw | bytes
     return _encoder.encode(wire_trajectory(t, raw_steps))
 
 
-def encode_group(group: GroupCompleted, raw_steps: Mapping[str, Mapping[int, msgspec.Raw | bytes]]) -> bytes:
-    """``group`` with each member's steps from ``raw_steps[rollout_id]`` where there."""
-    values = {f: getattr(group, f) for f in group.__struct_fields__}
-    values["trajectories"] = [wire_trajectory(t, raw_steps.get(t.rollout_id)) for t in group.trajectories]
-    return _encoder.encode(_GroupWire(**values))
+def encode_group(group: GroupCompleted) -> bytes:
+    """``group`` referring to its members (``members``: each one's subject on the stream)
+    instead of copying them: each trajectory's bytes are stored once. Its members must be
+    on the stream before it (``TrajectoryWorker`` publishes them first)."""
+    members = [MemberRef(rollout_id=t.rollout_id, group_index=t.group_index,
+                         subject=subjects.trajectory(t.task_id, t.rollout_id)) for t in group.trajectories]
+    return _encoder.encode(msgspec.structs.replace(group, trajectories=[], members=members))
 
 
 def _raw(raw: msgspec.Raw | bytes | None, step: Step) -> WireStep:

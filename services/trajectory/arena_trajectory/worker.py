@@ -21,7 +21,15 @@ from arena_core.runtime import every
 from arena_core.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
 from arena_trajectory import assembler, duels
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
-from arena_trajectory.caches import MemberCache, RawSteps, ResultCache, StepCache, StoredStep, first_per_index
+from arena_trajectory.caches import (
+    MemberCache,
+    RawSteps,
+    RecentSet,
+    ResultCache,
+    StepCache,
+    StoredStep,
+    first_per_index,
+)
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import RowError, group_row, step_row
 from arena_trajectory.wire import encode_group, encode_trajectory
@@ -71,6 +79,8 @@ class TrajectoryWorker:
         self._members = MemberCache()
         self._steps = StepCache()
         self._results = ResultCache()
+        #: rollouts whose trajectory message this process saw stored (a group refers to them)
+        self._on_stream = RecentSet(200_000)
         self._progress = asyncio.Event()  # set whenever steps or results were stored
         #: one set per waiting ``_waves``: the rollouts whose steps or results were stored since it last looked
         self._touched: list[set[str]] = []
@@ -311,6 +321,7 @@ class TrajectoryWorker:
         this batch was never published: only redeliveries need the look-up."""
         await self._publish_once(subjects.trajectory(t.task_id, t.rollout_id), encode_trajectory(t, raw),
                                  subjects.msg_id(t.rollout_id, "trajectory", 0), look_up=look_up)
+        self._on_stream.add(t.rollout_id)
 
     async def _complete_groups(self, group_ids: list[str], *, allow_partial: bool = False,
                                fresh: set[str] = frozenset()) -> list[Verdict]:
@@ -351,8 +362,13 @@ class TrajectoryWorker:
         return verdicts
 
     async def _publish_group(self, group: GroupCompleted, *, look_up: bool = True) -> None:
-        raw = {t.rollout_id: got for t in group.trajectories if (got := self._members.raw(t.rollout_id))}
-        published = await self._publish_once(subjects.group(group.group_id), encode_group(group, raw),
+        """Publish ``group``, which refers to its members' trajectory messages: each member
+        not known to be on the stream (published by another replica, before a restart, or
+        its publish failed) is published first (unless the stream holds it)."""
+        unsure = [t for t in group.trajectories if t.rollout_id not in self._on_stream]
+        await asyncio.gather(*(self._publish_trajectory(t, self._members.raw(t.rollout_id), look_up=True)
+                               for t in unsure))
+        published = await self._publish_once(subjects.group(group.group_id), encode_group(group),
                                              f"{group.group_id}:group:0", look_up=look_up)
         if published:
             log.info("group %s %s: rewards %s", group.group_id,
