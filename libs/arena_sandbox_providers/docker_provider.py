@@ -199,7 +199,9 @@ class DockerSandbox(HostDirSandbox):
                 return Path("/sys/fs/cgroup" + path) / "memory.events"
         return None
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
+        if put_at_base and await asyncio.to_thread(self.workspace_unchanged):
+            return ""  # nothing in it changed since it was a clean checkout of base
         out: list[bytes] = []
         err: list[bytes] = []
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",

@@ -21,6 +21,38 @@ from arena_sandbox_providers.provider import OutputCallback, SandboxError
 
 SANDBOX_UID = 1000
 _MAP = {"workspace": "workspace", ".arena": "arena", "agent": "agent"}
+#: A workspace with more entries than this is not marked (git's own stat pass is as quick).
+MARK_MAX_ENTRIES = 5000
+
+
+def tree_state(top: Path, max_entries: int = MARK_MAX_ENTRIES) -> dict[str, tuple[int, ...]] | None:
+    """Every entry under ``top`` (``top`` too) -> its inode, mode, size, mtime and ctime, links
+    never followed; ``None`` past ``max_entries``. Equal states mean nothing in the tree was
+    written, created, removed, renamed or chmod'ed in between: the kernel sets ctime on each,
+    and no process without CAP_SYS_TIME can set it back."""
+    out: dict[str, tuple[int, ...]] = {}
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        path = os.path.join(top, rel) if rel else str(top)
+        try:
+            st = os.lstat(path)
+            out[rel] = (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if len(out) + len(pending) >= max_entries:
+                        return None
+                    child = os.path.join(rel, entry.name)
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(child)
+                    else:
+                        st = entry.stat(follow_symlinks=False)
+                        out[child] = (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            return None
+    return out
 
 
 def make_layout(root: Path, *, owner_uid: int | None) -> None:
@@ -40,6 +72,9 @@ class HostDirSandbox:
 
     root: Path
     owner_uid: int | None = None  # chown copied files to this uid (docker: 1000)
+    #: The workspace as the ``put_dir`` into an empty workspace left it (:func:`tree_state`), until
+    #: anything else is put into it; ``None`` otherwise.
+    _workspace_mark: dict[str, tuple[int, ...]] | None = None
 
     def host_path(self, path: str) -> Path:
         parts = Path(os.path.normpath(path)).parts
@@ -57,17 +92,32 @@ class HostDirSandbox:
 
     async def put_dir(self, src: Path, dest: str) -> None:
         target = self.host_path(dest)
+        workspace = self.root / "workspace"
+        if target.is_relative_to(workspace):
+            self._workspace_mark = None
 
-        def copy() -> None:
+        def copy() -> dict[str, tuple[int, ...]] | None:
+            whole = target == workspace and not any(workspace.iterdir())
             shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
             if not target.is_relative_to(self.root / "agent"):
                 self._chown_tree(target)
+            return tree_state(workspace) if whole else None
 
-        await asyncio.to_thread(copy)
+        mark = await asyncio.to_thread(copy)
+        if mark is not None:
+            self._workspace_mark = mark
+
+    def workspace_unchanged(self) -> bool:
+        """Whether the workspace is exactly as the ``put_dir`` that filled it left it (call it
+        when no process of the sandbox runs)."""
+        mark = self._workspace_mark
+        return mark is not None and tree_state(self.root / "workspace") == mark
 
     async def put_files(self, files: Mapping[str, bytes]) -> None:
         for path, data in files.items():
             target = self.host_path(path)
+            if target.is_relative_to(self.root / "workspace"):
+                self._workspace_mark = None
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             if self.owner_uid is not None:

@@ -661,7 +661,7 @@ class KubernetesSandbox:
             # No per-command OOM counter is visible through the API: a SIGKILL nobody sent is the OOM killer.
             return ExecResult(exit_code=code, oom_killed=code == _SIGKILL_EXIT, duration_s=duration)
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
         out: list[bytes] = []
         err: list[bytes] = []
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",

@@ -99,9 +99,12 @@ class Sandbox(Protocol):
     async def exists(self, path: str) -> bool:
         """Whether ``path`` exists (of any kind, a dangling link included)."""
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
         """The workspace's changes against commit ``base``; runs git inside the sandbox
-        boundary, never on the host. Raises :class:`~arena_sandbox_providers.local.GitError`."""
+        boundary, never on the host. Raises :class:`~arena_sandbox_providers.local.GitError`.
+
+        ``put_at_base``: the workspace, as ``put_dir`` filled it, was a clean checkout of ``base``;
+        a sandbox that can see that nothing in it changed since answers ``""`` without git."""
 
     async def destroy(self) -> None:
         """Kill everything in the sandbox and delete it. Idempotent; never raises."""

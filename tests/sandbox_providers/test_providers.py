@@ -55,6 +55,42 @@ async def test_interface_exec_streams_and_files(tmp_path, name_and_url):
         assert not provider.client.api.containers(all=True, filters={"id": sandbox.container_id})
 
 
+@pytest.mark.parametrize("agent", [
+    "true",  # nothing changed: the diff is "" without git
+    # an edit of the same size whose mtime is put back: its ctime still moved
+    "printf 'b' > f.txt && touch -d @1000000000 f.txt",
+    "touch gone && rm gone",  # a file made and removed: the directory's ctime moved
+    "chmod +x f.txt",
+])
+async def test_diff_of_a_workspace_put_at_base(tmp_path, name_and_url, agent):
+    name, url = name_and_url
+    if name == "mock":
+        pytest.skip("the mock runs no process")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("a")
+    os.utime(repo / "f.txt", (1000000000, 1000000000))
+    workspace = tmp_path / "ws"
+    base = local.prepare_workspace(repo, workspace)
+    (workspace / "f.txt").write_text("c")  # not clean at base any more: only git can tell
+    os.utime(workspace / "f.txt", (1000000000, 1000000000))
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    sandbox = await provider.create(CreateSpec())
+    try:
+        await sandbox.put_dir(workspace, local.WORKSPACE)
+        ran = await sandbox.exec(["sh", "-c", agent], env={}, timeout_s=30)
+        assert ran.exit_code == 0
+        told = await sandbox.diff(base, put_at_base=True)
+        real = await sandbox.diff(base)
+    finally:
+        await sandbox.destroy()
+    if agent == "true":
+        assert told == "" and "+c" in real  # the caller said it was at base: no git ran
+    else:
+        assert told == real and real  # a change was seen: git ran
+        assert ("old mode" in real) == agent.startswith("chmod")
+
+
 async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url):
     name, url = name_and_url
     if name == "mock":

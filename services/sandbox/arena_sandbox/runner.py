@@ -364,7 +364,8 @@ async def run_job(
             # Failed and timed-out rollouts keep their diff too (analytics); only a
             # completed one needs it, so only there is a broken diff an error.
             try:
-                diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s)
+                # the workspace was put as a clean checkout of base (prepared or committed above)
+                diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s, put_at_base=True)
             except local.GitError as exc:
                 if outcome is SandboxOutcome.COMPLETED:
                     # the agent owned the repository: a diff that cannot be had is its doing
