@@ -26,16 +26,29 @@ class _Open:
         self.policy_versions: list[str] = []
 
     def add(self, step: Step, prompt: list[int], completion: list[int], logprobs: list[float]) -> None:
-        context = prompt[len(self.token_ids):]
-        self.token_ids += context + completion
-        self.loss_mask += [0] * len(context) + [1] * len(completion)
-        self.logprobs += [0.0] * len(context) + logprobs
+        """Append the prompt's tokens past the sequence so far, then the completion's (each
+        list extended in place: a trainer assembles every step it reads, thousands of ids each)."""
+        start = len(self.token_ids)
+        context = len(prompt) - start
+        self.token_ids.extend(prompt[start:] if start else prompt)
+        self.token_ids.extend(completion)
+        self.loss_mask.extend([0] * context)
+        self.loss_mask.extend([1] * len(completion))
+        self.logprobs.extend([0.0] * context)
+        self.logprobs.extend(logprobs)
         self.step_indexes.append(step.step_index)
         self.policy_versions.append(step.policy_version or "")
 
     def close(self) -> TrainingSequence:
         return TrainingSequence(token_ids=self.token_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
                                 step_indexes=self.step_indexes, policy_versions=self.policy_versions)
+
+
+def _as_list(values: list | tuple | None) -> list:
+    """``values`` as a list, not copied when it is one (only read: the sequences copy what they take)."""
+    if values is None:
+        return []
+    return values if type(values) is list else list(values)
 
 
 def first_difference(sequence: list[int], prompt: list[int]) -> int | None:
@@ -103,7 +116,7 @@ def assemble(steps: Iterable[Step]) -> tuple[list[TrainingSequence], list[Sequen
                 sequences.append(current.close())
                 current = None
             continue
-        prompt, completion = list(step.prompt_token_ids or ()), list(step.completion_token_ids or ())
+        prompt, completion = _as_list(step.prompt_token_ids), _as_list(step.completion_token_ids)
         if current is not None:
             at = first_difference(current.token_ids, prompt)
             if at is not None:
@@ -115,7 +128,7 @@ def assemble(steps: Iterable[Step]) -> tuple[list[TrainingSequence], list[Sequen
                 current = None
         if current is None:
             current = _Open()
-        current.add(step, prompt, completion, list(step.logprobs or ()))
+        current.add(step, prompt, completion, _as_list(step.logprobs))
     if current is not None:
         sequences.append(current.close())
     return sequences, breaks

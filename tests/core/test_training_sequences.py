@@ -28,6 +28,18 @@ def three_turns() -> list[Step]:
     ]
 
 
+def test_sequences_copy_the_steps_ids_and_take_tuples_alike():
+    steps = three_turns()
+    [seq], _ = assemble(steps)
+    seq.token_ids.append(99)
+    seq.logprobs.append(0.0)
+    assert steps[0].prompt_token_ids == [1, 2, 3, 4] and steps[0].logprobs == [-0.5, -0.25]  # untouched
+    as_tuples = [msgspec.structs.replace(s, prompt_token_ids=tuple(s.prompt_token_ids),
+                                         completion_token_ids=tuple(s.completion_token_ids), logprobs=tuple(s.logprobs))
+                 for s in three_turns()]
+    assert assemble(as_tuples) == assemble(three_turns())
+
+
 def test_three_turns_with_tool_output_between_merge_into_one_masked_sequence():
     steps = three_turns()
     [seq], breaks = assemble(reversed(steps))  # walked by step_index, whatever the arrival order
