@@ -98,6 +98,24 @@ def test_step_cache_counts_and_keeps_each_step_with_its_json():
     assert [s.raw for s in cache.pop("r2")] == [b"x", b"y"] and cache.count("r2") == 0
 
 
+def test_the_caches_are_bounded_by_the_bytes_of_the_steps_json_too():
+    steps = StepCache(max_steps=1000, max_bytes=3000)
+    steps.add([StoredStep(step("r1", i), b"x" * 1000) for i in range(2)])
+    steps.add([StoredStep(step("r1", 1), b"x" * 1000)])  # the same step again: counted once
+    assert steps.count("r1") == 2
+    steps.add([StoredStep(step("r2", 0), b"y" * 1500)])  # over 3,000 bytes: the oldest rollout goes
+    assert steps.count("r1") == 0 and steps.count("r2") == 1
+    assert [s.raw for s in steps.pop("r2")] == [b"y" * 1500]
+    steps.add([StoredStep(step("r3", 0), b"z" * 2900)])  # what was popped no longer counts
+    assert steps.count("r3") == 1
+
+    members = MemberCache(max_bytes=3000)
+    a, b = trajectory("r1", 0, [step("r1", 0)]), trajectory("r2", 0, [step("r2", 0)])
+    members.add([a], {"r1": {0: b"a" * 2000}})
+    members.add([msgspec.structs.replace(b, group_id="g2")], {"r2": {0: b"b" * 2000}})  # over: group g goes
+    assert members.raw("r1") is None and members.raw("r2") == {0: b"b" * 2000}
+
+
 def test_first_per_index_keeps_the_first_copy_of_a_step():
     got = first_per_index([StoredStep(step("r", 1), b"a"), StoredStep(step("r", 0), b"b"),
                            StoredStep(step("r", 1), b"c")])

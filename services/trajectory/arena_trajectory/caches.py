@@ -15,6 +15,11 @@ from arena_core.schemas import SandboxDone, Step, Trajectory, VerificationResult
 
 RawSteps = dict[int, msgspec.Raw | bytes]
 
+#: Each cache holds at most this many bytes of steps' JSON (and their decoded steps, several
+#: times that in Python objects: a 2,560-token step is ~14.5 KB of JSON, ~130 KB decoded), so
+#: a burst of large steps waiting for their rollouts' final states cannot exhaust the memory.
+MAX_CACHED_BYTES = 64 * 1024 * 1024
+
 
 class StoredStep(msgspec.Struct, gc=False):
     """A stored step: the decoded ``Step`` and the JSON it was stored as. (A Struct: made
@@ -37,24 +42,34 @@ class StepCache:
     final state usually finds them here instead of reading them back. A rollout's
     cached steps are used only if they are all there (else the store is read). Bounded."""
 
-    def __init__(self, max_steps: int = 50_000):
+    def __init__(self, max_steps: int = 50_000, max_bytes: int = MAX_CACHED_BYTES):
         self.max_steps = max_steps
+        self.max_bytes = max_bytes
         self._rollouts: dict[str, dict[int, StoredStep]] = {}
         self._count = 0
+        self._bytes = 0  # of the steps' JSON
 
     def add(self, steps: Iterable[StoredStep]) -> None:
         for stored in steps:
             got = self._rollouts.setdefault(stored.step.rollout_id, {})
-            if stored.step.step_index not in got:
+            old = got.get(stored.step.step_index)
+            if old is None:
                 self._count += 1
+            else:
+                self._bytes -= len(old.raw)
             got[stored.step.step_index] = stored
-        while self._count > self.max_steps and self._rollouts:
-            self._count -= len(self._rollouts.pop(next(iter(self._rollouts))))  # the oldest rollout
+            self._bytes += len(stored.raw)
+        while (self._count > self.max_steps or self._bytes > self.max_bytes) and self._rollouts:
+            self._drop(self._rollouts.pop(next(iter(self._rollouts))))  # the oldest rollout
 
     def pop(self, rollout_id: str) -> list[StoredStep]:
         got = self._rollouts.pop(rollout_id, {})
-        self._count -= len(got)
+        self._drop(got)
         return [got[i] for i in sorted(got)]
+
+    def _drop(self, steps: dict[int, StoredStep]) -> None:
+        self._count -= len(steps)
+        self._bytes -= sum(len(s.raw) for s in steps.values())
 
     def count(self, rollout_id: str) -> int:
         """How many distinct steps of the rollout are cached."""
@@ -66,11 +81,13 @@ class MemberCache:
     their group is published: the batch that completes a group usually finds its members
     here instead of reading them back from ClickHouse. Bounded; on a miss the store is read."""
 
-    def __init__(self, max_trajectories: int = 20_000):
+    def __init__(self, max_trajectories: int = 20_000, max_bytes: int = MAX_CACHED_BYTES):
         self.max_trajectories = max_trajectories
+        self.max_bytes = max_bytes
         self._groups: dict[str, dict[int, Trajectory]] = {}
         self._raw: dict[str, RawSteps] = {}
         self._count = 0
+        self._bytes = 0  # of the members' steps' JSON
 
     def add(self, trajectories: Iterable[Trajectory], raw: Mapping[str, RawSteps] | None = None) -> None:
         for t in trajectories:
@@ -81,8 +98,10 @@ class MemberCache:
                 self._count += 1
             members[t.group_index] = t
             if raw and t.rollout_id in raw:
+                self._bytes -= _size(self._raw.get(t.rollout_id))
                 self._raw[t.rollout_id] = raw[t.rollout_id]
-        while self._count > self.max_trajectories and self._groups:
+                self._bytes += _size(raw[t.rollout_id])
+        while (self._count > self.max_trajectories or self._bytes > self.max_bytes) and self._groups:
             self.forget(next(iter(self._groups)))  # the oldest group
 
     def whole(self, group_id: str) -> list[Trajectory] | None:
@@ -100,7 +119,11 @@ class MemberCache:
         members = self._groups.pop(group_id, {})
         self._count -= len(members)
         for t in members.values():
-            self._raw.pop(t.rollout_id, None)
+            self._bytes -= _size(self._raw.pop(t.rollout_id, None))
+
+
+def _size(raw: RawSteps | None) -> int:
+    return sum(len(r) for r in raw.values()) if raw else 0
 
 
 class ResultCache:
