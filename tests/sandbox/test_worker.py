@@ -232,6 +232,42 @@ class CountingProvider(LocalProvider):
         return sandbox
 
 
+class GatedDestroyProvider(LocalProvider):
+    """A local provider whose sandboxes' destroy waits for ``gate``."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.gate = asyncio.Event()
+
+    async def create(self, spec: CreateSpec) -> LocalSandbox:
+        sandbox = await super().create(spec)
+        destroy = sandbox.destroy
+
+        async def gated() -> None:
+            await self.gate.wait()
+            await destroy()
+
+        sandbox.destroy = gated  # type: ignore[method-assign]
+        return sandbox
+
+
+async def test_the_result_goes_out_before_the_sandbox_is_destroyed(bus, tmp_path):
+    """SandboxDone and the verify job are published first; the sandbox is destroyed after, within
+    the job (acked only then)."""
+    job = make_job(tmp_path, DONE_AGENT)
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    provider = GatedDestroyProvider(data_dir=tmp_path / "data", owner="w")
+    async with running_worker(bus, tmp_path, provider=provider):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone)
+        verify = await _last(bus, "ARENA_VERIFY_JOBS", subjects.VERIFY_RUN, VerifyJob)
+        assert done.outcome is SandboxOutcome.COMPLETED and verify.rollout_id == "r1"
+        assert len(list(provider.base.iterdir())) == 1  # still there: its destroy waits for the gate
+        provider.gate.set()
+    assert list(provider.base.iterdir()) == []
+    assert (await bus.js.stream_info("ARENA_SANDBOX_JOBS")).state.messages == 0
+
+
 async def test_workers_share_the_queue_each_within_its_concurrency(bus, tmp_path):
     """Two workers (two processes' worth: own providers and owners) on one durable
     consumer: every job runs exactly once, both take jobs, neither runs more sandboxes

@@ -258,10 +258,13 @@ async def run_job(
     exchanges: episode.Exchanges | None = None,
     idle_s: float = 900.0,
     servers: hosted.EnvServers | None = None,
+    destroy_later: list[Sandbox] | None = None,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
-    a ``SandboxDone`` with outcome ``error``. The sandbox is destroyed on every path.
+    a ``SandboxDone`` with outcome ``error``. The sandbox is destroyed on every path, here, or
+    by the caller when ``destroy_later`` is given: it is appended to it, so the result can be
+    published first (the caller must destroy it, on every path).
 
     An OpenEnv episode (``agent.external``) serves ``exchanges``; a hosted environment's
     started server may come from, and go back to, ``servers``."""
@@ -379,7 +382,10 @@ async def run_job(
         return JobRun(done=done, log=full_log, run=run, artifacts=artifacts)
     finally:
         if sandbox is not None:
-            await asyncio.shield(sandbox.destroy())
+            if destroy_later is not None:
+                destroy_later.append(sandbox)
+            else:
+                await asyncio.shield(sandbox.destroy())
 
 
 async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exchanges, cancel, idle_s: float):

@@ -159,16 +159,28 @@ class SandboxWorker:
             return
         self.in_flight.inc()
         exchanges = await NatsExchanges.open(self.bus, rid) if job.task.agent.external else None
+        # the sandbox is destroyed once its result is out (still within this job's slot)
+        finished: list = []
         try:
-            result = await runner.run_job(
-                job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
-                sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
-                idle_s=self.settings.openenv_idle_s, servers=self.env_servers,
-            )
+            try:
+                result = await runner.run_job(
+                    job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
+                    sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
+                    idle_s=self.settings.openenv_idle_s, servers=self.env_servers, destroy_later=finished,
+                )
+            finally:
+                if exchanges is not None:
+                    await exchanges.close()
+            await self._finish(job, result, cancel, cancel_reason, sandbox_id)
         finally:
+            for sandbox in finished:
+                await asyncio.shield(sandbox.destroy())
             self.in_flight.dec()
-            if exchanges is not None:
-                await exchanges.close()
+
+    async def _finish(self, job: SandboxJob, result: runner.JobRun, cancel: asyncio.Event, cancel_reason: list[str],
+                      sandbox_id: str) -> None:
+        rid = job.rollout_id
+        extra = {"rollout_id": rid}
         done = result.done
         if done.outcome is SandboxOutcome.CANCELLED and not cancel_reason:
             if job.task.agent.external:  # an episode cannot move: its client's actions so far are gone
