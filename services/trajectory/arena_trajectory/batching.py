@@ -64,8 +64,10 @@ Item = tuple[Any, Delivery]
 BatchHandler = Callable[[list[Item]], Awaitable[Sequence[Verdict] | None]]
 
 #: A batch that is not full after its first fetch waits for more in this many pauses of
-#: ``linger / LINGER_STEPS``, each followed by a fetch that returns at once with what came.
-LINGER_STEPS = 4
+#: ``linger / LINGER_STEPS``, each followed by a fetch that returns at once with what came;
+#: a pause in which nothing came ends the wait (the flow stopped: the last batch of a burst
+#: waits one pause, not the whole ``linger``).
+LINGER_STEPS = 10
 #: How long such a fetch waits when nothing came during its pause (then the batch goes as it is).
 LINGER_FETCH_TIMEOUT = 0.005
 
