@@ -19,6 +19,7 @@ import torch
 
 from arena_core.grpo import group_advantages
 from arena_core.schemas import GroupCompleted, TrainingSequence, Trajectory
+from arena_core.sequences import sequences_of
 from arena_rl.lm import LanguageModel
 from arena_rl.loss import Variant, entropy, gae, pad, policy_loss, value_loss
 from arena_rl.policy_server import VERSION_HEADER
@@ -106,7 +107,9 @@ def rows_from_groups(groups: list[GroupCompleted], *, version: int, loss: Varian
     critic's baseline still gives a signal); the GRPO family skips them."""
     rows, skipped, rewards = [], 0, []
     for group in groups:
-        members = [t for t in group.trajectories if t.reward is not None and t.sequences]
+        # a trajectory read raw off the stream carries no sequences: assembled from its steps
+        group_sequences = {t.rollout_id: sequences_of(t)[0] for t in group.trajectories}
+        members = [t for t in group.trajectories if t.reward is not None and group_sequences[t.rollout_id]]
         group_rewards = [float(t.reward) for t in members]
         rewards.extend(group_rewards)
         advantages = group_advantages(group_rewards, normalize_std=normalize_std and loss == "grpo") \
@@ -115,7 +118,7 @@ def rows_from_groups(groups: list[GroupCompleted], *, version: int, loss: Varian
             skipped += 1
             continue
         for trajectory, advantage in zip(members, advantages or [0.0] * len(members), strict=True):
-            for index, seq in enumerate(trajectory.sequences):
+            for index, seq in enumerate(group_sequences[trajectory.rollout_id]):
                 ages = [version - v for v in token_versions(trajectory, seq)] or [0]
                 rows.append(Row(token_ids=list(seq.token_ids), loss_mask=list(seq.loss_mask),
                                 logprobs=list(seq.logprobs), reward=float(trajectory.reward),

@@ -26,6 +26,7 @@ from arena_rl.loss import grpo_loss, pad
 from arena_rl.model import PolicyModel, completion_entropy, completion_logprobs, save_checkpoint, to_blob
 from arena_rl.tokenizer import CharTokenizer
 from arena_core.schemas import GroupCompleted, TrainerMetrics, Trajectory
+from arena_core.sequences import sequences_of
 
 log = logging.getLogger("arena_rl.trainer")
 
@@ -326,7 +327,7 @@ def trainer_logprobs(model: PolicyModel, trajectories: list[Trajectory]) -> list
     """``(rollout_id, sequence_index, logprobs)`` for each training sequence: the model's logprob
     of every token given the tokens before it (0.0 for the first), in one forward pass, to set
     beside the logprobs the server sampled with. Sequences over the model's context are left out."""
-    items = [(t.rollout_id, i, list(seq.token_ids)) for t in trajectories for i, seq in enumerate(t.sequences)
+    items = [(t.rollout_id, i, list(seq.token_ids)) for t in trajectories for i, seq in enumerate(sequences_of(t)[0])
              if 1 < len(seq.token_ids) <= model.cfg.max_len]
     if not items:
         return []
