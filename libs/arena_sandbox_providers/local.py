@@ -444,6 +444,7 @@ async def _execute(
     forwarder: _Forwarder | None = None
     net: netns.SandboxNet | None = None
     proc: asyncio.subprocess.Process | None = None
+    released = False  # the gate was told to become bwrap
     started = time.monotonic()
     try:
         shim: tuple[int, str] | None = None
@@ -469,6 +470,7 @@ async def _execute(
         await asyncio.to_thread(_limit_process, proc.pid, spec.limits, spec.cgroup_procs)  # raises: the gate is killed
         proc.stdin.write(b"go\n")
         proc.stdin.close()
+        released = True
         waiters = {asyncio.ensure_future(proc.wait())}
         cancel_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
         if cancel_wait is not None:
@@ -492,6 +494,9 @@ async def _execute(
     finally:
         if proc is not None and proc.returncode is None:
             # Cancelled or failed mid-run: never leave the sandbox behind.
+            if not released:  # still the gate, which has started nothing: it goes at once
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
             await asyncio.shield(_kill_tree(proc))
         if forwarder is not None:
             await forwarder.close()

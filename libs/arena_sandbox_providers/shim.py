@@ -74,6 +74,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: shim.py PORT SOCKET -- COMMAND [ARG...]\n")
         return 2
     port, socket_path, command = int(argv[0]), argv[1], argv[3:]
+    # The signals to forward, and SIGCHLD, are blocked in every thread (the relay threads inherit
+    # it) and taken with sigwaitinfo: none is lost between the command's start and the wait.
+    waited = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGCHLD}
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, waited)
     for family, address in ((_socket.AF_INET, "127.0.0.1"), (_socket.AF_INET6, "::1")):
         listener = _socket.socket(family, _socket.SOCK_STREAM)
         listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
@@ -87,31 +91,31 @@ def main(argv: list[str]) -> int:
         listener.listen(128)
         _thread.start_new_thread(_accept_loop, (listener, socket_path))
     try:  # the listeners are close-on-exec: the command inherits only stdin/stdout/stderr
-        pid = _spawn(command)
+        pid = _spawn(command)  # with no signal blocked
     except OSError as exc:
         sys.stderr.write(f"arena shim: cannot run {command[0]!r}: {exc}\n")
         return 127
-
-    def forward(signum, _frame) -> None:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        _signal.signal(sig, forward)
-    _, status = os.waitpid(pid, 0)
-    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        signum = _signal.sigwaitinfo(waited).si_signo
+        if signum != _signal.SIGCHLD:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
 
 
 def _spawn(command: list[str]) -> int:
     """The command's pid (``posix_spawnp``; fork and exec on a Python older than 3.8,
     which an image may ship)."""
     if hasattr(os, "posix_spawnp"):
-        return os.posix_spawnp(command[0], command, os.environ)
+        return os.posix_spawnp(command[0], command, os.environ, setsigmask=())
     pid = os.fork()
     if pid == 0:
         try:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
             os.execvp(command[0], command)
         except OSError as exc:
             sys.stderr.write(f"arena shim: cannot run {command[0]!r}: {exc}\n")

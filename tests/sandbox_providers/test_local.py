@@ -245,6 +245,15 @@ async def test_shim_relays_the_exit_code(tmp_path, http_proxy):
     assert result.exit_code == 7
 
 
+async def test_a_sandbox_that_cannot_join_its_cgroup_never_runs(tmp_path):
+    # the gate waits for its cgroups and limits: when they cannot be set, it is killed first
+    spec = _spec(tmp_path, ["sh", "-c", "touch /sandbox/workspace/ran"],
+                 cgroup_procs=(str(tmp_path / "no-such-cgroup" / "cgroup.procs"),))
+    with pytest.raises(FileNotFoundError):
+        await local.run(spec)
+    assert not (tmp_path / "ws" / "ran").exists()
+
+
 async def test_resource_limits(tmp_path):
     code = """
 import resource
