@@ -5,7 +5,8 @@ same messages with the same concurrency and no Arena code.
 
 One run, one machine, real processes: a ``nats-server`` with file storage (fsync setting
 ``--sync``, default ``always`` as in ``arena up``), ``python -m arena_trajectory`` with
-embedded chDB, and a ``TrajectoryStream`` consumer in this process.
+embedded chDB, a trainer (a ``TrajectoryStream`` consumer) in a process of its own, as a
+trainer runs, and the planes' publishes from this process.
 
 1. baseline: N step messages to a scratch stream, each ``await js.publish(...)`` with its
    ``Nats-Msg-Id`` in a task of its own, at most ``--in-flight`` awaiting their ``PubAck``
@@ -41,10 +42,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -224,34 +227,80 @@ class Trainer:
 
     async def run(self) -> None:
         async with TrajectoryStream(self.url, name="bench", max_ack_pending=4096) as stream:
+            print("ready", flush=True)
             async for batch in stream.groups(batch_size=16, max_wait=0.05):
                 self.groups += len(batch)
                 self.steps += sum(len(t.steps) for g in batch for t in g.trajectories)
                 await batch.commit()
                 if self.groups >= self.groups_expected:
-                    self.done.set_result(time.perf_counter())
+                    self.done.set_result(time.time())
                     return
 
 
-async def until_queryable_and_trained(client, port: int, total_steps: int, trainer: Trainer, t0: float,
+async def trainer_process(url: str, groups: int) -> None:
+    """``--as-trainer``: the trainer in a process of its own, as a trainer runs (beside the
+    service and the planes, not in the publisher's event loop); prints ``ready`` once
+    subscribed, then ``{"done_at": unix time, "steps": n}`` once it has every group."""
+    trainer = Trainer(url, groups)
+    done_at = await trainer.done
+    print(json.dumps({"done_at": done_at, "steps": trainer.steps}), flush=True)
+
+
+class TrainerProcess:
+    """``python trajectory_throughput.py --as-trainer URL GROUPS`` started and read."""
+
+    def __init__(self, url: str, groups: int, log):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--as-trainer", url, str(groups)],
+                                     stdout=subprocess.PIPE, stderr=log, text=True)
+        self.result: dict | None = None
+        self._lines: asyncio.Queue[str] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, args=(loop,), daemon=True).start()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        for line in self.proc.stdout:
+            loop.call_soon_threadsafe(self._lines.put_nowait, line.strip())
+        loop.call_soon_threadsafe(self._lines.put_nowait, "")
+
+    async def ready(self) -> None:
+        if await asyncio.wait_for(self._lines.get(), 60) != "ready":
+            raise SystemExit("the trainer process did not start")
+
+    def poll(self) -> dict | None:
+        """Its result once it has every group, else None."""
+        while self.result is None and not self._lines.empty():
+            line = self._lines.get_nowait()
+            if not line:
+                raise SystemExit(f"the trainer process exited ({self.proc.poll()})")
+            self.result = json.loads(line)
+        return self.result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(30)
+
+
+async def until_queryable_and_trained(client, port: int, total_steps: int, trainer: TrainerProcess, t0: float,
                                       args) -> tuple[float, float]:
-    """(seconds from ``t0`` until every step is queryable, until the trainer has every group)."""
+    """(seconds from ``t0`` until every step is queryable, until the trainer has every group);
+    ``t0`` from ``time.time()`` (the trainer is another process)."""
     t_query = None
     stored: dict = {}
-    while t_query is None or not trainer.done.done():
+    while t_query is None or trainer.poll() is None:
         if t_query is None:  # rows stored (cheap) until they are all there, then as queries see them
             stored = (await client.get(f"http://127.0.0.1:{port}/v1/counts",
                                        params={"table": "steps", "final": "false"})).json()
             if stored["steps"] >= total_steps:
                 counts = (await client.get(f"http://127.0.0.1:{port}/v1/counts", params={"table": "steps"})).json()
                 if counts["steps"] >= total_steps:
-                    t_query = time.perf_counter()
-        if time.perf_counter() - t0 > args.timeout:
-            raise SystemExit(f"timed out: steps stored {stored}, trainer {trainer.groups} groups")
+                    t_query = time.time()
+        if time.time() - t0 > args.timeout:
+            raise SystemExit(f"timed out: steps stored {stored}, the trainer not done")
         await asyncio.sleep(0.05)
-    await trainer.task
-    assert trainer.steps == total_steps, (trainer.steps, total_steps)
-    return t_query - t0, trainer.done.result() - t0
+    result = trainer.poll()
+    assert result["steps"] == total_steps, (result, total_steps)
+    return t_query - t0, result["done_at"] - t0
 
 
 async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, float]:
@@ -266,11 +315,13 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
         async with httpx.AsyncClient(timeout=5) as client:
             await wait_healthy(client, port)
             load = messages(args)
-            trainer = Trainer(url, args.rollouts // args.group_size)
-            pids = {"nats-server": nats_pid, "trajectory service": service.pid, "bench (publisher + trainer)": os.getpid()}
+            trainer = TrainerProcess(url, args.rollouts // args.group_size, log)
+            await trainer.ready()
+            pids = {"nats-server": nats_pid, "trajectory service": service.pid, "trainer": trainer.proc.pid,
+                    "bench (the planes' publisher)": os.getpid()}
             cpu0 = cpu_seconds(pids)
             threads0 = thread_seconds(service.pid)
-            t0 = time.perf_counter()
+            t0 = time.time()
             publish_s, _ = await publish_all(lambda subject, data, msg_id: bus.publish(subject, data, msg_id=msg_id),
                                              load, args.in_flight)
             query_s, stream_s = await until_queryable_and_trained(client, port, total_steps, trainer, t0, args)
@@ -279,8 +330,10 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
             return {"publish_s": publish_s, "messages": len(load), "query_s": query_s, "stream_s": stream_s,
                     "cpu": {k: cpu1[k] - cpu0[k] for k in pids},
                     "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items() if v - threads0.get(k, 0.0) > 0},
-                    "wall_s": time.perf_counter() - t0}
+                    "wall_s": time.time() - t0}
     finally:
+        if "trainer" in locals():
+            trainer.stop()
         service.terminate()
         service.wait(30)
         log.close()
@@ -299,7 +352,8 @@ async def backlog(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, fl
     load = messages(args)
     await publish_all(lambda subject, data, msg_id: bus.publish(subject, data, msg_id=msg_id), load, args.in_flight)
     log = open(os.environ.get("BENCH_SERVICE_LOG", data_dir.parent / "service.log"), "ab")  # noqa: SIM115 - closed below
-    trainer = Trainer(url, args.rollouts // args.group_size)
+    trainer = TrainerProcess(url, args.rollouts // args.group_size, log)
+    await trainer.ready()
     service = start_service(url, data_dir, port, log)
     try:
         async with httpx.AsyncClient(timeout=5) as client:
@@ -313,18 +367,17 @@ async def backlog(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, fl
                 if service.poll() is not None:
                     raise SystemExit("the trajectory service exited")
                 await asyncio.sleep(0.01)
-            t0 = time.perf_counter()
+            t0 = time.time()
             cpu0 = cpu_seconds({"trajectory service": service.pid, "nats-server": nats_pid})
             query_s, stream_s = await until_queryable_and_trained(client, port, args.rollouts * args.steps, trainer,
                                                                   t0, args)
             cpu1 = cpu_seconds({"trajectory service": service.pid, "nats-server": nats_pid})
             return {"query_s": query_s, "stream_s": stream_s, "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0}}
     finally:
+        trainer.stop()
         service.terminate()
         service.wait(30)
         log.close()
-        if not trainer.task.done():
-            trainer.task.cancel()
         await bus.close()
 
 
@@ -353,7 +406,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of the baseline and of Bus.publish, in turn; the best of each (default %(default)s)")
     parser.add_argument("--profile", help="write a cProfile of the trajectory service (end-to-end run) to this file")
+    parser.add_argument("--as-trainer", nargs=2, metavar=("URL", "GROUPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.as_trainer:
+        asyncio.run(trainer_process(args.as_trainer[0], int(args.as_trainer[1])))
+        return
     reference = cpu_reference()
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
         nats_server = NatsServer(Path(tmp) / "nats", sync=args.sync).start()
