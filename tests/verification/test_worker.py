@@ -96,7 +96,10 @@ async def test_a_job_over_its_budget_is_retried_then_dead_lettered(bus, tmp_path
     running = asyncio.create_task(worker.consumer(concurrency=1).run(stop))
     dead = await bus.js.pull_subscribe("arena.dead.*", durable="test-dead-budget", stream="ARENA_DEAD")
     try:
-        job = VerifyJob(rollout_id="slow", task=load_task(QUICKSTART), diff=scripted_diff("correct"))
+        task = load_task(QUICKSTART)
+        # over budget by construction: the quickstart's own tests can now finish within 0.3 s
+        task = msgspec.structs.replace(task, verifier=msgspec.structs.replace(task.verifier, command="sleep 60"))
+        job = VerifyJob(rollout_id="slow", task=task, diff=scripted_diff("correct"))
         await bus.publish(subjects.VERIFY_RUN, job, msg_id=subjects.msg_id("slow", "verify-job"))
         [letter] = [msgspec.json.decode(m.data, type=DeadLetter) for m in await fetch(dead, 1, timeout=60)]
         assert letter.num_delivered == 3
