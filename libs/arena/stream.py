@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 from arena_core.bus import BodyMissing, Bus
 from arena_core.errors import Unavailable
 from arena_core.schemas import GroupCompleted, MemberRef, TrainingSequence, Trajectory
-from arena_core.sequences import sequences_of, with_sequences
+from arena_core.sequences import ensure_sequences, lacks_sequences, sequences_of
 
 log = logging.getLogger("arena.stream")
 
@@ -52,34 +52,26 @@ class StreamStats(msgspec.Struct, kw_only=True):
 
 
 def _decode(data: bytes) -> GroupCompleted:
-    """Decode, and assemble each member's training sequences from its steps: they are
-    derived data, not on the wire (docs/trajectory.md, "Training sequences"). Assembling
-    them costs less than decoding them would (as many token ids again).
-
-    With the cyclic GC paused: a group is tens of thousands of fresh objects (token ids,
-    logprobs) with no cycles among them, and letting the collector run every 700 of them
-    while decoding multiplied the decode time by ~3. It runs again right after."""
-    with _gc_paused():
-        group = _decoder.decode(data)
-        if any(_lacks_sequences(t) for t in group.trajectories):
-            group = msgspec.structs.replace(group, trajectories=[
-                with_sequences(t) if _lacks_sequences(t) else t for t in group.trajectories])
-        return group
+    """A group message, each member it carries with its training sequences assembled from its
+    steps: they are derived data, not on the wire (docs/trajectory.md, "Training sequences").
+    Assembling them costs less than decoding them would (as many token ids again)."""
+    group = _decoder.decode(data)
+    if any(lacks_sequences(t) for t in group.trajectories):
+        group = msgspec.structs.replace(group, trajectories=[ensure_sequences(t) for t in group.trajectories])
+    return group
 
 
 def _decode_trajectory(data: bytes) -> Trajectory:
     """A member's trajectory message, with its training sequences assembled (as ``_decode``)."""
-    with _gc_paused():
-        t = _trajectory_decoder.decode(data)
-        return with_sequences(t) if _lacks_sequences(t) else t
+    return ensure_sequences(_trajectory_decoder.decode(data))
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """The cyclic GC off inside (nested: only the outermost turns it back on). Decoded groups
-    are tens of thousands of fresh containers without cycles; a collection while they are
-    made scans them again and again (a trainer reading 800-byte steps spent 20 us a step,
-    11 of them in the GC, until its reads of a fetched batch ran with it paused: 11.9)."""
+    """The cyclic GC off inside. Decoded groups are tens of thousands of fresh containers
+    (token ids, logprobs) without cycles; a collection while they are made scans them again
+    and again (a trainer reading 800-byte steps spent 20 us a step, 11 of them in the GC,
+    until its reads of a fetched batch ran with it paused: 11.9). It runs again right after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -87,12 +79,6 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _lacks_sequences(t: Trajectory) -> bool:
-    """Steps but neither sequences nor breaks: left out on the wire (any step makes one or
-    the other)."""
-    return bool(t.steps) and not t.sequences and not t.sequence_breaks
 
 
 class SequenceSample(NamedTuple):
@@ -333,25 +319,8 @@ class TrajectoryStream:
             await msg.nak(delay=1.0)
             return None
         if group.members:  # the members by reference: read them
-            try:
-                group = await self._resolve(group)
-            except Unavailable as exc:
-                log.warning("group %d on %s: %s", seq, msg.subject, exc)
-                await msg.nak(delay=1.0)
-                return None
-            except (msgspec.DecodeError, BodyMissing) as exc:
-                log.error("terminating group %d on %s: a member is undecodable: %s", seq, msg.subject, exc)
-                self.stats.undecodable += 1
-                await msg.term()
-                return None
-            except LookupError as exc:  # not on the stream (yet)
-                if msg.metadata.num_delivered < MEMBER_WAIT_DELIVERIES:
-                    await msg.nak(delay=1.0)
-                    return None
-                log.error("terminating group %d on %s: %s after %d deliveries", seq, msg.subject, exc,
-                          msg.metadata.num_delivered)
-                self.stats.missing_members += 1
-                await msg.term()
+            group = await self._resolve(group, msg)
+            if group is None:
                 return None
         if group.group_id in self._yielded:
             self.stats.duplicates += 1
@@ -373,10 +342,31 @@ class TrajectoryStream:
         self._yielded.add(group.group_id)
         return group
 
-    async def _resolve(self, group: GroupCompleted) -> GroupCompleted:
-        """``group`` with its ``members`` read from the stream into ``trajectories``.
-        ``LookupError`` if one is not there."""
-        members = await asyncio.gather(*(self._member(ref) for ref in group.members))
+    async def _resolve(self, group: GroupCompleted, msg: Msg) -> GroupCompleted | None:
+        """``group`` with its ``members`` read from the stream into ``trajectories``, or None
+        when its message is settled here instead: again shortly (a member not there yet, or
+        not readable now), or terminated (a member undecodable, or still missing after
+        ``MEMBER_WAIT_DELIVERIES``)."""
+        seq, delivered = msg.metadata.sequence.stream, msg.metadata.num_delivered
+        try:
+            members = await asyncio.gather(*(self._member(ref) for ref in group.members))
+        except Unavailable as exc:
+            log.warning("group %d on %s: %s", seq, msg.subject, exc)
+            await msg.nak(delay=1.0)
+            return None
+        except (msgspec.DecodeError, BodyMissing) as exc:
+            log.error("terminating group %d on %s: a member is undecodable: %s", seq, msg.subject, exc)
+            self.stats.undecodable += 1
+            await msg.term()
+            return None
+        except LookupError as exc:  # not on the stream (yet)
+            if delivered < MEMBER_WAIT_DELIVERIES:
+                await msg.nak(delay=1.0)
+                return None
+            log.error("terminating group %d on %s: %s after %d deliveries", seq, msg.subject, exc, delivered)
+            self.stats.missing_members += 1
+            await msg.term()
+            return None
         return msgspec.structs.replace(group, trajectories=list(members), members=[])
 
     async def _member(self, ref: MemberRef) -> Trajectory:

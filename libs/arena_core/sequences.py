@@ -140,9 +140,20 @@ def with_sequences(t: Trajectory) -> Trajectory:
     return msgspec.structs.replace(t, sequences=sequences, sequence_breaks=breaks)
 
 
+def lacks_sequences(t: Trajectory) -> bool:
+    """Steps, but neither sequences nor breaks (any step makes one or the other): left out
+    of a message on the trajectory stream, or from before they existed."""
+    return bool(t.steps) and not t.sequences and not t.sequence_breaks
+
+
+def ensure_sequences(t: Trajectory) -> Trajectory:
+    """``t`` as it is if it carries its sequences, else with them assembled from its steps."""
+    return with_sequences(t) if lacks_sequences(t) else t
+
+
 def sequences_of(t: Trajectory) -> tuple[list[TrainingSequence], list[SequenceBreak]]:
-    """The sequences and breaks ``t`` carries; for a trajectory from before they existed
-    (steps, but neither), those ``assemble`` makes from its steps: the same values."""
-    if t.sequences or t.sequence_breaks or not t.steps:
-        return list(t.sequences), list(t.sequence_breaks)
-    return assemble(t.steps)
+    """The sequences and breaks ``t`` carries; for one that lacks them (``lacks_sequences``),
+    those ``assemble`` makes from its steps: the same values."""
+    if lacks_sequences(t):
+        return assemble(t.steps)
+    return list(t.sequences), list(t.sequence_breaks)

@@ -2,7 +2,7 @@
 
 Same message, same values, without re-encoding every step's token ids and logprobs, and
 without the training sequences: they are derived from the steps (as many token ids again),
-so readers assemble them (``arena.stream`` does, ``arena_core.sequences.sequences_of``).
+so readers assemble them (``arena.stream`` does; ``arena_core.sequences.ensure_sequences``).
 A group refers to its members' trajectory messages instead of copying them.
 See docs/trajectory.md (Assembly, step 6).
 """
