@@ -36,8 +36,9 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, Not
 
 from arena_core import subjects, telemetry
 from arena_core.batching import BatchFailed, Batcher, NotBatched
+from arena_core.packing import NotPacked, PackFailed, Packer
 from arena_core.errors import Permanent, Retryable, Unavailable
-from arena_core.schemas import DeadLetter, encode
+from arena_core.schemas import DeadLetter, Packed, encode
 
 log = logging.getLogger("arena_core.bus")
 
@@ -101,6 +102,9 @@ class Bus:
         #: streams whose publishes go out in atomic batches (``arena_core.batching``): those
         #: ``ensure_topology`` found allowing them; a stream's ``Batcher``
         self.batchers: dict[str, Batcher] = {}
+        #: streams whose publishes made together go out as one ``Pack`` (``arena_core.packing``):
+        #: those of ``subjects.STREAMS`` with a pack subject, once ``ensure_topology`` declared them
+        self.packers: dict[str, Packer] = {}
         #: Set when nats-py closed the connection for good without ``close`` (a protocol error
         #: from the server is final to it): the service must exit non-zero for its supervisor.
         self.lost = asyncio.Event()
@@ -236,8 +240,12 @@ class Bus:
                 raise
             except APIError as exc:
                 raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
-            if (await self.js.stream_info(spec.name)).config.allow_atomic:
+            info = await self.js.stream_info(spec.name)
+            if info.config.allow_atomic:
                 self.batchers.setdefault(spec.name, Batcher(self.nc, timeout=self.publish_timeout))
+            if spec.packs and spec.packs in (info.config.subjects or []):
+                self.packers.setdefault(spec.name, Packer(self.js, spec.packs, timeout=self.publish_timeout,
+                                                          max_bytes=self.nc.max_payload - BODY_HEADROOM))
         for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS,
                        subjects.KV_WORKERS):
             await self.kv(bucket)
@@ -312,9 +320,18 @@ class Bus:
         data = message if isinstance(message, bytes) else encode(message)
         hdrs = telemetry.inject(dict(headers or {}))
         hdrs["Nats-Msg-Id"] = msg_id
-        batcher = self.batchers.get(subjects.stream_of(subject) or "") if self.batchers else None
-        if (batcher is not None and len(data) <= self.nc.max_payload - BODY_HEADROOM
-                and not any(k.startswith("Nats-Expected") for k in hdrs)):
+        stream = (subjects.stream_of(subject) or "") if self.batchers or self.packers else ""
+        packer = self.packers.get(stream) if self.packers else None
+        expects = any(k.startswith("Nats-Expected") for k in hdrs)
+        if packer is not None and subject != packer.subject and packer.fits(data) and not expects:
+            try:  # with the publishes of this loop turn to the same stream: one message
+                return await packer.publish(subject, data, hdrs)
+            except NotPacked:
+                pass
+            except PackFailed as exc:
+                log.debug("publish to %s: %s; publishing it alone", subject, exc)
+        batcher = self.batchers.get(stream) if self.batchers else None
+        if batcher is not None and len(data) <= self.nc.max_payload - BODY_HEADROOM and not expects:
             try:  # with the publishes of this loop turn to the same stream: one commit
                 return await batcher.publish(subject, data, hdrs)
             except NotBatched:
@@ -386,22 +403,24 @@ class Bus:
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             raise Unavailable(f"cannot read the message body {name}: {exc}") from exc
 
-    async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str) -> None:
+    async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str,
+                          packed: tuple[int, Packed] | None = None) -> None:
+        """Dead-letter ``msg``, or (``packed``: its index and itself) one message of the pack ``msg``."""
         meta = msg.metadata
         letter = DeadLetter(
             stream=stream,
-            subject=msg.subject,
+            subject=packed[1].subject if packed else msg.subject,
             consumer=consumer,
             error=error,
             num_delivered=meta.num_delivered,
-            data=msg.data,
+            data=packed[1].data if packed else msg.data,
             at=time.time(),
-            body_object=body_object(msg),
+            body_object=None if packed else body_object(msg),
         )
         await self.publish(
             subjects.dead(stream),
             letter,
-            msg_id=f"dead:{stream}:{consumer}:{meta.sequence.stream}",
+            msg_id=f"dead:{stream}:{consumer}:{meta.sequence.stream}" + (f":{packed[0]}" if packed else ""),
         )
 
 
@@ -507,6 +526,22 @@ class Delivery:
     def headers(self) -> dict[str, str]:
         """A copy of the message's headers."""
         return dict(self._msg.headers or {})
+
+
+class PackedDelivery(Delivery):
+    """A message of a pack (``arena_core.packing``): its own subject and headers; its
+    deliveries are the pack's."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, msg: Msg, packed: Packed):
+        super().__init__(msg)
+        self.subject = packed.subject
+        self._headers = {**packed.headers, "Nats-Msg-Id": packed.msg_id}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self._headers)
 
 
 Handler = Callable[[T, Delivery], Awaitable[None]]

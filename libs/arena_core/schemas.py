@@ -1097,6 +1097,24 @@ class DeadLetter(Base, kw_only=True):
     body_object: str | None = None
 
 
+class Packed(Base, kw_only=True):
+    """One message inside a :class:`Pack`: what it would have been published as alone."""
+
+    subject: str
+    msg_id: str  # its ``Nats-Msg-Id``
+    data: bytes
+    headers: dict[str, str] = {}  # its other headers (trace context)
+
+
+class Pack(Base, kw_only=True):
+    """``arena.steps``: publishes to ``ARENA_STEPS`` made in the same moment, stored as one
+    message: one write, one fsync, one delivery and one ack for all of them
+    (``arena_core.packing``). Encoded as msgpack, so that any body travels as it is; each
+    body is what the message would have carried alone (a ``Step``'s JSON)."""
+
+    messages: list[Packed]
+
+
 class ErrorBody(Base, kw_only=True):
     code: str
     message: str
@@ -1144,6 +1162,7 @@ MESSAGES: dict[str, type] = {
     "Trajectory": Trajectory,
     "GroupCompleted": GroupCompleted,
     "DeadLetter": DeadLetter,
+    "Pack": Pack,
     "TrainerMetrics": TrainerMetrics,
     "ErrorResponse": ErrorResponse,
     "EnvRequest": EnvRequest,

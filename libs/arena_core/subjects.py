@@ -19,7 +19,13 @@ class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     retention: str  # "limits" | "workqueue"
     description: str
     max_age_s: float = 0.0  # 0: keep forever
+    #: Publishes to this stream made in the same moment go to this subject as one ``Pack``
+    #: (``arena_core.packing``); "" for none.
+    packs: str = ""
 
+
+#: Steps published together, as one ``Pack`` (``arena_core.packing``).
+STEP_PACKS = "arena.steps"
 
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
@@ -36,9 +42,11 @@ STREAMS: tuple[StreamSpec, ...] = (
     ),
     StreamSpec(
         name="ARENA_STEPS",
-        subjects=["arena.step.*"],
+        subjects=["arena.step.*", STEP_PACKS],
         retention="limits",
-        description="Every LLM call captured by the proxy.",
+        description="Every LLM call captured by the proxy: one step per message on arena.step.{rollout_id}, "
+                    "or steps published together as one Pack on arena.steps.",
+        packs=STEP_PACKS,
     ),
     StreamSpec(
         name="ARENA_VERIFY_JOBS",
@@ -194,6 +202,7 @@ def catalog() -> dict:
             "sandbox_started": "arena.sandbox.started.{rollout_id}",
             "sandbox_done": "arena.sandbox.done.{rollout_id}",
             "step": "arena.step.{rollout_id}",
+            "step_packs": STEP_PACKS,
             "verify_run": VERIFY_RUN,
             "verify_done": "arena.verify.done.{rollout_id}",
             "trajectory": "arena.trajectory.{task_id}.{rollout_id}",
@@ -210,6 +219,7 @@ def catalog() -> dict:
             "arena.sandbox.started.{rollout_id}": "SandboxStarted",
             "arena.sandbox.done.{rollout_id}": "SandboxDone",
             "arena.step.{rollout_id}": "Step",
+            STEP_PACKS: "Pack",
             "arena.verify.run": "VerifyJob",
             "arena.verify.done.{rollout_id}": "VerificationResult",
             "arena.trajectory.{task_id}.{rollout_id}": "Trajectory",

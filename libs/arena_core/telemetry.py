@@ -129,7 +129,8 @@ def tracer() -> trace.Tracer:
 
 def inject(headers: dict[str, str]) -> dict[str, str]:
     """Add ``traceparent`` of the current span to ``headers`` (in place) and return them."""
-    propagate.inject(headers)
+    if context.get_current():  # an empty context (no span, no baggage) has nothing to add: every publish asks
+        propagate.inject(headers)
     return headers
 
 

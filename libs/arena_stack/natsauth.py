@@ -22,7 +22,8 @@ _OBJECTS = f"$O.{subjects.OBJECT_ARTIFACTS}.>"
 
 #: service -> (may publish, may subscribe). Replies come on ``_INBOX.>``.
 PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
-    "rollout": ([*_JETSTREAM, "arena.rollout.>", "arena.sandbox.run.>", "arena.step.>", "arena.verify.run",
+    "rollout": ([*_JETSTREAM, "arena.rollout.>", "arena.sandbox.run.>", "arena.step.>", subjects.STEP_PACKS,
+                 "arena.verify.run",
                  "arena.env.>", _KV.format(subjects.KV_ROLLOUTS), _KV.format(subjects.KV_BACKENDS),
                  _KV.format(subjects.KV_VERIFIERS), _KV.format(subjects.KV_API_KEYS),
                  _KV.format(subjects.KV_ENVIRONMENTS), _OBJECTS],

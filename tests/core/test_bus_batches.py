@@ -14,12 +14,12 @@ from arena_core.bus import Bus
 
 async def test_publishes_of_one_loop_turn_are_one_batch_each_acknowledged(bus: Bus):
     await bus.ensure_topology()
-    batcher = bus.batchers[subjects.stream_of(subjects.step("r-1"))]
-    acks = await asyncio.gather(*(bus.publish(subjects.step("r-1"), b"step %d" % i, msg_id=f"r-1:step:{i}")
+    batcher = bus.batchers[subjects.stream_of(subjects.sandbox_done("r-1"))]
+    acks = await asyncio.gather(*(bus.publish(subjects.sandbox_done("r-1"), b"step %d" % i, msg_id=f"r-1:step:{i}")
                                   for i in range(100)))
     assert batcher.batches == 1 and batcher.messages == 100
     assert [a.seq for a in acks] == list(range(acks[0].seq, acks[0].seq + 100))
-    sub = await bus.js.pull_subscribe(subjects.step("r-1"), durable="t", stream="ARENA_STEPS")
+    sub = await bus.js.pull_subscribe(subjects.sandbox_done("r-1"), durable="t", stream="ARENA_RESULTS")
     got = []
     while len(got) < 100:
         got += await sub.fetch(100, timeout=5)
@@ -29,23 +29,23 @@ async def test_publishes_of_one_loop_turn_are_one_batch_each_acknowledged(bus: B
 
 async def test_a_batch_holding_a_message_already_stored_falls_back_one_by_one(bus: Bus):
     await bus.ensure_topology()
-    batcher = bus.batchers["ARENA_STEPS"]
-    first = await bus.publish(subjects.step("r-2"), b"zero", msg_id="r-2:step:0")
+    batcher = bus.batchers["ARENA_RESULTS"]
+    first = await bus.publish(subjects.sandbox_done("r-2"), b"zero", msg_id="r-2:step:0")
     assert batcher.batches == 0  # one publish alone: no batch (its fixed cost would not pay)
-    again = await asyncio.gather(*(bus.publish(subjects.step("r-2"), b"x", msg_id=f"r-2:step:{i}") for i in range(20)))
+    again = await asyncio.gather(*(bus.publish(subjects.sandbox_done("r-2"), b"x", msg_id=f"r-2:step:{i}") for i in range(20)))
     assert batcher.batches == 0  # refused whole: published one by one
     assert again[0].duplicate and again[0].seq == first.seq
     assert sorted(a.seq for a in again[1:]) == list(range(first.seq + 1, first.seq + 20))
-    assert (await bus.js.stream_info("ARENA_STEPS")).state.messages == 20
+    assert (await bus.js.stream_info("ARENA_RESULTS")).state.messages == 20
 
 
 async def test_a_few_publishes_together_go_one_by_one_and_a_batch_is_cut_by_bytes(bus: Bus):
     await bus.ensure_topology()
-    batcher = bus.batchers["ARENA_STEPS"]
-    acks = await asyncio.gather(*(bus.publish(subjects.step("r-3"), b"x", msg_id=f"r-3:{i}") for i in range(5)))
+    batcher = bus.batchers["ARENA_RESULTS"]
+    acks = await asyncio.gather(*(bus.publish(subjects.sandbox_done("r-3"), b"x", msg_id=f"r-3:{i}") for i in range(5)))
     assert batcher.batches == 0 and len({a.seq for a in acks}) == 5
     big = b"y" * (600 * 1024)  # 20 of them: 12 MiB, over a batch's 4 MiB
-    acks = await asyncio.gather(*(bus.publish(subjects.step("r-4"), big, msg_id=f"r-4:{i}") for i in range(20)))
+    acks = await asyncio.gather(*(bus.publish(subjects.sandbox_done("r-4"), big, msg_id=f"r-4:{i}") for i in range(20)))
     assert batcher.batches >= 3 and len({a.seq for a in acks}) == 20
 
 

@@ -36,8 +36,11 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 
-from arena_core.bus import BodyMissing, Bus, Delivery, PullConsumer, body_object, settle
+from arena_core import subjects
+from arena_core.bus import BodyMissing, Bus, Delivery, PackedDelivery, PullConsumer, body_object, settle
 from arena_core.errors import Unavailable
+from arena_core.packing import unpack
+from arena_core.schemas import Packed
 
 log = logging.getLogger("arena.trajectory")
 
@@ -70,6 +73,8 @@ BatchHandler = Callable[[list[Item]], Awaitable[Sequence[Verdict] | None]]
 LINGER_STEPS = 10
 #: How long such a fetch waits when nothing came during its pause (then the batch goes as it is).
 LINGER_FETCH_TIMEOUT = 0.005
+#: About the most bytes in one batch (messages are asked for by count; their mean size sets how many).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 
 class BatchConsumer(PullConsumer, Generic[T]):
@@ -91,6 +96,7 @@ class BatchConsumer(PullConsumer, Generic[T]):
         linger: float = 0.1,
         max_backoff: float = 30.0,
         concurrency: int = 1,
+        max_bytes: int = MAX_BATCH_BYTES,
     ):
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -104,6 +110,10 @@ class BatchConsumer(PullConsumer, Generic[T]):
         self.fetch_timeout = fetch_timeout
         self.linger = linger
         self.concurrency = concurrency
+        self.max_bytes = max_bytes
+        #: the stream's pack subject (``arena_core.packing``): its messages are unpacked, each an item
+        self.packs = next((spec.packs for spec in subjects.STREAMS if spec.name == stream), "")
+        self._mean_size = 0.0  # of the messages fetched so far (a pack is many messages' bytes)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch, handle and settle batches until ``stop`` is set (the batches in hand are
@@ -153,33 +163,68 @@ class BatchConsumer(PullConsumer, Generic[T]):
                 await _unsubscribe(sub)
 
     async def fetch(self, sub) -> list[Msg]:
-        """Up to ``batch_size`` messages: waits up to ``fetch_timeout`` for the first (else
-        nats-py's ``TimeoutError``), then, while fewer than ``batch_size`` are in, lets more
-        gather for up to ``linger`` seconds (a few pauses, each followed by a fetch of what
-        came: a fetch per message that trickles in would cost more than the messages)."""
-        msgs = await sub.fetch(self.batch_size, timeout=self.fetch_timeout)
-        if len(msgs) >= self.batch_size or self.linger <= 0:
+        """Up to ``batch_size`` messages or about ``max_bytes``: waits up to ``fetch_timeout``
+        for the first (else nats-py's ``TimeoutError``), then, while the batch is not full,
+        lets more gather for up to ``linger`` seconds (a few pauses, each followed by a fetch of
+        what came: a fetch per message that trickles in would cost more than the messages).
+        How many to ask for follows the mean size of the messages so far (packs are large)."""
+        msgs = await sub.fetch(self._wanted(0, 0), timeout=self.fetch_timeout)
+        size = self._note(msgs)
+        if self.linger <= 0:
             return msgs
         deadline = time.monotonic() + self.linger
         pause = self.linger / LINGER_STEPS
-        while len(msgs) < self.batch_size:
+        while (want := self._wanted(len(msgs), size)) > 0:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             await asyncio.sleep(min(pause, left))
             try:
-                msgs += await sub.fetch(self.batch_size - len(msgs), timeout=LINGER_FETCH_TIMEOUT)
+                more = await sub.fetch(want, timeout=LINGER_FETCH_TIMEOUT)
             except Exception:  # noqa: BLE001 - a timeout, or trouble the next fetch meets again
                 break
+            msgs += more
+            size += self._note(more)
         return msgs
+
+    def _wanted(self, count: int, size: int) -> int:
+        """How many more messages to ask for, with ``count`` of ``size`` bytes in hand."""
+        room = self.batch_size - count
+        if self._mean_size and room > 0:
+            room = min(room, int((self.max_bytes - size) / self._mean_size))
+        return max(room, 0) if count else max(room, 1)
+
+    def _note(self, msgs: list[Msg]) -> int:
+        size = sum(len(m.data) for m in msgs)
+        if msgs:
+            mean = size / len(msgs)
+            self._mean_size = mean if not self._mean_size else 0.8 * self._mean_size + 0.2 * mean
+        return size
 
     async def process(self, msgs: list[Msg]) -> None:
         items: list[Item] = []
+        #: per item, the message it came in and, for a message of a pack, its place and itself
+        origins: list[tuple[Msg, tuple[int, Packed] | None]] = []
         kept: list[Msg] = []
+        unsettled: set[int] = set()  # packs one of whose messages could not be dead-lettered: again later
         for msg in msgs:
             try:
-                data = msg.data if body_object(msg) is None else await self.bus.body(msg)
-                items.append((data if self.passthrough else self.decoder.decode(data), Delivery(msg)))
+                if self.packs and msg.subject == self.packs:
+                    for place in enumerate(unpack(msg.data)):
+                        try:
+                            body = place[1].data if self.passthrough else self.decoder.decode(place[1].data)
+                        except msgspec.DecodeError as exc:
+                            log.error("dead-lettering undecodable %s in a pack: %s", place[1].subject, exc,
+                                      extra={"consumer": self.durable})
+                            if not await self._dead_packed(msg, place, f"undecodable message: {exc}"):
+                                unsettled.add(id(msg))
+                            continue
+                        items.append((body, PackedDelivery(msg, place[1])))
+                        origins.append((msg, place))
+                else:
+                    data = msg.data if body_object(msg) is None else await self.bus.body(msg)
+                    items.append((data if self.passthrough else self.decoder.decode(data), Delivery(msg)))
+                    origins.append((msg, None))
                 kept.append(msg)
             except (msgspec.DecodeError, BodyMissing) as exc:
                 log.error("dead-lettering undecodable %s: %s", msg.subject, exc, extra={"consumer": self.durable})
@@ -187,40 +232,61 @@ class BatchConsumer(PullConsumer, Generic[T]):
             except Unavailable as exc:  # its body cannot be read now: again later
                 log.warning("%s: %s", self.durable, exc, extra={"consumer": self.durable})
                 await self._fail(msg, str(exc))
-        if not items:
+        if not kept:
             return
-        beat = asyncio.create_task(self._heartbeat(kept))
-        started = time.perf_counter()
-        try:
-            verdicts = await self.handler(items)
-            log.debug("%s: %d messages handled in %.3f s", self.durable, len(kept), time.perf_counter() - started,
-                      extra={"consumer": self.durable})
-        except Exception as exc:  # noqa: BLE001 - a store outage or a bug: retry the whole batch
-            log.warning("%s: batch of %d failed: %s: %s", self.durable, len(kept), type(exc).__name__, exc,
-                        extra={"consumer": self.durable})
-            for msg in kept:
-                await self._fail(msg, f"{type(exc).__name__}: {exc}")
-            return
-        finally:
-            beat.cancel()
-        if verdicts is None:
-            verdicts = [None] * len(kept)
-        if len(verdicts) != len(kept):
-            raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(kept)} messages")
-        stored = [msg for msg, verdict in zip(kept, verdicts) if verdict is None]
-        try:
-            for msg in stored:  # queued on the connection, written out together (no flush awaited per ack)
-                await msg.ack()
-        except Exception as exc:  # noqa: BLE001 - the connection is gone: they are redelivered, and stored idempotently
-            log.warning("%s: could not ack %d messages: %s", self.durable, len(stored), exc)
-        for msg, verdict in zip(kept, verdicts):
-            if verdict is None:
-                continue
+        verdicts: Sequence[Verdict] = []
+        if items:
+            beat = asyncio.create_task(self._heartbeat(kept))
+            started = time.perf_counter()
+            try:
+                verdicts = await self.handler(items) or [None] * len(items)
+                log.debug("%s: %d messages handled in %.3f s", self.durable, len(items), time.perf_counter() - started,
+                          extra={"consumer": self.durable})
+            except Exception as exc:  # noqa: BLE001 - a store outage or a bug: retry the whole batch
+                log.warning("%s: batch of %d failed: %s: %s", self.durable, len(items), type(exc).__name__, exc,
+                            extra={"consumer": self.durable})
+                for msg in kept:
+                    await self._fail(msg, f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                beat.cancel()
+        if len(verdicts) != len(items):
+            raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(items)} messages")
+        # a message is settled by its items' verdicts: a pack is acked once all of its messages are
+        # stored or dead-lettered, and delivered again (all of it: stores are idempotent) if one asks to be
+        retries: dict[int, float] = {}
+        for (msg, place), verdict in zip(origins, verdicts):
             if isinstance(verdict, Retry):
-                await settle(msg.nak(delay=verdict.delay))
-            else:
-                log.error("dead-lettering %s: %s", msg.subject, verdict.reason, extra={"consumer": self.durable})
-                await self._dead(msg, verdict.reason)
+                retries[id(msg)] = max(retries.get(id(msg), 0.0), verdict.delay)
+            elif isinstance(verdict, Dead):
+                log.error("dead-lettering %s: %s", place[1].subject if place else msg.subject, verdict.reason,
+                          extra={"consumer": self.durable})
+                if place is None:
+                    await self._dead(msg, verdict.reason)
+                elif not await self._dead_packed(msg, place, verdict.reason):
+                    unsettled.add(id(msg))
+        for key in unsettled:
+            retries[key] = max(retries.get(key, 0.0), self.backoff(1))
+        dead = {id(msg) for (msg, place), verdict in zip(origins, verdicts) if isinstance(verdict, Dead) and not place}
+        try:
+            for msg in kept:  # queued on the connection, written out together (no flush awaited per ack)
+                if id(msg) not in retries and id(msg) not in dead:
+                    await msg.ack()
+        except Exception as exc:  # noqa: BLE001 - the connection is gone: they are redelivered, and stored idempotently
+            log.warning("%s: could not ack %d messages: %s", self.durable, len(kept), exc)
+        for msg in kept:
+            if id(msg) in retries and id(msg) not in dead:
+                await settle(msg.nak(delay=retries[id(msg)]))
+
+    async def _dead_packed(self, msg: Msg, place: tuple[int, Packed], error: str) -> bool:
+        """Dead-letter one message of the pack ``msg`` (the pack itself is settled as a whole);
+        whether it was."""
+        try:
+            await self.bus.dead_letter(stream=self.stream, msg=msg, consumer=self.durable, error=error, packed=place)
+        except Exception:  # noqa: BLE001 - the pack is not acked then: it comes again
+            log.exception("could not dead-letter %s of a pack; the pack comes again", place[1].subject)
+            return False
+        return True
 
     async def _fail(self, msg: Msg, error: str) -> None:
         if self.last_delivery(msg):

@@ -88,7 +88,8 @@ class TrajectoryWorker:
     def consumers(self) -> list:
         out: list = [
             BatchConsumer(self.bus, stream="ARENA_STEPS", durable=subjects.CONSUMER_TRAJ_STEPS,
-                          filter_subjects=["arena.step.*"], message_type=msgspec.Raw, handler=self.on_steps,
+                          filter_subjects=["arena.step.*", subjects.STEP_PACKS], message_type=msgspec.Raw,
+                          handler=self.on_steps,
                           batch_size=self.batch_size, max_deliver=self.max_deliver, ack_wait=self.ack_wait,
                           linger=self.linger, concurrency=2),
             BatchConsumer(self.bus, stream="ARENA_RESULTS", durable=subjects.CONSUMER_TRAJ_RESULTS,
