@@ -55,13 +55,16 @@ def tree_state(top: Path, max_entries: int = MARK_MAX_ENTRIES) -> dict[str, tupl
     return out
 
 
-def make_layout(root: Path, *, owner_uid: int | None) -> None:
-    """Create ``root`` with its four directories (writable ones owned by ``owner_uid``)."""
+def make_layout(root: Path, *, owner_uid: int | None, relay_files: bool = True) -> None:
+    """Create ``root`` with its four directories (writable ones owned by ``owner_uid``), and with
+    ``relay_files`` the shim and the diff's excludes in ``run`` (docker mounts it at /run/arena;
+    a local run has a directory of its own for them)."""
     root.mkdir(parents=True)
     for name in ("workspace", "arena", "agent", "run"):
         (root / name).mkdir()
-    shutil.copyfile(SHIM, root / "run" / "shim.py")
-    (root / "run" / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
+    if relay_files:
+        shutil.copyfile(SHIM, root / "run" / "shim.py")
+        (root / "run" / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
     if owner_uid is not None:
         for name in ("workspace", "arena"):
             os.chown(root / name, owner_uid, owner_uid)
@@ -90,7 +93,7 @@ class HostDirSandbox:
                 os.lchown(os.path.join(dirpath, name), self.owner_uid, self.owner_uid)
         os.lchown(top, self.owner_uid, self.owner_uid)
 
-    async def put_dir(self, src: Path, dest: str) -> None:
+    async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
         target = self.host_path(dest)
         workspace = self.root / "workspace"
         if target.is_relative_to(workspace):

@@ -566,7 +566,7 @@ class KubernetesSandbox:
 
     # ----------------------------------------------------------- Sandbox interface
 
-    async def put_dir(self, src: Path, dest: str) -> None:
+    async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
         archive = await asyncio.to_thread(tar_of_dir, Path(src), sandbox_path(dest))
         await self._put(archive)
 

@@ -56,6 +56,24 @@ GIT_IDENTITY = {
 _KILL_GRACE_S = 5.0
 
 
+@functools.lru_cache(maxsize=1)
+def run_tmp() -> str:
+    """Where each run's host directory goes (relay socket, generated /etc files, a diff's output):
+    ``/dev/shm`` where it is a tmpfs this process can write, else the temp directory. A file or
+    directory made on a disk file system costs ~0.5 ms of the kernel's CPU each on some hosts
+    (ext4 here), on tmpfs ~0.01 ms; a run makes 7 of them."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                sep = fields.index("-")
+                if fields[4] == "/dev/shm" and fields[sep + 1] == "tmpfs" and os.access("/dev/shm", os.W_OK | os.X_OK):
+                    return "/dev/shm"
+    except (OSError, ValueError, IndexError):
+        pass
+    return tempfile.gettempdir()
+
+
 class ProxyForward(msgspec.Struct, frozen=True):
     """The LLM proxy on the host; reachable inside as ``127.0.0.1:<inside_port>``.
 
@@ -440,7 +458,7 @@ async def _execute(
 ) -> RunResult:
     if cancel is not None and cancel.is_set():
         return RunResult(exit_code=None, timed_out=False, killed=True, duration_s=0.0)
-    run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix))
+    run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix, dir=run_tmp()))
     forwarder: _Forwarder | None = None
     net: netns.SandboxNet | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -552,7 +570,7 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
     can leave hooks or config in ``.git`` that would execute. Caches listed in
     :data:`DIFF_EXCLUDES` are left out. Raises :class:`GitError` if git fails.
     """
-    with tempfile.TemporaryDirectory(prefix="arena-diff-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="arena-diff-", dir=run_tmp()) as tmp:
         out_path = Path(tmp) / "diff"
         err_path = Path(tmp) / "err"
         spec = SandboxSpec(

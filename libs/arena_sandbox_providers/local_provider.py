@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from arena_sandbox_providers import cgroups, local
+from arena_sandbox_providers import cgroups, local, overlay
 from arena_sandbox_providers.hostdir import HostDirSandbox, make_layout, tail_file
 from arena_sandbox_providers.local import ProxyForward, ResourceLimits, SandboxSpec
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallback, SandboxLimits
@@ -30,14 +30,53 @@ class LocalSandbox(HostDirSandbox):
     provider = "local"
 
     def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
-                 run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = ()):
+                 run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = (), overlays: _Overlays | None = None):
         self.id = sandbox_id
         self.root = root
         self.limits = limits
         self.cgroup = cgroup
         self.run_prefix = run_prefix
         self.ro_binds = ro_binds
+        self._overlays = overlays
+        self._overlaid = False  # the workspace is an overlay mount (upper: <root>/upper)
+        self._upper_ctime = 0
         self._destroyed = False
+
+    async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
+        """A stable ``src`` put as the whole workspace becomes the lower layer of an overlay mounted
+        there (:mod:`.overlay`) instead of being copied, where this service may mount; a copy
+        otherwise."""
+        workspace = self.root / "workspace"
+        if (src_stable and self._overlays is not None and self._overlays.usable and not self._overlaid
+                and self.host_path(dest) == workspace):
+            if await asyncio.to_thread(self._overlay_workspace, Path(src).resolve()):
+                return
+        await super().put_dir(src, dest)
+
+    def _overlay_workspace(self, lower: Path) -> bool:
+        workspace = self.root / "workspace"
+        if any(workspace.iterdir()):
+            return False
+        upper, work = self.root / "upper", self.root / "overlay-work"
+        upper.mkdir()
+        work.mkdir()
+        try:
+            overlay.mount(lower, upper, work, workspace)
+        except OSError as exc:
+            self._overlays.refused(exc)
+            upper.rmdir()
+            shutil.rmtree(work, ignore_errors=True)
+            return False
+        self._overlaid = True
+        self._workspace_mark = None
+        self._upper_ctime = upper.stat().st_ctime_ns
+        return True
+
+    def workspace_unchanged(self) -> bool:
+        if self._overlaid:  # every write, creation, deletion, rename or chmod lands in the upper layer,
+            upper = self.root / "upper"  # and one made and removed again moved its directory's ctime
+            return upper.stat().st_ctime_ns == self._upper_ctime and not any(upper.iterdir())
+        return super().workspace_unchanged()
 
     def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
         rel = Path(workdir).relative_to(local.WORKSPACE) if workdir.startswith(local.WORKSPACE) else Path(".")
@@ -98,13 +137,33 @@ class LocalSandbox(HostDirSandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        await asyncio.to_thread(_remove, self.root, self.cgroup)
+        await asyncio.to_thread(_remove, self.root, self.cgroup, self._overlaid)
 
 
-def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None) -> None:
+def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None, overlaid: bool = False) -> None:
     if cgroup is not None:
         cgroup.destroy()
+    if overlaid:
+        try:
+            overlay.unmount(root / "workspace")
+        except OSError as exc:  # left mounted: rmtree would empty it through the mount, never the base
+            log.warning("cannot unmount the workspace overlay of %s: %s", root, exc)
     shutil.rmtree(root, ignore_errors=True)
+
+
+class _Overlays:
+    """Whether this provider's workspaces are overlays: until the kernel refuses one mount (no
+    CAP_SYS_ADMIN, no overlayfs, an upper file system it cannot use), then copies for good."""
+
+    def __init__(self) -> None:
+        self.usable = os.geteuid() == 0
+        self.reason = "" if self.usable else "not root: workspaces are copies"
+
+    def refused(self, exc: OSError) -> None:
+        if self.usable:
+            self.usable = False
+            self.reason = f"overlay refused ({exc}): workspaces are copies"
+            log.warning("workspace overlays off: %s", exc)
 
 
 class LocalProvider:
@@ -129,6 +188,7 @@ class LocalProvider:
         # is named after this installation too, so a crash's are reaped at start-up
         self.run_prefix = f"arena-run-{hashlib.sha1(self.cgroup_owner.encode()).hexdigest()[:10]}-"
         self.use_cgroups = use_cgroups and cgroups.available() is None
+        self.overlays = _Overlays()
 
     @property
     def scaffolds_dir(self) -> Path | None:
@@ -153,26 +213,29 @@ class LocalProvider:
         cgroup = cgroups.SandboxCgroup(self.cgroup_owner, sandbox_id) if self.use_cgroups else None
 
         def make() -> None:
-            make_layout(root, owner_uid=None)
+            make_layout(root, owner_uid=None, relay_files=False)  # a run's own directory has them
             if cgroup is not None:
                 cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus)
 
         await asyncio.to_thread(make)
         scaffolds = self.scaffolds_dir
         binds = (str(scaffolds),) if scaffolds is not None else ()
-        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds)
+        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds, self.overlays)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:
             count = 0
             if self.base.is_dir():
+                for mounted in overlay.mounts_under(self.base):  # a workspace overlay left mounted
+                    overlay.unmount(mounted)
                 for path in self.base.iterdir():
                     shutil.rmtree(path, ignore_errors=True)
                     count += 1
             if self.use_cgroups:
                 count = max(count, cgroups.reap(self.cgroup_owner))
-            for run_dir in Path(tempfile.gettempdir()).glob(f"{self.run_prefix}*"):
-                shutil.rmtree(run_dir, ignore_errors=True)
+            for tmp in dict.fromkeys((local.run_tmp(), tempfile.gettempdir())):
+                for run_dir in Path(tmp).glob(f"{self.run_prefix}*"):
+                    shutil.rmtree(run_dir, ignore_errors=True)
             return count
 
         n = await asyncio.to_thread(reap)

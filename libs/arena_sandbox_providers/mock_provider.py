@@ -27,7 +27,7 @@ class MockSandbox:
         self.files: dict[str, bytes] = {}
         self.destroyed = False
 
-    async def put_dir(self, src: Path, dest: str) -> None:
+    async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
         for path in Path(src).rglob("*"):
             if path.is_file() and not path.is_symlink():
                 self.files[f"{dest.rstrip('/')}/{path.relative_to(src)}"] = path.read_bytes()

@@ -71,8 +71,12 @@ class Sandbox(Protocol):
     id: str
     provider: str
 
-    async def put_dir(self, src: Path, dest: str) -> None:
-        """Copy the host directory ``src`` to ``dest`` (under ``/sandbox``), owned by the sandbox user."""
+    async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
+        """Copy the host directory ``src`` to ``dest`` (under ``/sandbox``), owned by the sandbox user.
+
+        ``src_stable``: ``src`` is neither modified nor removed while the sandbox lives, so a
+        provider may use it in place of a copy (``local``: the lower layer of an overlay); what
+        the sandbox sees and changes is the same either way, and ``src`` is never modified."""
 
     async def put_files(self, files: Mapping[str, bytes]) -> None:
         """Write files (absolute paths under ``/sandbox``)."""

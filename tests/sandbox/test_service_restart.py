@@ -102,14 +102,12 @@ async def test_sigkilled_service_leaves_nothing_after_restart(request, name, bus
             first.wait(10)
     orphan = {p.name for p in live()}
     cgroups: list[Path] = []  # the local orphan's cgroups, where cgroups are writable
-    run_dirs: list[Path] = []  # and its relay directory in the temp dir
+    run_dirs: list[Path] = []  # and its relay directory in the runs' temp dir
     if name == "local":
-        import tempfile
-
         from arena_sandbox_providers.local_provider import LocalProvider
 
         provider = LocalProvider(data_dir=data, owner=OWNER)
-        run_dirs = list(Path(tempfile.gettempdir()).glob(f"{provider.run_prefix}*"))
+        run_dirs = list(Path(local.run_tmp()).glob(f"{provider.run_prefix}*"))
         assert run_dirs, "the killed service's sandbox has no relay directory"
         if provider.use_cgroups:
             cgroups = [Path("/sys/fs/cgroup", c, "arena", provider.cgroup_owner, o)

@@ -62,7 +62,8 @@ async def test_interface_exec_streams_and_files(tmp_path, name_and_url):
     "touch gone && rm gone",  # a file made and removed: the directory's ctime moved
     "chmod +x f.txt",
 ])
-async def test_diff_of_a_workspace_put_at_base(tmp_path, name_and_url, agent):
+@pytest.mark.parametrize("stable", [False, True], ids=["copied", "stable-base"])
+async def test_diff_of_a_workspace_put_at_base(tmp_path, name_and_url, agent, stable):
     name, url = name_and_url
     if name == "mock":
         pytest.skip("the mock runs no process")
@@ -77,7 +78,7 @@ async def test_diff_of_a_workspace_put_at_base(tmp_path, name_and_url, agent):
     provider = make_provider(name, tmp_path / "d", docker_url=url)
     sandbox = await provider.create(CreateSpec())
     try:
-        await sandbox.put_dir(workspace, local.WORKSPACE)
+        await sandbox.put_dir(workspace, local.WORKSPACE, src_stable=stable)
         ran = await sandbox.exec(["sh", "-c", agent], env={}, timeout_s=30)
         assert ran.exit_code == 0
         told = await sandbox.diff(base, put_at_base=True)
@@ -89,6 +90,61 @@ async def test_diff_of_a_workspace_put_at_base(tmp_path, name_and_url, agent):
     else:
         assert told == real and real  # a change was seen: git ran
         assert ("old mode" in real) == agent.startswith("chmod")
+
+
+def _tree(top: Path) -> dict[str, tuple]:
+    """Every entry under ``top``: its kind, mode, size, mtime and content (files)."""
+    out = {}
+    for path in sorted(top.rglob("*")):
+        st = path.lstat()
+        data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+        out[str(path.relative_to(top))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, data)
+    return out
+
+
+def _mounts_under(top: Path) -> list[str]:
+    real = os.path.realpath(top)
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(real)]
+
+
+async def test_a_stable_base_put_as_the_workspace_is_never_modified(tmp_path, name_and_url):
+    """A base put with ``src_stable`` (the local provider mounts it as an overlay's lower layer
+    where it may mount): the agent's edits, new files, deletions, a renamed directory and a
+    chmod are all in the diff, git in the sandbox sees them, the base is byte for byte and
+    stat for stat as before, and nothing is left mounted after the destroy."""
+    name, url = name_and_url
+    if name == "mock":
+        pytest.skip("the mock runs no process")
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "f.txt").write_text("a\n")
+    (repo / "gone.txt").write_text("x\n")
+    (repo / "pkg" / "m.py").write_text("m = 1\n")
+    workspace = tmp_path / "ws"
+    base = local.prepare_workspace(repo, workspace)
+    before = _tree(workspace)
+    provider = make_provider(name, tmp_path / "d", docker_url=url)
+    sandbox = await provider.create(CreateSpec())
+    try:
+        await sandbox.put_dir(workspace, local.WORKSPACE, src_stable=True)
+        if name == "local" and os.geteuid() == 0:
+            assert _mounts_under(tmp_path / "d"), "the workspace is not an overlay of the base"
+        agent = ("echo b >> f.txt && rm gone.txt && mv pkg lib && echo new > n.txt && chmod +x f.txt && "
+                 "git status --porcelain | sort > /sandbox/.arena/status")
+        ran = await sandbox.exec(["sh", "-c", agent], env={"GIT_CONFIG_NOSYSTEM": "1"}, timeout_s=30)
+        assert ran.exit_code == 0
+        status = await sandbox.read_file("/sandbox/.arena/status", max_bytes=10_000)
+        diff = await sandbox.diff(base, put_at_base=True)
+        assert _tree(workspace) == before  # the agent's sandbox never wrote into the base
+    finally:
+        await sandbox.destroy()
+    assert b" D gone.txt" in status and b" M f.txt" in status and b"?? lib/" in status, status
+    assert "+b" in diff and "deleted file mode" in diff and "rename from pkg/m.py" in diff and "old mode" in diff
+    assert "+new" in diff
+    assert _tree(workspace) == before
+    assert not _mounts_under(tmp_path / "d")
+    assert list(provider.base.iterdir()) == []
 
 
 async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url):
@@ -200,10 +256,17 @@ async def test_orphans_are_reaped_by_the_next_process(tmp_path, name_and_url):
     crashed = make_provider(name, tmp_path / "d", docker_url=url, owner=owner)
     other = make_provider(name, tmp_path / "d", docker_url=url)
     left = [await crashed.create(CreateSpec())]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("a")
+    local.prepare_workspace(repo, tmp_path / "ws")
+    await left[0].put_dir(tmp_path / "ws", local.WORKSPACE, src_stable=True)  # local: an overlay left mounted
     kept = await other.create(CreateSpec())
     restarted = make_provider(name, tmp_path / "d", docker_url=url, owner=owner)
     assert await restarted.reap_orphans() == 1
     assert list(restarted.base.iterdir()) == []
+    assert not _mounts_under(restarted.base)
+    assert (tmp_path / "ws" / "f.txt").read_text() == "a"  # reaping empties no base through a mount
     if name == "docker":
         for sandbox in left:
             assert not restarted.client.api.containers(all=True, filters={"id": sandbox.container_id})

@@ -300,7 +300,8 @@ async def run_job(
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
                                   workspace_mount=job.task.workspace_mount() if name == "docker" else "")
                 sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
-                await sandbox.put_dir(workspace, local.WORKSPACE)
+                # the cached base is never modified nor removed: a provider may mount it instead of copying
+                await sandbox.put_dir(workspace, local.WORKSPACE, src_stable=prepared is not None)
                 if plan.agent_dir is not None:
                     await sandbox.put_dir(plan.agent_dir, local.AGENT_DIR)
                 await sandbox.put_files({f"{local.ARENA_DIR}/task.json": task_json(job), **plan.files})
