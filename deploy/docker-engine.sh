@@ -22,9 +22,15 @@
 # calls (images, podman) use the store that exists, so they find the service's. The
 # store is a directory of the caller's, mode 0700: one that another user made first in
 # /dev/shm (writable by all), or a symlink, is refused (exit 3).
-# The OCI runtime is runc (Debian's crun 1.8 refuses this kind of host: cgroup v1
-# hybrid). Events stay in a file under --tmpdir, the container log driver is k8s-file
-# (the provider reads a container's log only when its start fails).
+# The OCI runtime is crun where it can run containers here (it starts one sooner than
+# runc), else runc; $ARENA_ENGINE_RUNTIME=runc|crun decides instead. On a cgroup v1
+# "hybrid" host crun refuses to run while the v2 tree offers a controller: `start` then
+# binds each such controller that no v1 hierarchy has (here only hugetlb, which nothing
+# uses) to a v1 hierarchy of its own at /sys/fs/cgroup/<name>, as a v1 host mounts it
+# anyway; where that cannot be done, runc. Events stay in a file under --tmpdir, the
+# container log driver is k8s-file (the provider reads a container's log only when its
+# start fails). `start` also tunes the host's cgroups for many short-lived sandboxes
+# (deploy/sandbox-host.sh tune: favordynmods).
 #
 # Exits 3 with a reason on stderr when the engine cannot be had here (not root, no apt, ...).
 set -euo pipefail
@@ -34,12 +40,38 @@ here="$(cd "$(dirname "$0")" && pwd)"
 need_root() { [ "$(id -u)" = "0" ] || { echo "docker engine: not root; cannot install/run podman here" >&2; exit 3; }; }
 
 install() {
-  if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then return; fi
+  if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v crun >/dev/null 2>&1; then
+    return
+  fi
   need_root
   command -v apt-get >/dev/null 2>&1 || { echo "docker engine: podman missing and no apt-get" >&2; exit 3; }
-  echo "installing podman and runc with apt-get" >&2
+  echo "installing podman, runc and crun with apt-get" >&2
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc >/dev/null
+  # crun is optional: runc serves where it cannot be had
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq crun >/dev/null 2>&1 || echo "docker engine: no crun; runc it is" >&2
+}
+
+crun_usable() {  # crun runs containers on this host's cgroups (binding v2-only controllers to v1 on a hybrid host)
+  command -v crun >/dev/null 2>&1 || return 1
+  local unified=/sys/fs/cgroup/unified/cgroup.controllers c
+  [ -f /sys/fs/cgroup/cgroup.controllers ] && return 0   # cgroup v2 only
+  [ -f "$unified" ] || return 0                          # cgroup v1 only
+  for c in $(cat "$unified"); do                         # hybrid: crun wants the v2 tree without controllers
+    [ -e "/sys/fs/cgroup/$c" ] && return 1               # already a v1 path of that name: leave the host alone
+    mkdir "/sys/fs/cgroup/$c" 2>/dev/null && mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c" 2>/dev/null || {
+      rmdir "/sys/fs/cgroup/$c" 2>/dev/null || true; return 1; }
+    echo "docker engine: cgroup controller $c bound to v1 at /sys/fs/cgroup/$c (crun refuses a hybrid host's v2 controllers)" >&2
+  done
+  [ -z "$(cat "$unified")" ]
+}
+
+runtime() {  # the OCI runtime of the engine's containers
+  case "${ARENA_ENGINE_RUNTIME:-}" in
+    runc|crun) echo "$ARENA_ENGINE_RUNTIME" ;;
+    "") if crun_usable; then echo crun; else echo runc; fi ;;
+    *) echo "docker engine: ARENA_ENGINE_RUNTIME must be runc or crun" >&2; exit 2 ;;
+  esac
 }
 
 configure() {
@@ -91,6 +123,9 @@ case "${1:-}" in
   start)
     sock="$2"; pidfile="$3"
     need_root; install; configure
+    # cgroup moves without an RCU grace period each: the runtime makes one per v1 hierarchy per
+    # container (deploy/sandbox-host.sh); a host where it cannot be done only starts slower
+    "$here/sandbox-host.sh" tune || true
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then  # one service per pidfile
       kill "$(cat "$pidfile")"; sleep 1
     fi
@@ -99,7 +134,9 @@ case "${1:-}" in
     read -r -a opts <<< "$store"
     # run from the socket's directory: conmon writes an `oom` marker file into its working
     # directory when a container is OOM-killed, which must not land in the caller's checkout
-    (cd "$(dirname "$sock")" && exec podman "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1) &
+    rt="$(runtime)"
+    echo "docker engine: OCI runtime $rt" >&2
+    (cd "$(dirname "$sock")" && exec podman --runtime "$rt" "${opts[@]}" system service --time=0 "unix://$sock" >"$sock.log" 2>&1) &
     echo $! > "$pidfile"
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     [ -S "$sock" ] || { echo "docker engine: podman service did not start: $(tail -5 "$sock.log")" >&2; exit 3; }

@@ -5,8 +5,10 @@ the commands the provider sends, one at a time, streaming their output back. The
 and what it guarantees: docs/sandbox.md ("The command server").
 """
 
-import signal
-import socket
+# CPython's C modules behind ``signal`` and ``socket``: they import enum, selectors and more,
+# ~6 ms of the server's start, which every cold sandbox waits for (docs/sandbox.md, Performance)
+import _signal as signal
+import _socket as socket
 import os
 import select
 import struct

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -234,8 +233,9 @@ class DockerSandbox(HostDirSandbox):
 
 
 def run_dir_of(root: Path) -> Path:
-    """The relay directory (``/run/arena``): a short path, a Unix socket path has 108 bytes."""
-    return Path(tempfile.gettempdir()) / f"arena-dk-{root.name}"
+    """The relay directory (``/run/arena``): a short path, a Unix socket path has 108 bytes; on
+    tmpfs where there is one (:func:`local.run_tmp`)."""
+    return Path(local.run_tmp()) / f"arena-dk-{root.name}"
 
 
 def _remove(client: docker.DockerClient, container_id: str, root: Path) -> None:
@@ -416,9 +416,8 @@ class DockerProvider:
         check_workspace_mount(spec.workspace_mount)
 
         def make() -> str:
-            make_layout(root, owner_uid=SANDBOX_UID)
             shutil.rmtree(run_dir, ignore_errors=True)
-            shutil.move(root / "run", run_dir)
+            make_layout(root, owner_uid=SANDBOX_UID, run_dir=run_dir)
             shutil.copyfile(CMDSERVER, run_dir / "cmdserver.py")
             return self.client.api.create_container(
                 image,

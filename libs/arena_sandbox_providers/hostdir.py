@@ -55,16 +55,19 @@ def tree_state(top: Path, max_entries: int = MARK_MAX_ENTRIES) -> dict[str, tupl
     return out
 
 
-def make_layout(root: Path, *, owner_uid: int | None, relay_files: bool = True) -> None:
-    """Create ``root`` with its four directories (writable ones owned by ``owner_uid``), and with
-    ``relay_files`` the shim and the diff's excludes in ``run`` (docker mounts it at /run/arena;
-    a local run has a directory of its own for them)."""
+def make_layout(root: Path, *, owner_uid: int | None, relay_files: bool = True, run_dir: Path | None = None) -> None:
+    """Create ``root`` with its four directories (writable ones owned by ``owner_uid``; the run
+    directory at ``run_dir`` instead of ``<root>/run`` when given), and with ``relay_files`` the
+    shim and the diff's excludes in it (docker mounts it at /run/arena; a local run has a
+    directory of its own for them)."""
     root.mkdir(parents=True)
-    for name in ("workspace", "arena", "agent", "run"):
+    for name in ("workspace", "arena", "agent"):
         (root / name).mkdir()
+    run = run_dir if run_dir is not None else root / "run"
+    run.mkdir()
     if relay_files:
-        shutil.copyfile(SHIM, root / "run" / "shim.py")
-        (root / "run" / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
+        shutil.copyfile(SHIM, run / "shim.py")
+        (run / "excludes").write_text("".join(f"{p}\n" for p in DIFF_EXCLUDES))
     if owner_uid is not None:
         for name in ("workspace", "arena"):
             os.chown(root / name, owner_uid, owner_uid)
