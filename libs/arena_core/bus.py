@@ -318,18 +318,19 @@ class Bus:
         ``PublishRefused`` at once.
         """
         data = message if isinstance(message, bytes) else encode(message)
-        hdrs = telemetry.inject(dict(headers or {}))
-        hdrs["Nats-Msg-Id"] = msg_id
+        extra = telemetry.inject(dict(headers) if headers else {})  # besides its id: trace context
         stream = (subjects.stream_of(subject) or "") if self.batchers or self.packers else ""
+        expects = bool(headers) and any(k.startswith("Nats-Expected") for k in headers)
         packer = self.packers.get(stream) if self.packers else None
-        expects = any(k.startswith("Nats-Expected") for k in hdrs)
         if packer is not None and subject != packer.subject and packer.fits(data) and not expects:
             try:  # with the publishes of this loop turn to the same stream: one message
-                return await packer.publish(subject, data, hdrs)
+                return await packer.publish(subject, data, msg_id, extra)
             except NotPacked:
                 pass
             except PackFailed as exc:
                 log.debug("publish to %s: %s; publishing it alone", subject, exc)
+        hdrs = extra
+        hdrs["Nats-Msg-Id"] = msg_id
         batcher = self.batchers.get(stream) if self.batchers else None
         if batcher is not None and len(data) <= self.nc.max_payload - BODY_HEADROOM and not expects:
             try:  # with the publishes of this loop turn to the same stream: one commit

@@ -14,7 +14,7 @@ are in the stream twice (once packed, once alone): a reader must store idempoten
 trajectory service does (steps are keyed by rollout and index).
 
 Readers: :func:`unpack` gives the messages a pack carries, each with its subject, id, headers
-and body as published; :func:`weight` how many messages a stored message stands for.
+and body as published.
 """
 
 from __future__ import annotations
@@ -69,13 +69,12 @@ class Packer:
     def fits(self, data: bytes) -> bool:
         return len(data) <= self.max_bytes - 1024  # room for the pack's own framing
 
-    def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> asyncio.Future:
+    def publish(self, subject: str, data: bytes, msg_id: str, headers: dict[str, str]) -> asyncio.Future:
         """A future of the ``PubAck`` of the pack this message went in (or :class:`PackFailed`).
-        ``headers`` must hold its ``Nats-Msg-Id``."""
+        ``headers``: its headers but its ``Nats-Msg-Id``."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        rest = {k: v for k, v in headers.items() if k != "Nats-Msg-Id"}
-        self._queue.append((Packed(subject=subject, msg_id=headers["Nats-Msg-Id"], data=data, headers=rest), future))
+        self._queue.append((Packed(subject=subject, msg_id=msg_id, data=data, headers=headers), future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._drain)

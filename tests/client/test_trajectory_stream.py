@@ -217,3 +217,27 @@ async def test_members_are_read_from_the_leader_on_a_stream_without_direct_gets(
     finally:
         info.config.allow_direct = True
         await bus.js.update_stream(info.config)
+
+
+def test_a_batch_decoded_with_the_gc_paused_is_not_scanned_after_and_a_freeze_is_kept():
+    import gc
+
+    from arena.stream import _gc_paused
+
+    assert gc.isenabled()
+    with _gc_paused():
+        assert not gc.isenabled()
+        made = [[i, i + 1] for i in range(50_000)]  # a batch's token-id lists
+    # back on, and what was made inside is already in the oldest generation: no collection
+    # scans it (alive) on its way there
+    assert gc.isenabled() and gc.get_count()[0] < 1_000
+    assert any(made is o for o in gc.get_objects(generation=2))
+    gc.freeze()  # a trainer that froze its own objects keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with _gc_paused():
+            more = [[i] for i in range(1_000)]
+        # neither unfrozen nor frozen more: the pause left the generations alone
+        assert gc.get_freeze_count() == frozen and gc.isenabled() and len(more) == 1_000
+    finally:
+        gc.unfreeze()

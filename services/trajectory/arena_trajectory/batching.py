@@ -189,9 +189,9 @@ class BatchConsumer(PullConsumer, Generic[T]):
 
     def _wanted(self, count: int, size: int) -> int:
         """How many more messages to ask for, with ``count`` of ``size`` bytes in hand."""
-        room = self.batch_size - count
-        if self._mean_size and room > 0:
-            room = min(room, int((self.max_bytes - size) / self._mean_size))
+        if not self._mean_size:  # nothing seen yet: one, to learn how large they are (a pack can be 1 MiB)
+            return 0 if count else 1
+        room = min(self.batch_size - count, int((self.max_bytes - size) / self._mean_size))
         return max(room, 0) if count else max(room, 1)
 
     def _note(self, msgs: list[Msg]) -> int:
