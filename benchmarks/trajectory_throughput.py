@@ -12,7 +12,9 @@ trainer runs, and the planes' publishes from this process.
    ``Nats-Msg-Id`` in a task of its own, at most ``--in-flight`` awaiting their ``PubAck``
    (nats-py, no Arena code).
 2. ``Bus.publish``: the same messages, the same way, through Arena's bus (what every plane
-   publishes with: trace headers, retries, bodies over ``max_payload`` to the object store).
+   publishes with: trace headers, retries, bodies over ``max_payload`` to the object store),
+   to the scratch stream (one by one) and to Arena's steps stream (where those made together
+   go as one pack: ``arena_core.packing``).
 3. end to end: publish through ``Bus.publish``, as the other planes would, the state
    transitions, steps, sandbox and verification results of ``--rollouts`` rollouts
    (groups of ``--group-size``, ``--steps`` steps each, the same concurrency); measure from
@@ -149,8 +151,8 @@ async def publish_rates(url: str, args, only: tuple[str, ...] = ()) -> dict[str,
         "baseline": lambda subject, data, msg_id: js.publish(subject, data, headers={"Nats-Msg-Id": msg_id}),
         "bus": lambda subject, data, msg_id: bus.publish(subject, data, msg_id=msg_id),
     }
-    # the scratch stream takes no atomic batches: Bus.publish one by one there; to Arena's own
-    # steps stream (declared as the services declare it) the same messages go out in batches
+    # the scratch stream takes no atomic batches nor packs: Bus.publish one by one there; to Arena's
+    # own steps stream (declared as the services declare it) the same messages go out packed
     await bus.ensure_topology()
     runs["bus-batched"] = lambda subject, data, msg_id: bus.publish(subject.replace("bench.raw.", "arena.step.b"),
                                                                      data, msg_id=msg_id)
@@ -447,7 +449,7 @@ def main() -> None:
     rows = [
         ("baseline: nats-py js.publish (steps)", base, "steps/s", f"{base_us:.0f}"),
         ("Bus.publish, one by one (steps)", bus_rate, "steps/s", f"{bus_us:.0f}"),
-        ("Bus.publish, atomic batches (steps)", rates["bus-batched"][0], "steps/s", f"{rates['bus-batched'][1]:.0f}"),
+        ("Bus.publish to ARENA_STEPS: packs (steps)", rates["bus-batched"][0], "steps/s", f"{rates['bus-batched'][1]:.0f}"),
         ("e2e load published by Bus.publish (all msgs)", e2e["messages"] / e2e["publish_s"], "msgs/s", ""),
         ("publish -> queryable in ClickHouse (chDB)", steps / e2e["query_s"], "steps/s", ""),
         ("publish -> trainer TrajectoryStream", steps / e2e["stream_s"], "steps/s", ""),
