@@ -11,7 +11,7 @@ verify (verifying -> completed: the verify job and the verifier), and from the l
 transition to the answer of ``GET /v1/rollouts/{id}/wait``.
 
     .venv/bin/python benchmarks/rollout_overhead.py [--alone 20] [--burst 256] [--providers local,docker]
-                                                     [--docker-url unix:///path.sock]
+                                                     [--docker-url unix:///path.sock] [--slots N]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data / f"arena-{name}"),
                         rollout_port=rp, trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
                         allow_host_paths=True, sandbox_provider=name, docker_url=args.docker_url,
-                        max_queued=100_000)
+                        max_queued=100_000, sandbox_concurrency=args.slots)
     image = "arena/agent-base:latest" if name == "docker" else ""
     baseline = await bare(name, args.docker_url, data / f"bare-{name}", args.alone)
     stack = Stack(settings, log=lambda m: None)
@@ -136,6 +136,7 @@ async def main() -> None:
     ap.add_argument("--burst", type=int, default=256)
     ap.add_argument("--providers", default="local")
     ap.add_argument("--docker-url", default=os.environ.get("ARENA_DOCKER_URL", ""))
+    ap.add_argument("--slots", type=int, default=0, help="sandbox slots of the worker (0: its default, 4 per core)")
     args = ap.parse_args()
     load = os.getloadavg()
     lines = []

@@ -497,8 +497,15 @@ class RolloutService:
         """Return the rollout once final, or as it is when ``timeout`` passes."""
         changed = asyncio.Event()
 
-        async def on_msg(_msg) -> None:
-            changed.set()
+        async def on_msg(msg) -> None:
+            # only a final state ends the wait: the record is read again then, not at every step
+            # (each read is a round trip to the bucket; a rollout passes 3-4 states on its way)
+            try:
+                final = _state_decoder.decode(msg.data).to_state.is_final
+            except msgspec.DecodeError:
+                final = True  # not ours to judge: look at the record
+            if final:
+                changed.set()
 
         sub = await self.bus.nc.subscribe(subjects.rollout_state(rollout_id), cb=on_msg)
         try:

@@ -139,13 +139,24 @@ class SandboxWorker:
 
     async def _run(self, job: SandboxJob, cancel: asyncio.Event, cancel_reason: list[str]) -> None:
         rid = job.rollout_id
-        extra = {"rollout_id": rid}
         sandbox_id = runner.new_sandbox_id(rid)
-        await self.bus.publish(
+        # its ack comes back while the sandbox is made; awaited before anything else is published,
+        # so SandboxStarted still precedes SandboxDone (a failed publish fails the job, as before)
+        started = asyncio.ensure_future(self.bus.publish(
             subjects.sandbox_started(rid),
             SandboxStarted(rollout_id=rid, sandbox_id=sandbox_id, provider=self.name, at=_now()),
             msg_id=subjects.msg_id(rid, "sandbox-started", job.attempt),
-        )
+        ))
+        try:
+            await self._run_started(job, cancel, cancel_reason, sandbox_id, started)
+        finally:
+            if not started.done():
+                started.cancel()
+            started.add_done_callback(_retrieve)  # whatever happened: never an unobserved failure
+
+    async def _run_started(self, job: SandboxJob, cancel: asyncio.Event, cancel_reason: list[str], sandbox_id: str,
+                           started: asyncio.Future) -> None:
+        rid = job.rollout_id
         unavailable = await self.health.check()
         if unavailable is None:
             unavailable = await self._reap_if_pending()
@@ -155,6 +166,7 @@ class SandboxWorker:
                 reason=f"the {self.name} sandbox provider is unavailable: {unavailable}", started_at=_now(),
                 finished_at=_now(),
             )
+            await started
             await self._publish_done(job, done)
             return
         self.in_flight.inc()
@@ -171,6 +183,7 @@ class SandboxWorker:
             finally:
                 if exchanges is not None:
                     await exchanges.close()
+            await started
             await self._finish(job, result, cancel, cancel_reason, sandbox_id)
         finally:
             for sandbox in finished:
@@ -339,6 +352,11 @@ async def reap_orphans(provider: SandboxProvider) -> str | None:
         log.error("sandbox provider %s: cannot reap orphaned sandboxes now: %s", provider.name, exc)
         return str(exc) or type(exc).__name__
     return None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
