@@ -32,8 +32,10 @@ It uses only ``Bus.connect`` / ``Bus.publish`` / ``Bus.ensure_topology`` of Aren
 the same script measures another checkout of Arena (``PYTHONPATH`` pointing at its
 packages) against the same baseline.
 
-The headline is ``--sync always`` (as ``arena up``); the baseline and the end-to-end path are run
-again with ``--lazy-sync`` (default ``1s``: a power loss can lose the last second of
+The headline is ``--sync always`` (as ``arena up``) with ``--in-flight`` 256 publishes awaiting their
+acks; the baseline and the end-to-end path are run again with ``--wide-in-flight`` (default 1,024:
+the proxy does not bound the steps it is publishing, and a training batch of that many concurrent
+rollouts has that many), and with ``--lazy-sync`` (default ``1s``: a power loss can lose the last second of
 acknowledged writes) and printed beside it.
 
 Run: ``.venv/bin/python benchmarks/trajectory_throughput.py [--rollouts 1200 --steps 50 --sync always --lazy-sync 1s --in-flight 256]``
@@ -405,6 +407,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--in-flight", type=int, default=256,
                         help="publishes awaiting their PubAck at once, in every run (default %(default)s)")
+    parser.add_argument("--wide-in-flight", type=int, default=1024,
+                        help="also run the baseline and the end-to-end path (fsync as --sync) with this many "
+                             "publishes in flight, printed beside the headline (0: skip; default %(default)s)")
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of the baseline and of Bus.publish, in turn; the best of each (default %(default)s)")
     parser.add_argument("--profile", help="write a cProfile of the trajectory service (end-to-end run) to this file")
@@ -430,6 +435,17 @@ def main() -> None:
             drained = asyncio.run(backlog(drain_server.url, data, args, drain_server.proc.pid))
         finally:
             drain_server.stop()
+        wide = None
+        if args.wide_in_flight and args.wide_in_flight != args.in_flight:
+            wide_args = argparse.Namespace(**{**vars(args), "in_flight": args.wide_in_flight})
+            wide_server = NatsServer(Path(tmp) / "nats-wide", sync=args.sync).start()
+            try:
+                wide_base = asyncio.run(publish_rates(wide_server.url, wide_args, only=("baseline",)))["baseline"][0]
+                data = Path(tmp) / "data-wide"
+                data.mkdir()
+                wide = (wide_base, asyncio.run(end_to_end(wide_server.url, data, wide_args, wide_server.proc.pid)))
+            finally:
+                wide_server.stop()
         lazy = None
         if args.lazy_sync != "none" and args.lazy_sync != args.sync:
             lazy_server = NatsServer(Path(tmp) / "nats-lazy", sync=args.lazy_sync).start()
@@ -475,6 +491,14 @@ def main() -> None:
     alone = steps / max(drained['query_s'], drained['stream_s'])
     print(f"\nend to end (slowest path): {slowest:,.0f} steps/s = {slowest / base:.2f} x baseline; goal 20,000")
     print(f"the service alone on a backlog (slowest path): {alone:,.0f} steps/s = {alone / base:.2f} x baseline")
+    if wide is not None:
+        wide_base, wide_e2e = wide
+        wide_slowest = steps / max(wide_e2e['query_s'], wide_e2e['stream_s'])
+        print(f"\nbeside it, {args.wide_in_flight} publishes in flight (sync_interval={args.sync}; the proxy does not "
+              f"bound its step publishes, a training batch of that many rollouts has that many): baseline "
+              f"{wide_base:,.0f} steps/s; end to end {wide_slowest:,.0f} steps/s = {wide_slowest / wide_base:.2f} x that "
+              f"baseline; CPU us/step " + " / ".join(f"{name.split(' (')[0]} {sec / steps * 1e6:.1f}"
+                                                     for name, sec in wide_e2e["cpu"].items()))
     if lazy is not None:
         lazy_base, lazy_e2e = lazy
         lazy_slowest = steps / max(lazy_e2e['query_s'], lazy_e2e['stream_s'])
