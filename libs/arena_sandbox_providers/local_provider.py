@@ -157,13 +157,11 @@ class _Overlays:
 
     def __init__(self) -> None:
         self.usable = os.geteuid() == 0
-        self.reason = "" if self.usable else "not root: workspaces are copies"
 
     def refused(self, exc: OSError) -> None:
         if self.usable:
             self.usable = False
-            self.reason = f"overlay refused ({exc}): workspaces are copies"
-            log.warning("workspace overlays off: %s", exc)
+            log.warning("workspace overlays off, workspaces are copies from now on: %s", exc)
 
 
 class LocalProvider:

@@ -147,6 +147,30 @@ async def test_a_stable_base_put_as_the_workspace_is_never_modified(tmp_path, na
     assert list(provider.base.iterdir()) == []
 
 
+async def test_a_refused_overlay_falls_back_to_a_copy(tmp_path):
+    """Where the kernel refuses the overlay (here: a base path the mount options cannot carry),
+    the local provider copies the base, as without overlays, and copies from then on."""
+    if local.available() is not None:
+        pytest.skip(f"no bubblewrap: {local.available()}")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("a\n")
+    workspace = tmp_path / "a,b" / "ws"  # a comma: no overlay option string can name it
+    base = local.prepare_workspace(repo, workspace)
+    provider = make_provider("local", tmp_path / "d")
+    sandbox = await provider.create(CreateSpec())
+    try:
+        await sandbox.put_dir(workspace, local.WORKSPACE, src_stable=True)
+        assert not _mounts_under(tmp_path / "d")
+        assert not provider.overlays.usable
+        ran = await sandbox.exec(["sh", "-c", "echo b >> f.txt"], env={}, timeout_s=30)
+        assert ran.exit_code == 0
+        assert "+b" in await sandbox.diff(base, put_at_base=True)
+    finally:
+        await sandbox.destroy()
+    assert (workspace / "f.txt").read_text() == "a\n"
+
+
 async def test_exec_streams_output_while_the_command_runs(tmp_path, name_and_url):
     name, url = name_and_url
     if name == "mock":

@@ -131,20 +131,7 @@ def create_app(service: RolloutService) -> RolloutApp:
             response.headers.update(exc.headers)
         return response
 
-    @app.middleware("http")
-    async def ids_at_the_edge(request: Request, call_next):
-        """Every rollout id in a path follows the id grammar before any bus or store call;
-        every answer carries ``x-request-id``."""
-        parts = request.url.path.split("/")
-        if len(parts) > 3 and parts[1] in ("v1", "proxy", "judge") and (
-                parts[1] != "v1" or parts[2] == "rollouts") and not valid_id(parts[3 if parts[1] == "v1" else 2]):
-            response = error_response(
-                InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)"), request)
-        else:
-            response = await call_next(request)
-        if "x-request-id" not in response.headers:
-            response.headers["x-request-id"] = errors.request_id()
-        return response
+    app.add_middleware(IdsAtTheEdge)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
@@ -381,6 +368,38 @@ _SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-co
              (b"x-accel-buffering", b"no")]
 #: after an answer's last write, give the CPU to the client it woke (see ``_answered``)
 _YIELD = hasattr(os, "sched_yield")
+
+
+class IdsAtTheEdge:
+    """Every rollout id in a path follows the id grammar before any bus or store call; every
+    answer carries ``x-request-id``. Plain ASGI: ``@app.middleware("http")`` (Starlette's
+    ``BaseHTTPMiddleware``) ran each request through a task group and memory streams."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        parts = scope["path"].split("/")
+        if len(parts) > 3 and parts[1] in ("v1", "proxy", "judge") and (
+                parts[1] != "v1" or parts[2] == "rollouts") and not valid_id(parts[3 if parts[1] == "v1" else 2]):
+            response = error_response(
+                InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)"), Request(scope))
+            if "x-request-id" not in response.headers:
+                response.headers["x-request-id"] = errors.request_id()
+            await response(scope, receive, send)
+            return
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.get("headers") or []
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    message = {**message, "headers": [*headers, (b"x-request-id", errors.request_id().encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class RolloutApp:
