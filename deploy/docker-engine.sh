@@ -29,8 +29,7 @@
 # uses) to a v1 hierarchy of its own at /sys/fs/cgroup/<name>, as a v1 host mounts it
 # anyway; where that cannot be done, runc. Events stay in a file under --tmpdir, the
 # container log driver is k8s-file (the provider reads a container's log only when its
-# start fails). `start` also tunes the host's cgroups for many short-lived sandboxes
-# (deploy/sandbox-host.sh tune: favordynmods).
+# start fails).
 #
 # Exits 3 with a reason on stderr when the engine cannot be had here (not root, no apt, ...).
 set -euo pipefail
@@ -123,9 +122,6 @@ case "${1:-}" in
   start)
     sock="$2"; pidfile="$3"
     need_root; install; configure
-    # cgroup moves without an RCU grace period each: the runtime makes one per v1 hierarchy per
-    # container (deploy/sandbox-host.sh); a host where it cannot be done only starts slower
-    "$here/sandbox-host.sh" tune || true
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then  # one service per pidfile
       kill "$(cat "$pidfile")"; sleep 1
     fi
