@@ -385,6 +385,19 @@ async def backlog(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, fl
         await bus.close()
 
 
+def beside(tmp: Path, args, sync: str) -> tuple[float, dict]:
+    """The baseline's rate and the end-to-end run with ``args`` on a fresh server with
+    ``sync``: a figure printed beside the headline."""
+    server = NatsServer(tmp / "nats", sync=sync).start()
+    try:
+        base = asyncio.run(publish_rates(server.url, args, only=("baseline",)))["baseline"][0]
+        data = tmp / "data"
+        data.mkdir(parents=True)
+        return base, asyncio.run(end_to_end(server.url, data, args, server.proc.pid))
+    finally:
+        server.stop()
+
+
 def cpu_reference() -> float:
     """Seconds for a fixed piece of pure-Python work: this machine's speed at the moment of
     the run (shared machines vary by tens of percent), to compare runs by."""
@@ -437,25 +450,11 @@ def main() -> None:
             drain_server.stop()
         wide = None
         if args.wide_in_flight and args.wide_in_flight != args.in_flight:
-            wide_args = argparse.Namespace(**{**vars(args), "in_flight": args.wide_in_flight})
-            wide_server = NatsServer(Path(tmp) / "nats-wide", sync=args.sync).start()
-            try:
-                wide_base = asyncio.run(publish_rates(wide_server.url, wide_args, only=("baseline",)))["baseline"][0]
-                data = Path(tmp) / "data-wide"
-                data.mkdir()
-                wide = (wide_base, asyncio.run(end_to_end(wide_server.url, data, wide_args, wide_server.proc.pid)))
-            finally:
-                wide_server.stop()
+            wide = beside(Path(tmp) / "wide", argparse.Namespace(**{**vars(args), "in_flight": args.wide_in_flight}),
+                          args.sync)
         lazy = None
         if args.lazy_sync != "none" and args.lazy_sync != args.sync:
-            lazy_server = NatsServer(Path(tmp) / "nats-lazy", sync=args.lazy_sync).start()
-            try:
-                lazy_base = asyncio.run(publish_rates(lazy_server.url, args, only=("baseline",)))["baseline"][0]
-                data = Path(tmp) / "data-lazy"
-                data.mkdir()
-                lazy = (lazy_base, asyncio.run(end_to_end(lazy_server.url, data, args, lazy_server.proc.pid)))
-            finally:
-                lazy_server.stop()
+            lazy = beside(Path(tmp) / "lazy", args, args.lazy_sync)
     steps = args.rollouts * args.steps
     step_bytes = len(encode(step("r0", 0, args)))
     print(f"\ntrajectory throughput: {args.rollouts} rollouts x {args.steps} steps = {steps} steps "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from nats.js.api import PubAck
@@ -27,6 +27,7 @@ BATCH_MAX_BYTES = 4 * 1024 * 1024
 #: stages it apart, ~2.5 ms here) that only pays off from about this many messages.
 BATCH_MIN = 16
 _ack = msgspec.json.Decoder(dict[str, Any])
+T = TypeVar("T")
 
 
 class BatchFailed(Exception):
@@ -40,53 +41,79 @@ class NotBatched(BatchFailed):
 _ALONE = NotBatched("too few publishes for a batch")
 
 
-class Batcher:
+class TurnQueue(Generic[T]):
+    """Publishes made in one turn of the event loop, handed to ``_drain`` together right after
+    it (``loop.call_soon``), each with the future its publisher awaits: what ``Batcher`` and
+    ``arena_core.packing.Packer`` group."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[T, asyncio.Future]] = []
+        self._scheduled = False
+
+    def _enqueue(self, item: T) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.append((item, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._turn_ended)
+        return future
+
+    def _turn_ended(self) -> None:
+        self._scheduled = False
+        queue, self._queue = self._queue, []
+        self._drain(queue)
+
+    def _drain(self, queue: list[tuple[T, asyncio.Future]]) -> None:
+        raise NotImplementedError
+
+
+def fail_all(queued: list[tuple[Any, asyncio.Future]], exc: Exception) -> None:
+    """Every future of ``queued`` not done yet fails with ``exc``."""
+    for _, future in queued:
+        if not future.done():
+            future.set_exception(exc)
+
+
+Out = tuple[str, bytes, dict[str, str]]  # subject, data, headers
+
+
+class Batcher(TurnQueue[Out]):
     """The batches of one stream, on one connection."""
 
     def __init__(self, nc, *, timeout: float = 5.0, max_messages: int = BATCH_MAX, min_messages: int = BATCH_MIN,
                  max_bytes: int = BATCH_MAX_BYTES):
+        super().__init__()
         self.nc, self.timeout, self.max_messages = nc, timeout, max_messages
         self.min_messages, self.max_bytes = min_messages, max_bytes
-        self._queue: list[tuple[str, bytes, dict[str, str], asyncio.Future]] = []
-        self._scheduled = False
         self.batches = 0  # sent as batches (for the benchmark)
         self.messages = 0
 
     def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> asyncio.Future:
         """A future of the message's ``PubAck`` (or :class:`BatchFailed`)."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.append((subject, data, headers, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._drain)
-        return future
+        return self._enqueue((subject, data, headers))
 
-    def _drain(self) -> None:
-        self._scheduled = False
-        queue, self._queue = self._queue, []
+    def _drain(self, queue: list[tuple[Out, asyncio.Future]]) -> None:
         if len(queue) < self.min_messages:
-            for *_, future in queue:
-                if not future.done():
-                    future.set_exception(_ALONE)
+            fail_all(queue, _ALONE)
             return
-        batch: list = []
+        batch: list[tuple[Out, asyncio.Future]] = []
         size = 0
         for item in queue:
-            if batch and (len(batch) >= self.max_messages or size + len(item[1]) > self.max_bytes):
+            if batch and (len(batch) >= self.max_messages or size + len(item[0][1]) > self.max_bytes):
                 asyncio.ensure_future(self._send(batch))
                 batch, size = [], 0
             batch.append(item)
-            size += len(item[1])
+            size += len(item[0][1])
         asyncio.ensure_future(self._send(batch))
 
-    async def _send(self, batch: list[tuple[str, bytes, dict[str, str], asyncio.Future]]) -> None:
+    async def _send(self, batch: list[tuple[Out, asyncio.Future]]) -> None:
         try:
             batch_id = uuid.uuid4().hex
-            for i, (subject, data, headers, _) in enumerate(batch[:-1], 1):
+            for i, ((subject, data, headers), _) in enumerate(batch[:-1], 1):
                 await self.nc.publish(subject, data, headers={**headers, "Nats-Batch-Id": batch_id,
                                                               "Nats-Batch-Sequence": str(i)})
-            subject, data, headers, _ = batch[-1]
+            (subject, data, headers), _ = batch[-1]
             answer = await self.nc.request(subject, data, timeout=self.timeout, headers={
                 **headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(len(batch)),
                 "Nats-Batch-Commit": "1"})
@@ -94,14 +121,11 @@ class Batcher:
             if "error" in ack or ack.get("count") != len(batch) or not isinstance(ack.get("seq"), int):
                 raise BatchFailed(f"batch refused: {ack.get('error') or ack}")
         except Exception as exc:  # noqa: BLE001 - every publish of the batch falls back to one by one
-            failed = exc if isinstance(exc, BatchFailed) else BatchFailed(f"{type(exc).__name__}: {exc}")
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(failed)
+            fail_all(batch, exc if isinstance(exc, BatchFailed) else BatchFailed(f"{type(exc).__name__}: {exc}"))
             return
         self.batches += 1
         self.messages += len(batch)
         first = ack["seq"] - len(batch) + 1
-        for i, (*_, future) in enumerate(batch):
+        for i, (_, future) in enumerate(batch):
             if not future.done():
                 future.set_result(PubAck(stream=ack["stream"], seq=first + i))

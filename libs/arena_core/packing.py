@@ -25,6 +25,7 @@ import uuid
 import msgspec
 from nats.js.api import PubAck
 
+from arena_core.batching import TurnQueue, fail_all
 from arena_core.schemas import Pack, Packed
 
 #: The most messages in one pack, and the most bytes (further capped by the server's ``max_payload``).
@@ -55,14 +56,13 @@ def unpack(data: bytes) -> list[Packed]:
     return _decoder.decode(data).messages
 
 
-class Packer:
+class Packer(TurnQueue[Packed]):
     """The packs of one stream, on one JetStream context."""
 
     def __init__(self, js, subject: str, *, max_bytes: int, timeout: float = 5.0, max_messages: int = PACK_MAX):
+        super().__init__()
         self.js, self.subject, self.timeout = js, subject, timeout
         self.max_bytes, self.max_messages = min(max_bytes, PACK_MAX_BYTES), max_messages
-        self._queue: list[tuple[Packed, asyncio.Future]] = []
-        self._scheduled = False
         self.packs = 0  # sent as packs (for benchmarks and tests)
         self.messages = 0
 
@@ -72,17 +72,9 @@ class Packer:
     def publish(self, subject: str, data: bytes, msg_id: str, headers: dict[str, str]) -> asyncio.Future:
         """A future of the ``PubAck`` of the pack this message went in (or :class:`PackFailed`).
         ``headers``: its headers but its ``Nats-Msg-Id``."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.append((Packed(subject=subject, msg_id=msg_id, data=data, headers=headers), future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._drain)
-        return future
+        return self._enqueue(Packed(subject=subject, msg_id=msg_id, data=data, headers=headers))
 
-    def _drain(self) -> None:
-        self._scheduled = False
-        queue, self._queue = self._queue, []
+    def _drain(self, queue: list[tuple[Packed, asyncio.Future]]) -> None:
         pack: list[tuple[Packed, asyncio.Future]] = []
         size = 0
         for item in queue:
@@ -96,9 +88,7 @@ class Packer:
 
     def _send(self, pack: list[tuple[Packed, asyncio.Future]]) -> None:
         if len(pack) == 1:
-            future = pack[0][1]
-            if not future.done():
-                future.set_exception(_ALONE)
+            fail_all(pack, _ALONE)
             return
         asyncio.ensure_future(self._publish(pack))
 
@@ -107,10 +97,7 @@ class Packer:
             ack: PubAck = await self.js.publish(self.subject, encode_pack([packed for packed, _ in pack]),
                                                 timeout=self.timeout, headers={"Nats-Msg-Id": f"pack:{uuid.uuid4().hex}"})
         except Exception as exc:  # noqa: BLE001 - every publish of the pack falls back to one by one
-            failed = PackFailed(f"pack of {len(pack)} not stored: {type(exc).__name__}: {exc}")
-            for _, future in pack:
-                if not future.done():
-                    future.set_exception(failed)
+            fail_all(pack, PackFailed(f"pack of {len(pack)} not stored: {type(exc).__name__}: {exc}"))
             return
         self.packs += 1
         self.messages += len(pack)
