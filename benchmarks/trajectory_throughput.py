@@ -40,6 +40,7 @@ acknowledged writes) and printed beside it.
 
 Run: ``.venv/bin/python benchmarks/trajectory_throughput.py [--rollouts 1200 --steps 50 --sync always --lazy-sync 1s --in-flight 256]``
 Realistic steps (2,560 tokens, ~14.5 KB): ``--rollouts 200 --steps 20 --prompt-tokens 2048 --completion-tokens 512``
+Where the publish window goes (each publish timed until its ack, by kind): ``--latencies``
 """
 
 from __future__ import annotations
@@ -398,6 +399,33 @@ def beside(tmp: Path, args, sync: str) -> tuple[float, dict]:
         server.stop()
 
 
+async def publish_latencies(url: str, args) -> None:
+    """``--latencies``: the end-to-end load published through ``Bus.publish`` (no service, no
+    trainer), each publish timed until its ack; per kind of message, how long it waited and
+    what share of the in-flight window it held (Little's law: rate x wait)."""
+    bus = await Bus.connect(url, "bench")
+    await bus.ensure_topology()
+    waits: dict[str, list[float]] = {}
+
+    async def timed(subject: str, data: bytes, msg_id: str):
+        t0 = time.perf_counter()
+        ack = await bus.publish(subject, data, msg_id=msg_id)
+        kind = "step" if subject.startswith("arena.step.") else ".".join(subject.split(".")[1:3])
+        waits.setdefault(kind, []).append(time.perf_counter() - t0)
+        return ack
+
+    load = messages(args)
+    elapsed, _ = await publish_all(timed, load, args.in_flight)
+    await bus.close()
+    held = sum(sum(w) for w in waits.values())
+    print(f"\n{len(load)} messages in {elapsed:.2f} s ({len(load) / elapsed:,.0f} msgs/s), {args.in_flight} in flight")
+    print(f"{'kind':<18} {'count':>7} {'mean ms':>8} {'p50 ms':>7} {'p90 ms':>7} {'window':>7}")
+    for kind, w in sorted(waits.items(), key=lambda kv: -sum(kv[1])):
+        w.sort()
+        print(f"{kind:<18} {len(w):>7} {sum(w) / len(w) * 1e3:>8.2f} {w[len(w) // 2] * 1e3:>7.2f} "
+              f"{w[int(len(w) * 0.9)] * 1e3:>7.2f} {sum(w) / held:>7.0%}")
+
+
 def cpu_reference() -> float:
     """Seconds for a fixed piece of pure-Python work: this machine's speed at the moment of
     the run (shared machines vary by tens of percent), to compare runs by."""
@@ -426,10 +454,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of the baseline and of Bus.publish, in turn; the best of each (default %(default)s)")
     parser.add_argument("--profile", help="write a cProfile of the trajectory service (end-to-end run) to this file")
+    parser.add_argument("--latencies", action="store_true",
+                        help="only time each publish of the load until its ack, by kind of message, and exit")
     parser.add_argument("--as-trainer", nargs=2, metavar=("URL", "GROUPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.as_trainer:
         asyncio.run(trainer_process(args.as_trainer[0], int(args.as_trainer[1])))
+        return
+    if args.latencies:
+        with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
+            server = NatsServer(Path(tmp) / "nats", sync=args.sync).start()
+            try:
+                asyncio.run(publish_latencies(server.url, args))
+            finally:
+                server.stop()
         return
     reference = cpu_reference()
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
