@@ -2,6 +2,8 @@
 atomic batch (NATS ADR-50, nats-server 2.12+): the server stores them together, one commit and
 one fsync, and acknowledges the batch once. With ``sync_interval: always`` that is what bounds
 a publisher (benchmarks/trajectory_throughput.py; docs/trajectory.md, "Durable throughput").
+While a batch to a stream is under way, the publishes to it wait and go out together when it
+ends (group commit): the stream's writes are fsynced one after another anyway.
 
 nats-py 2.16 has no batch publish, so this is the protocol's few headers over its core
 publish and request: ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` on each message, and
@@ -61,8 +63,20 @@ class TurnQueue(Generic[T]):
 
     def _turn_ended(self) -> None:
         self._scheduled = False
+        if self._hold():
+            return
         queue, self._queue = self._queue, []
         self._drain(queue)
+
+    def _hold(self) -> bool:
+        """Whether the queue waits past this turn (it is drained by ``_resume`` then)."""
+        return False
+
+    def _resume(self) -> None:
+        """Drain what waited, at the end of this turn."""
+        if self._queue and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._turn_ended)
 
     def _drain(self, queue: list[tuple[T, asyncio.Future]]) -> None:
         raise NotImplementedError
@@ -84,6 +98,7 @@ class Batcher(TurnQueue[Out]):
     def __init__(self, nc, *, timeout: float = 5.0, max_messages: int = BATCH_MAX, min_messages: int = BATCH_MIN,
                  max_bytes: int = BATCH_MAX_BYTES):
         super().__init__()
+        self._sending = 0  # batches under way
         self.nc, self.timeout, self.max_messages = nc, timeout, max_messages
         self.min_messages, self.max_bytes = min_messages, max_bytes
         self.batches = 0  # sent as batches (for the benchmark)
@@ -101,13 +116,30 @@ class Batcher(TurnQueue[Out]):
         size = 0
         for item in queue:
             if batch and (len(batch) >= self.max_messages or size + len(item[0][1]) > self.max_bytes):
-                asyncio.ensure_future(self._send(batch))
+                self._start(batch)
                 batch, size = [], 0
             batch.append(item)
             size += len(item[0][1])
+        self._start(batch)
+
+    def _start(self, batch: list[tuple[Out, asyncio.Future]]) -> None:
+        self._sending += 1  # under way from now: the publishes of the next turns wait for it
         asyncio.ensure_future(self._send(batch))
 
+    def _hold(self) -> bool:
+        """Group commit: while a batch to this stream is under way, what is published meanwhile
+        waits for it (up to a full batch) and goes out together when it ends. The stream's
+        writes are fsynced one after another anyway; many small sends each wait for theirs."""
+        return self._sending > 0 and len(self._queue) < self.max_messages
+
     async def _send(self, batch: list[tuple[Out, asyncio.Future]]) -> None:
+        try:
+            await self._commit(batch)
+        finally:
+            self._sending -= 1
+            self._resume()
+
+    async def _commit(self, batch: list[tuple[Out, asyncio.Future]]) -> None:
         try:
             batch_id = uuid.uuid4().hex
             for i, ((subject, data, headers), _) in enumerate(batch[:-1], 1):

@@ -60,3 +60,19 @@ async def test_the_workers_bucket_forgets_an_entry_after_its_ttl(bus: Bus):
     kv = await bus.kv(subjects.KV_WORKERS)
     status = await kv.status()
     assert status.ttl == subjects.KV_TTL_S[subjects.KV_WORKERS]
+
+
+async def test_publishes_made_while_a_batch_is_under_way_wait_and_go_out_together(bus: Bus):
+    await bus.ensure_topology()
+    batcher = bus.batchers["ARENA_RESULTS"]
+    first = [asyncio.ensure_future(bus.publish(subjects.sandbox_done(f"g{i}"), b"{}", msg_id=f"g:{i}"))
+             for i in range(20)]
+    await asyncio.sleep(0)  # they are published: their batch is under way
+    later = []
+    for turn in range(4):  # 5 a turn: alone they would each go one by one
+        later += [asyncio.ensure_future(bus.publish(subjects.sandbox_done(f"h{turn}-{i}"), b"{}",
+                                                    msg_id=f"h:{turn}:{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+    acks = await asyncio.gather(*first, *later)
+    assert (batcher.batches, batcher.messages) == (2, 40)  # the 20 that waited went as one batch
+    assert len({a.seq for a in acks}) == 40 and not any(a.duplicate for a in acks)
