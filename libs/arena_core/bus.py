@@ -321,7 +321,7 @@ class Bus:
         extra = telemetry.inject(dict(headers) if headers else {})  # besides its id: trace context
         stream = (subjects.stream_of(subject) or "") if self.batchers or self.packers else ""
         expects = bool(headers) and any(k.startswith("Nats-Expected") for k in headers)
-        packer = self.packers.get(stream) if self.packers else None
+        packer = self.packers.get(stream)
         if packer is not None and subject != packer.subject and packer.fits(data) and not expects:
             try:  # with the publishes of this loop turn to the same stream: one message
                 return await packer.publish(subject, data, msg_id, extra)
@@ -331,7 +331,7 @@ class Bus:
                 log.debug("publish to %s: %s; publishing it alone", subject, exc)
         hdrs = extra
         hdrs["Nats-Msg-Id"] = msg_id
-        batcher = self.batchers.get(stream) if self.batchers else None
+        batcher = self.batchers.get(stream)
         if batcher is not None and len(data) <= self.nc.max_payload - BODY_HEADROOM and not expects:
             try:  # with the publishes of this loop turn to the same stream: one commit
                 return await batcher.publish(subject, data, hdrs)

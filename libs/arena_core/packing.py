@@ -62,12 +62,13 @@ class Packer(TurnQueue[Packed]):
     def __init__(self, js, subject: str, *, max_bytes: int, timeout: float = 5.0, max_messages: int = PACK_MAX):
         super().__init__()
         self.js, self.subject, self.timeout = js, subject, timeout
-        self.max_bytes, self.max_messages = min(max_bytes, PACK_MAX_BYTES), max_messages
+        # the most bytes of bodies in a pack: room kept for the pack's own framing
+        self.max_bytes, self.max_messages = min(max_bytes, PACK_MAX_BYTES) - 1024, max_messages
         self.packs = 0  # sent as packs (for benchmarks and tests)
         self.messages = 0
 
     def fits(self, data: bytes) -> bool:
-        return len(data) <= self.max_bytes - 1024  # room for the pack's own framing
+        return len(data) <= self.max_bytes
 
     def publish(self, subject: str, data: bytes, msg_id: str, headers: dict[str, str]) -> asyncio.Future:
         """A future of the ``PubAck`` of the pack this message went in (or :class:`PackFailed`).
@@ -78,7 +79,7 @@ class Packer(TurnQueue[Packed]):
         pack: list[tuple[Packed, asyncio.Future]] = []
         size = 0
         for item in queue:
-            if pack and (len(pack) >= self.max_messages or size + len(item[0].data) > self.max_bytes - 1024):
+            if pack and (len(pack) >= self.max_messages or size + len(item[0].data) > self.max_bytes):
                 self._send(pack)
                 pack, size = [], 0
             pack.append(item)

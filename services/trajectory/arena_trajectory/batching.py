@@ -254,7 +254,8 @@ class BatchConsumer(PullConsumer, Generic[T]):
             raise AssertionError(f"{self.durable}: handler returned {len(verdicts)} verdicts for {len(items)} messages")
         # a message is settled by its items' verdicts: a pack is acked once all of its messages are
         # stored or dead-lettered, and delivered again (all of it: stores are idempotent) if one asks to be
-        retries: dict[int, float] = {}
+        retries = dict.fromkeys(unsettled, self.backoff(1))
+        dead: set[int] = set()  # messages dead-lettered (and terminated) whole
         for (msg, place), verdict in zip(origins, verdicts):
             if isinstance(verdict, Retry):
                 retries[id(msg)] = max(retries.get(id(msg), 0.0), verdict.delay)
@@ -262,20 +263,19 @@ class BatchConsumer(PullConsumer, Generic[T]):
                 log.error("dead-lettering %s: %s", place[1].subject if place else msg.subject, verdict.reason,
                           extra={"consumer": self.durable})
                 if place is None:
+                    dead.add(id(msg))
                     await self._dead(msg, verdict.reason)
                 elif not await self._dead_packed(msg, place, verdict.reason):
-                    unsettled.add(id(msg))
-        for key in unsettled:
-            retries[key] = max(retries.get(key, 0.0), self.backoff(1))
-        dead = {id(msg) for (msg, place), verdict in zip(origins, verdicts) if isinstance(verdict, Dead) and not place}
+                    retries[id(msg)] = max(retries.get(id(msg), 0.0), self.backoff(1))
+        settled = [msg for msg in kept if id(msg) not in dead]
         try:
-            for msg in kept:  # queued on the connection, written out together (no flush awaited per ack)
-                if id(msg) not in retries and id(msg) not in dead:
+            for msg in settled:  # queued on the connection, written out together (no flush awaited per ack)
+                if id(msg) not in retries:
                     await msg.ack()
         except Exception as exc:  # noqa: BLE001 - the connection is gone: they are redelivered, and stored idempotently
-            log.warning("%s: could not ack %d messages: %s", self.durable, len(kept), exc)
-        for msg in kept:
-            if id(msg) in retries and id(msg) not in dead:
+            log.warning("%s: could not ack %d messages: %s", self.durable, len(settled), exc)
+        for msg in settled:
+            if id(msg) in retries:
                 await settle(msg.nak(delay=retries[id(msg)]))
 
     async def _dead_packed(self, msg: Msg, place: tuple[int, Packed], error: str) -> bool:
