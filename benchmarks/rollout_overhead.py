@@ -12,6 +12,10 @@ transition to the answer of ``GET /v1/rollouts/{id}/wait``.
 
     .venv/bin/python benchmarks/rollout_overhead.py [--alone 20] [--burst 256] [--providers local,docker]
                                                      [--docker-url unix:///path.sock] [--slots N]
+
+After the burst: the CPU milliseconds per rollout each process of the stack spent during it (from
+/proc: nats-server, each service and the children it waited for, this benchmark as the client),
+and what the machine spent besides (kernel threads, other work).
 """
 
 from __future__ import annotations
@@ -66,6 +70,36 @@ async def bare(provider_name: str, docker_url: str, data: Path, n: int) -> float
     return statistics.median(took[1:])
 
 
+def cpu_ticks(stack: Stack) -> dict[str, int]:
+    """CPU clock ticks so far of each process of the stack (its waited-for children apart), of
+    this benchmark (the client), and of the whole machine (busy and idle, from /proc/stat)."""
+    procs = [("nats-server", stack.nats.proc.pid)] + [(c.name, c.pid) for c in stack.children if c.pid]
+    out = {}
+    for name, pid in procs:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            out[name] = int(fields[11]) + int(fields[12])  # utime, stime
+            if int(fields[13]) + int(fields[14]):
+                out[f"{name} children"] = int(fields[13]) + int(fields[14])  # cutime, cstime
+    me = os.times()
+    out["client (this benchmark)"] = round((me.user + me.system) * os.sysconf("SC_CLK_TCK"))
+    machine = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    out["idle"] = machine[3] + machine[4]
+    out["machine busy"] = sum(machine[:8]) - out["idle"]
+    return out
+
+
+def cpu_lines(before: dict[str, int], after: dict[str, int], n: int) -> list[str]:
+    """CPU milliseconds per rollout of the burst, per process; "other" is the machine's busy
+    time that none of them spent (kernel threads, other work on the machine)."""
+    ms = {k: (after[k] - before.get(k, 0)) * 1000 / os.sysconf("SC_CLK_TCK") / n for k in after}
+    named = sum(v for k, v in ms.items() if k not in ("idle", "machine busy"))
+    parts = [f"{k} {v:.1f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])
+             if k not in ("idle", "machine busy") and v >= 0.05]
+    return [f"{'':7}   CPU ms per rollout: {', '.join(parts)}; other {ms['machine busy'] - named:.1f}; "
+            f"machine busy {ms['machine busy']:.1f}, idle {ms['idle']:.1f}"]
+
+
 def phases(view: dict) -> dict[str, float]:
     at = {h["to_state"]: h["at"] for h in view["history"]}
     return {"queued": at["running"] - at["pending"], "sandbox": at["verifying"] - at["running"],
@@ -115,9 +149,11 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
                        f"bare sandbox ({baseline * 1000:.1f} ms); platform adds {e2e - baseline * 1000:.1f} ms")
             out.append(f"{'':7}   phases: queued {ph['queued']:.1f} ms, sandbox {ph['sandbox']:.1f} ms, verify "
                        f"{ph['verify']:.1f} ms, to the wait's answer {e2e - ph['total']:.1f} ms")
+            ticks = cpu_ticks(stack)
             t0 = time.perf_counter()
             burst = await asyncio.gather(*(one(pools[i % len(pools)]) for i in range(args.burst)))
             wall = time.perf_counter() - t0
+            cpu = cpu_lines(ticks, cpu_ticks(stack), args.burst)
             rate = args.burst / wall
             ph = {k: median_ms([phases(v)[k] for _, v in burst]) for k in ("queued", "sandbox", "verify")}
             out.append(f"{name:7} {args.burst} at once                 {rate:8.1f} rollouts/s  x{rate * baseline:5.2f} of "
@@ -125,6 +161,7 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
                        f"{settings.sandbox_slots} sandbox slots")
             out.append(f"{'':7}   phases (medians): queued {ph['queued']:.0f} ms, sandbox {ph['sandbox']:.0f} ms, "
                        f"verify {ph['verify']:.0f} ms")
+            out += cpu
     finally:
         stack.stop()
     return out
