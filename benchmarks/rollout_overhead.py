@@ -96,8 +96,9 @@ def cpu_lines(before: dict[str, int], after: dict[str, int], n: int) -> list[str
     named = sum(v for k, v in ms.items() if k not in ("idle", "machine busy"))
     parts = [f"{k} {v:.1f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])
              if k not in ("idle", "machine busy") and v >= 0.05]
-    return [f"{'':7}   CPU ms per rollout: {', '.join(parts)}; other {ms['machine busy'] - named:.1f}; "
-            f"machine busy {ms['machine busy']:.1f}, idle {ms['idle']:.1f}"]
+    line = (f"{'':7}   CPU ms per rollout: {', '.join(parts)}; other {ms['machine busy'] - named:.1f}; "
+            f"machine busy {ms['machine busy']:.1f}, idle {ms['idle']:.1f}")
+    return [line]
 
 
 def phases(view: dict) -> dict[str, float]:
