@@ -49,6 +49,7 @@ async def serve(settings: Settings, bus: Bus, api: TrajectoryApi) -> int:
     stop = stop_on_signals()
     log.info("dashboard on http://%s:%d (trajectory API %s; API keys %s)", settings.host, settings.dashboard_port,
              api.base_url, "required" if ring else "off")
+    runtime.freeze_startup()
     code = await runtime.serve(stop, consumers=[LiveSubscriptions(bus, feed), feed, bus.watch(),
                                                 *([ring] if ring else [])],
                                app=app, host=settings.host, port=settings.dashboard_port)

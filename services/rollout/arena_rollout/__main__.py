@@ -9,7 +9,7 @@ import httpx
 
 from arena_core import apikeys, logs, metrics, subjects, telemetry
 from arena_core.bus import Bus
-from arena_core.runtime import run, serve, stop_on_signals
+from arena_core.runtime import freeze_startup, run, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 from arena_core.workers import Workers
 
@@ -54,6 +54,7 @@ async def main(settings: Settings) -> int:
         metrics.install("rollout", queues)
         metrics.ROLLOUTS_QUEUED.set_function(service.queued)
         app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
+        freeze_startup()
         code = await serve(stop, consumers=[*results, bus.watch(), *keys, service.workers], app=app,
                            host=settings.host, port=settings.rollout_port)
         await asyncio.gather(*background, return_exceptions=True)

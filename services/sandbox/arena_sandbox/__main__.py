@@ -9,7 +9,7 @@ from arena_core import logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
-from arena_core.runtime import serve, stop_on_signals
+from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 
 from arena_core.workers import Advertiser
@@ -60,6 +60,7 @@ async def main(settings: Settings) -> int:
     sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
     advertiser = Advertiser(bus, [p.name for p in providers], owner=owner_of(settings), slots=settings.sandbox_slots)
     await advertiser.announce()  # before the consumers: a submission to these providers is accepted from now
+    freeze_startup()
     code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch(), advertiser],
                        app=health if settings.sandbox_health_port else None, host=settings.host,
                        port=settings.sandbox_health_port)

@@ -12,7 +12,7 @@ from arena_core import logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
-from arena_core.runtime import serve, stop_on_signals
+from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 from arena_core.sources import SourceCache
 from arena_verification.sandboxes import ProviderSandboxes
@@ -59,6 +59,7 @@ async def main(settings: Settings) -> int:
             # a verification lives no longer than the rollout service lets a rollout verify
             sweeper = Sweeper([scratch], older_than_s=(settings.verify_deadline_s or 86400) + 600,
                               what="verification scratch")
+            freeze_startup()
             code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), sweeper, bus.watch()],
                                app=health if settings.verification_health_port else None, host=settings.host,
                                port=settings.verification_health_port)
