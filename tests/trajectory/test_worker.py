@@ -320,3 +320,29 @@ async def test_a_group_that_times_out_is_published_partial_once(nats_server, bus
             assert batch.groups[0].partial and batch.groups[0].missing_indexes == [2]
             await batch.commit()
             break
+
+
+async def test_final_states_handled_in_concurrent_batches_publish_each_group_once_and_whole(bus, store, running):
+    # 12 groups of 3; their members' final states come in batches of 2, two batches handled at
+    # once, so a group's members are assembled by different batches at the same time
+    groups, size = 12, 3
+    for g in range(groups):
+        for index in range(size):
+            rid = f"c{g}-{index}"
+            await publish_step(bus, step(rid, 0))
+            await publish_outcome(bus, rid, float(index % 2))
+    for index in range(size):  # interleaved: each batch holds members of different groups
+        for g in range(groups):
+            await publish_state(bus, state(f"c{g}-{index}", RolloutState.COMPLETED, steps=1, group=f"gc{g}",
+                                           index=index, size=size))
+    worker = running(state_batch_size=2, state_concurrency=2, linger=0.0)
+    assert worker.state_concurrency == 2
+    for g in range(groups):
+        group = await whole_group(bus, f"gc{g}")
+        assert [t.rollout_id for t in group.trajectories] == [f"c{g}-{i}" for i in range(size)]
+        assert group.rewards == [0.0, 1.0, 0.0] and not group.partial
+    await asyncio.sleep(0.5)  # anything published twice would be on the stream by now
+    assert await count_on(bus, "arena.group.*") == groups
+    assert await count_on(bus, "arena.trajectory.*.*") == groups * size
+    assert await store.count_rows("trajectories") == groups * size
+    assert await dead_letters(bus) == 0

@@ -59,6 +59,7 @@ class TrajectoryWorker:
         ack_wait: float = 10.0,
         batch_size: int = 2000,
         state_batch_size: int = 1024,
+        state_concurrency: int = 2,  # a batch of final states waits on its parts, stores, publishes: overlap two
         group_timeout: float = 0.0,
         wait_for_parts: float = 2.0,
         linger: float = 0.5,  # a ClickHouse insert costs milliseconds of CPU however small: few, large ones
@@ -73,6 +74,7 @@ class TrajectoryWorker:
         self.ack_wait = ack_wait
         self.batch_size = batch_size
         self.state_batch_size = state_batch_size
+        self.state_concurrency = state_concurrency
         self.group_timeout = group_timeout
         self.wait_for_parts = wait_for_parts
         self.linger = linger
@@ -99,7 +101,7 @@ class TrajectoryWorker:
             BatchConsumer(self.bus, stream="ARENA_ROLLOUTS", durable=subjects.CONSUMER_TRAJ_STATES,
                           filter_subjects=["arena.rollout.state.*"], message_type=RolloutStateChanged,
                           handler=self.on_states, batch_size=self.state_batch_size, max_deliver=self.max_deliver,
-                          ack_wait=self.ack_wait, linger=self.linger),
+                          ack_wait=self.ack_wait, linger=self.linger, concurrency=self.state_concurrency),
         ]
         if self.group_timeout > 0:
             out.append(GroupTimeouts(self))
