@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import pytest
 
 from arena_core.schemas import AgentSpec, RolloutRecord, RolloutState, SamplingParams, Task, TestsVerifier
@@ -68,3 +69,48 @@ def test_forgetting_a_rollout_the_watch_has_not_passed_yet_is_logged(caplog):
     assert "forgot ended rollout newer before the KV watch passed its final revision 11" in caplog.text
     assert "ARENA_ROLLOUT_CACHE_ENDED" in caplog.text
     assert list(cache._final) == ["newest"]
+
+
+def test_only_a_watching_cache_promises_a_live_rollouts_final_record():
+    cache = RecordCache()
+    cache.put(rec("a"), 1)
+    assert cache.until_final("a") is None  # not watching: it may never learn the end
+    cache.watching = True
+    assert cache.until_final("unknown") is None  # not seen yet: the bucket answers
+    cache.put(rec("b", S.COMPLETED), 2)
+    assert cache.until_final("b") is None  # ended already: only its revision is remembered
+
+
+async def test_a_waiter_gets_the_final_record_from_this_process_or_from_another_through_the_watch(bus):
+    import asyncio
+
+    from arena_core import subjects
+    from arena_rollout.store import RolloutStore
+
+    kv = await bus.kv(subjects.KV_ROLLOUTS)
+    here = RolloutStore(kv)  # this process: its cache follows the bucket
+    elsewhere = RolloutStore(kv, cache=RecordCache())  # another replica, whose writes only the watch brings
+    stop = asyncio.Event()
+    watch = asyncio.create_task(here.cache.watch(kv, stop))
+    while not here.cache.watching:
+        await asyncio.sleep(0.01)
+    for rid in ("mine", "theirs"):
+        await here.create(rec(rid, S.PENDING))
+    mine, theirs = here.cache.until_final("mine"), here.cache.until_final("theirs")
+
+    await here.update("mine", lambda r: msgspec.structs.replace(r, state=S.RUNNING))
+    assert not mine.done()  # a state on the way is no end
+    await here.update("mine", lambda r: msgspec.structs.replace(r, state=S.COMPLETED, reward=1.0))
+    got = await asyncio.wait_for(mine, 10)
+    assert (got.state, got.reward) == (S.COMPLETED, 1.0)
+
+    await elsewhere.update("theirs", lambda r: msgspec.structs.replace(r, state=S.CANCELLED, reason="by user"))
+    got = await asyncio.wait_for(theirs, 10)
+    assert (got.state, got.reason) == (S.CANCELLED, "by user")
+    assert got == (await here.get("theirs"))[0]  # what the bucket holds
+
+    await here.create(rec("later", S.PENDING))
+    later = here.cache.until_final("later")
+    stop.set()  # the watch ends: nobody would tell the waiter, so it is told to look for itself
+    await watch
+    assert await asyncio.wait_for(later, 10) is None

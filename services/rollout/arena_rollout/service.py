@@ -13,7 +13,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import msgspec
@@ -445,14 +445,24 @@ class RolloutService:
 
     # ------------------------------------------------------------------ results from other planes
 
+    async def _current(self, rollout_id: str, *, unless: Callable[[RolloutRecord], bool]) -> RolloutRecord:
+        """The record as the cache holds it (no bus call), or from the bucket when the cache has
+        none or when ``unless`` holds for the cached one: a decision to wait (a retry) is never
+        taken on a cached record that may lag behind another replica's write. A decision to go
+        on may: the transition's compare-and-set guards it."""
+        record = self.store.cache.get(rollout_id)
+        if record is None or unless(record):
+            record, _ = await self.store.get(rollout_id)
+        return record
+
     async def on_sandbox_started(self, event: SandboxStarted, delivery: Delivery) -> None:
-        record, _ = await self.store.get(event.rollout_id)
+        record = await self._current(event.rollout_id, unless=lambda r: r.state == S.PENDING)
         if record.state == S.PENDING:
             raise Retryable("sandbox started before the rollout left pending", 0.2)
         await self.transition(event.rollout_id, S.RUNNING, reason=f"sandbox {event.sandbox_id} started")
 
     async def on_sandbox_done(self, event: SandboxDone, delivery: Delivery) -> None:
-        record, _ = await self.store.get(event.rollout_id)
+        record = await self._current(event.rollout_id, unless=lambda r: False)
         if record.state.is_final:
             return
         if event.outcome == SandboxOutcome.COMPLETED:
@@ -466,7 +476,7 @@ class RolloutService:
                                   infrastructure=infrastructure)
 
     async def on_verify_done(self, event: VerificationResult, delivery: Delivery) -> None:
-        record, _ = await self.store.get(event.rollout_id)
+        record = await self._current(event.rollout_id, unless=lambda r: r.state != S.VERIFYING)
         if record.state.is_final:
             return
         if record.state != S.VERIFYING:
@@ -494,7 +504,35 @@ class RolloutService:
     # ------------------------------------------------------------------ waiting and events
 
     async def wait(self, rollout_id: str, timeout: float) -> RolloutRecord:
-        """Return the rollout once final, or as it is when ``timeout`` passes."""
+        """Return the rollout once final, or as it is when ``timeout`` passes.
+
+        A rollout live in the record cache is awaited there: its final record comes from this
+        process's own write or the bucket's watch, no bus call at all. Else (the cache is not
+        watching, or does not hold the rollout) from the bucket, woken by the rollout's state
+        messages."""
+        deadline = time.monotonic() + timeout
+        final = self.store.cache.until_final(rollout_id) if timeout > 0 else None
+        if final is not None:
+            try:
+                while True:
+                    remaining = deadline - time.monotonic()
+                    try:  # in slices: a cache that lost its way is found out within 5 s
+                        record = await asyncio.wait_for(asyncio.shield(final), min(max(remaining, 0), 5.0))
+                    except asyncio.TimeoutError:
+                        if not self.store.cache.watching or self.store.cache.ended(rollout_id):
+                            break  # the bucket answers below
+                        if remaining <= 5.0:
+                            return self.store.cache.get(rollout_id) or (await self.store.get(rollout_id))[0]
+                        continue
+                    if record is not None:
+                        return record
+                    break  # the watch stopped: the bucket answers below
+            finally:
+                final.cancel()
+            timeout = max(deadline - time.monotonic(), 0.0)
+        return await self._wait_on_bus(rollout_id, timeout)
+
+    async def _wait_on_bus(self, rollout_id: str, timeout: float) -> RolloutRecord:
         changed = asyncio.Event()
 
         async def on_msg(msg) -> None:

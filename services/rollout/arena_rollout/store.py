@@ -12,6 +12,10 @@ the oldest forgotten first. Forgetting one is safe once the watch has delivered 
 revision (the watch is in revision order, so nothing older of it can still come), which
 takes milliseconds; forgetting one the watch has not reached yet is logged as a warning:
 the bound is then too small for the watch's lag.
+
+A caller can await a rollout's final record (``until_final``): the cache hands it over as it
+learns it, from this process's own write or from the watch, so waiting for a rollout to end
+costs no subscription and no read of the bucket.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class RecordCache:
         self.max_ended = max_ended
         self.seen_revision = 0  # the highest revision the watch has delivered
         self.watching = False
+        #: rollout id -> futures waiting for its final record (``until_final``)
+        self._waiters: dict[str, set[asyncio.Future[RolloutRecord | None]]] = {}
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         if not self.watching:
@@ -74,6 +80,30 @@ class RecordCache:
         """Whether the cache remembers ``rollout_id`` as ended."""
         return rollout_id in self._final
 
+    def until_final(self, rollout_id: str) -> asyncio.Future[RolloutRecord | None] | None:
+        """A future of ``rollout_id``'s final record, set when the cache learns it; ``None``
+        when the cache cannot promise that (not watching, or the rollout is not one of its live
+        ones: ended already, or not seen yet). The future's result is ``None`` when the watch
+        stops first: look in the bucket then. Cancel it (or let it end) when no longer needed."""
+        if not self.watching or rollout_id not in self._live:
+            return None
+        future: asyncio.Future[RolloutRecord | None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(rollout_id, set()).add(future)
+        future.add_done_callback(lambda f: self._forget_waiter(rollout_id, f))
+        return future
+
+    def _forget_waiter(self, rollout_id: str, future: asyncio.Future) -> None:
+        waiting = self._waiters.get(rollout_id)
+        if waiting is not None:
+            waiting.discard(future)
+            if not waiting:
+                del self._waiters[rollout_id]
+
+    def _wake(self, rollout_id: str, record: RolloutRecord | None) -> None:
+        for future in list(self._waiters.pop(rollout_id, ())):
+            if not future.done():
+                future.set_result(record)
+
     def put(self, record: RolloutRecord, revision: int) -> None:
         rid = record.rollout_id
         if rid in self._final:
@@ -81,6 +111,7 @@ class RecordCache:
         if record.state.is_final:
             self._final[rid] = revision
             self._live.pop(rid, None)
+            self._wake(rid, record)
             while len(self._final) > self.max_ended:
                 old, ended_at = self._final.popitem(last=False)
                 if ended_at > self.seen_revision:
@@ -114,6 +145,8 @@ class RecordCache:
             await follow_kv(kv, stop, on_entry, on_ready)
         finally:
             self.watching = False
+            for rid in list(self._waiters):  # nothing will tell them now: they look for themselves
+                self._wake(rid, None)
 
 
 class RolloutStore:
