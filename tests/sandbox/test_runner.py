@@ -183,7 +183,11 @@ if os.environ['MODE'] == 'replace':  # swap the base commit for another through 
     os.makedirs('.git/refs/replace', exist_ok=True)
     open('.git/refs/replace/' + base, 'w').write(base + '\\n')
 elif os.environ['MODE'] == 'hook':
+    os.makedirs('.git/hooks', exist_ok=True)  # Arena's base has none: the agent makes it
     open('.git/hooks/post-checkout', 'w').write('#!/bin/sh\\necho hi\\n')
+elif os.environ['MODE'] == 'alternates':
+    os.makedirs('.git/objects/info', exist_ok=True)
+    open('.git/objects/info/alternates', 'w').write('/elsewhere/objects\\n')
 elif os.environ['MODE'] == 'filter':
     subprocess.check_call(git + ['config', 'filter.x.clean', 'cat'])
 else:  # harmless: an identity in the repository's config, a commit of the agent's own
@@ -193,7 +197,8 @@ open('/sandbox/.arena/done', 'w').close()
 """
 
 
-@pytest.mark.parametrize("mode, flagged", [("replace", True), ("hook", True), ("filter", True), ("benign", False)])
+@pytest.mark.parametrize("mode, flagged", [("replace", True), ("hook", True), ("alternates", True), ("filter", True),
+                                           ("benign", False)])
 async def test_changes_to_git_metadata_are_flagged(tmp_path, mode, flagged):
     if local.available() is not None:
         pytest.skip(f"no bubblewrap: {local.available()}")
