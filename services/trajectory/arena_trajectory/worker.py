@@ -62,7 +62,7 @@ class TrajectoryWorker:
         state_concurrency: int = 2,  # a batch of final states waits on its parts, stores, publishes: overlap two
         group_timeout: float = 0.0,
         wait_for_parts: float = 2.0,
-        linger: float = 0.5,  # a ClickHouse insert costs milliseconds of CPU however small: few, large ones
+        linger: float = 0.2,  # a ClickHouse insert costs milliseconds of CPU however small: few, large ones
     ):
         if give_up_after >= max_deliver:
             raise ValueError("give_up_after must be below max_deliver, or states are dead-lettered instead")
