@@ -183,7 +183,6 @@ if os.environ['MODE'] == 'replace':  # swap the base commit for another through 
     os.makedirs('.git/refs/replace', exist_ok=True)
     open('.git/refs/replace/' + base, 'w').write(base + '\\n')
 elif os.environ['MODE'] == 'hook':
-    os.makedirs('.git/hooks', exist_ok=True)  # Arena's base has none: the agent makes it
     open('.git/hooks/post-checkout', 'w').write('#!/bin/sh\\necho hi\\n')
 elif os.environ['MODE'] == 'alternates':
     os.makedirs('.git/objects/info', exist_ok=True)
