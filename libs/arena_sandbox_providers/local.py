@@ -260,20 +260,19 @@ def _userns_args() -> tuple[str, ...]:
     return ("--unshare-user", "--disable-userns") if b"--disable-userns" in out else ()
 
 
-def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None, net: str = "") -> list[str]:
+def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | None, net: bool = False) -> list[str]:
     """The bwrap command line. The sandbox's environment is set with ``--setenv`` on
     top of ``--clearenv``, never in bwrap's own environment: bwrap runs on the host,
     where a variable such as ``LD_PRELOAD`` from a task must have no effect.
 
-    ``net``: a network namespace made for the sandbox (:mod:`.netns`), joined by ``nsenter``
-    before bwrap starts, instead of a new empty one of bwrap's."""
+    ``net``: bwrap starts in a network namespace made for the sandbox (:mod:`.netns`) and
+    keeps it, instead of making a new empty one of its own."""
     env = _base_env() | dict(spec.env)
     validate_env(env)
-    # --unshare-all but the network when it joins ``net``
+    # --unshare-all but the network when it starts in the sandbox's own
     unshare = ["--unshare-all"] if not net else [
         "--unshare-user-try", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     argv = [
-        *((netns.NSENTER, f"--net={net}", "--") if net else ()),
         BWRAP,
         *unshare,
         *_userns_args(),
@@ -326,6 +325,48 @@ _GATE = 'read -r go && [ "$go" = go ] || exit 125; exec "$@" </dev/null'
 
 def _gate_argv(argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", _GATE, "sh", *argv]
+
+
+class _Gate:
+    """The gate spawned by ``subprocess.Popen`` inside the sandbox's network namespace
+    (:func:`netns.inside`: synchronous, which asyncio's spawn is not), awaited on this loop
+    through a pidfd; the part of ``asyncio.subprocess.Process`` that :func:`_execute` and
+    :func:`_kill_tree` use."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = popen.stdin  # unbuffered (bufsize=0): a write goes out at once
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self._pidfd = os.pidfd_open(popen.pid)  # a zombie still has one: only this object reaps it
+        self._loop.add_reader(self._pidfd, self._on_exit)
+
+    def _on_exit(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        code = self._popen.wait()  # it has exited: the wait reaps it at once
+        if self.stdin is not None and not self.stdin.closed:
+            self.stdin.close()
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exited.result() if self._exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def kill(self) -> None:
+        if not self._exited.done():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)  # not reaped before _on_exit: the pid is still its
+
+
+def _popen_gate(argv: list[str], stdout: int | None, stderr: int | None) -> subprocess.Popen:
+    return subprocess.Popen(_gate_argv(argv), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, bufsize=0,
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True)
 
 
 def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
@@ -465,29 +506,40 @@ async def _execute(
     run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix, dir=run_tmp()))
     forwarder: _Forwarder | None = None
     net: netns.SandboxNet | None = None
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | _Gate | None = None
     released = False  # the gate was told to become bwrap
     started = time.monotonic()
     try:
-        shim: tuple[int, str] | None = None
         if spec.proxy is not None and not spec.shim_relay and netns.available() is None:
+            # the gate is born in the sandbox's network namespace (spawned from this thread, the
+            # loop's, which lives as long as the service: bwrap's --die-with-parent is its death)
             net = await netns.create(spec.proxy.inside_port)
+            argv = _bwrap_argv(spec, run_dir, shim=None, net=True)
+            popen = netns.inside(net, lambda: _popen_gate(argv, stdout, stderr))
+            try:
+                proc = _Gate(popen)
+            except BaseException:
+                popen.kill()
+                popen.wait()
+                raise
             forwarder = _Forwarder(spec.proxy, listeners=net.listeners)
             await forwarder.start()
-        elif spec.proxy is not None:
-            shutil.copyfile(SHIM, run_dir / "shim.py")
-            forwarder = _Forwarder(spec.proxy, run_dir / "proxy.sock")
-            await forwarder.start()
-            shim = (spec.proxy.inside_port, PROXY_SOCKET)
-        argv = _bwrap_argv(spec, run_dir, shim=shim, net=net.path if net is not None else "")
-        proc = await asyncio.create_subprocess_exec(
-            *_gate_argv(argv),
-            stdin=subprocess.PIPE,
-            stdout=stdout,
-            stderr=stderr,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
-            start_new_session=True,
-        )
+        else:
+            shim: tuple[int, str] | None = None
+            if spec.proxy is not None:
+                shutil.copyfile(SHIM, run_dir / "shim.py")
+                forwarder = _Forwarder(spec.proxy, run_dir / "proxy.sock")
+                await forwarder.start()
+                shim = (spec.proxy.inside_port, PROXY_SOCKET)
+            argv = _bwrap_argv(spec, run_dir, shim=shim)
+            proc = await asyncio.create_subprocess_exec(
+                *_gate_argv(argv),
+                stdin=subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
+                start_new_session=True,
+            )
         # off the loop: a move into a v1 cgroup can wait for an RCU grace period (6-25 ms under load)
         await asyncio.to_thread(_limit_process, proc.pid, spec.limits, spec.cgroup_procs)  # raises: the gate is killed
         proc.stdin.write(b"go\n")

@@ -225,6 +225,32 @@ for host, port in [('127.0.0.1', {other_port}), ('8.8.8.8', 53), ('1.1.1.1', 443
     assert log.count("blocked") == 3
 
 
+async def test_a_sandbox_born_in_its_namespace_is_killed_whole_and_the_service_stays_in_its_own(tmp_path, http_proxy):
+    """The namespace path spawns the sandbox from the service's own thread, entered into the
+    sandbox's network namespace for the spawn: the thread is back at once, the sandbox keeps
+    the namespace, and a timeout still kills every process of it."""
+    if netns.available() is not None:
+        pytest.skip(f"the service cannot make the sandbox's network namespace here: {netns.available()}")
+    home = os.readlink("/proc/thread-self/ns/net")
+    marker = f"arena-marker-{uuid.uuid4().hex}"
+    script = f"readlink /proc/self/ns/net; sleep 1000 & setsid sh -c 'sleep 1000; : {marker}' & sleep 1000; : {marker}"
+    spec = _spec(tmp_path, ["sh", "-c", script], proxy=ProxyForward("127.0.0.1", http_proxy), timeout_s=1.0)
+    task = asyncio.create_task(local.run(spec))
+    pids: list[int] = []
+    for _ in range(50):
+        await asyncio.sleep(0.05)
+        pids = _pids_with_marker(marker)
+        if len(pids) >= 3:
+            break
+    assert pids, "sandbox processes not found"
+    assert os.readlink("/proc/thread-self/ns/net") == home  # the loop's thread is back in its own
+    result = await task
+    assert result.timed_out and result.killed and result.exit_code is None
+    assert [p for p in pids if _alive(p)] == []
+    inside = _log(tmp_path).splitlines()[0]
+    assert inside.startswith("net:[") and inside != home
+
+
 async def test_no_proxy_means_no_network(tmp_path, http_proxy):
     code = f"""
 import socket
