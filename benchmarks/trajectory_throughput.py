@@ -215,6 +215,10 @@ def thread_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def _threads_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
 def start_service(url: str, data_dir: Path, port: int, log, profile_to: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, ARENA_NATS_URL=url, ARENA_DATA_DIR=str(data_dir), ARENA_HOST="127.0.0.1",
                ARENA_TRAJECTORY_PORT=str(port), ARENA_LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
@@ -347,7 +351,7 @@ async def end_to_end(url: str, data_dir: Path, args, nats_pid: int) -> dict[str,
             threads1 = thread_seconds(service.pid)
             return {"publish_s": publish_s, "messages": len(load), "query_s": query_s, "stream_s": stream_s,
                     "cpu": {k: cpu1[k] - cpu0[k] for k in pids},
-                    "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items() if v - threads0.get(k, 0.0) > 0},
+                    "threads": _threads_since(threads0, threads1),
                     "wall_s": time.time() - t0}
     finally:
         if "trainer" in locals():
@@ -387,10 +391,12 @@ async def backlog(url: str, data_dir: Path, args, nats_pid: int) -> dict[str, fl
                 await asyncio.sleep(0.01)
             t0 = time.time()
             cpu0 = cpu_seconds({"trajectory service": service.pid, "nats-server": nats_pid})
+            threads0 = thread_seconds(service.pid)
             query_s, stream_s = await until_queryable_and_trained(client, port, args.rollouts * args.steps, trainer,
                                                                   t0, args)
             cpu1 = cpu_seconds({"trajectory service": service.pid, "nats-server": nats_pid})
-            return {"query_s": query_s, "stream_s": stream_s, "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0}}
+            return {"query_s": query_s, "stream_s": stream_s, "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
+                    "threads": _threads_since(threads0, thread_seconds(service.pid))}
     finally:
         trainer.stop()
         service.terminate()
@@ -444,6 +450,15 @@ def run_as_a_plane(main):
     ``arena_core.runtime.run`` does (the baseline's nats-py publishes too, so the ratio
     compares like with like). The trainer runs on asyncio's own loop, as a user's does."""
     return runtime.run(main)
+
+
+def print_cpu(run: dict, steps: int) -> None:
+    """Each process's CPU seconds in ``run``, per step, the service's by thread."""
+    for name, seconds in run["cpu"].items():
+        print(f"  {name:<30} {seconds:6.2f} s  ({seconds / steps * 1e6:5.1f} us/step)")
+        if name == "trajectory service":
+            for thread, used in sorted(run["threads"].items(), key=lambda kv: -kv[1]):
+                print(f"    {thread:<28} {used:6.2f} s  ({used / steps * 1e6:5.1f} us/step)")
 
 
 def cpu_reference() -> float:
@@ -536,14 +551,9 @@ def main() -> None:
     print(f"\ntimeline from the first publish: all published {e2e['publish_s']:.2f} s, all steps queryable "
           f"{e2e['query_s']:.2f} s, trainer has every group {e2e['stream_s']:.2f} s")
     print(f"\nCPU seconds during the end-to-end run ({e2e['wall_s']:.2f} s wall, {os.cpu_count()} cores):")
-    for name, seconds in e2e["cpu"].items():
-        print(f"  {name:<30} {seconds:6.2f} s  ({seconds / steps * 1e6:5.1f} us/step)")
-        if name == "trajectory service":
-            for thread, used in sorted(e2e["threads"].items(), key=lambda kv: -kv[1]):
-                print(f"    {thread:<28} {used:6.2f} s  ({used / steps * 1e6:5.1f} us/step)")
+    print_cpu(e2e, steps)
     print(f"\nCPU seconds while the service worked through the backlog alone ({drained['stream_s']:.2f} s):")
-    for name, seconds in drained["cpu"].items():
-        print(f"  {name:<30} {seconds:6.2f} s  ({seconds / steps * 1e6:5.1f} us/step)")
+    print_cpu(drained, steps)
     slowest = steps / max(e2e['query_s'], e2e['stream_s'])
     alone = steps / max(drained['query_s'], drained['stream_s'])
     print(f"\nend to end (slowest path): {slowest:,.0f} steps/s = {slowest / base:.2f} x baseline; goal 20,000")
