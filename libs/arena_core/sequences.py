@@ -58,9 +58,12 @@ def first_difference(sequence: list[int], prompt: list[int]) -> int | None:
         return None
     common = min(n, len(prompt))
     start = 0
-    while start < common and sequence[start:start + 1024] == prompt[start:start + 1024]:
-        start += 1024  # whole chunks compared at C speed, then token by token in the one that differs
-    for i in range(start, common):
+    while start < common:  # whole chunks (of the part both have) compared at C speed,
+        end = min(start + 1024, common)
+        if sequence[start:end] != prompt[start:end]:
+            break
+        start = end
+    for i in range(start, min(start + 1024, common)):  # then token by token in the one that differs
         if sequence[i] != prompt[i]:
             return i
     return common  # a prefix of the sequence, but shorter

@@ -75,7 +75,8 @@ def test_a_rewritten_history_starts_a_new_sequence_and_says_at_which_token():
 def test_the_break_position_is_the_first_differing_token_of_a_long_history():
     history = list(range(3000))
     rewritten = history[:2500] + [-1] + history[2501:]
-    for prompt, at in [(rewritten, 2500), (history[:2048], 2048), (history[:1] + [7], 1), ([7], 0)]:
+    for prompt, at in [(rewritten, 2500), (history[:2048], 2048), (history[:2000], 2000), (history[:1] + [7], 1),
+                       ([7], 0), (history[:1500] + [-1], 1500)]:
         _, [b] = assemble([step(0, history[:-10], history[-10:]), step(1, prompt, [1])])
         assert (b.kind, b.position) == ("prefix_mismatch", at)
 
