@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -82,6 +83,23 @@ class TurnQueue(Generic[T]):
         raise NotImplementedError
 
 
+def runs(queue: list[tuple[T, asyncio.Future]], *, max_items: int, max_bytes: int,
+         size: Callable[[T], int]) -> Iterator[list[tuple[T, asyncio.Future]]]:
+    """``queue`` in order, cut into runs of at most ``max_items`` whose ``size`` adds up to at most
+    ``max_bytes`` (an item larger than that alone): the batches, or packs, a turn's publishes make."""
+    run: list[tuple[T, asyncio.Future]] = []
+    total = 0
+    for item in queue:
+        n = size(item[0])
+        if run and (len(run) >= max_items or total + n > max_bytes):
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += n
+    if run:
+        yield run
+
+
 def fail_all(queued: list[tuple[Any, asyncio.Future]], exc: Exception) -> None:
     """Every future of ``queued`` not done yet fails with ``exc``."""
     for _, future in queued:
@@ -90,6 +108,10 @@ def fail_all(queued: list[tuple[Any, asyncio.Future]], exc: Exception) -> None:
 
 
 Out = tuple[str, bytes, dict[str, str]]  # subject, data, headers
+
+
+def _data_size(out: Out) -> int:
+    return len(out[1])
 
 
 class Batcher(TurnQueue[Out]):
@@ -112,15 +134,8 @@ class Batcher(TurnQueue[Out]):
         if len(queue) < self.min_messages:
             fail_all(queue, _ALONE)
             return
-        batch: list[tuple[Out, asyncio.Future]] = []
-        size = 0
-        for item in queue:
-            if batch and (len(batch) >= self.max_messages or size + len(item[0][1]) > self.max_bytes):
-                self._start(batch)
-                batch, size = [], 0
-            batch.append(item)
-            size += len(item[0][1])
-        self._start(batch)
+        for batch in runs(queue, max_items=self.max_messages, max_bytes=self.max_bytes, size=_data_size):
+            self._start(batch)
 
     def _start(self, batch: list[tuple[Out, asyncio.Future]]) -> None:
         self._sending += 1  # under way from now: the publishes of the next turns wait for it

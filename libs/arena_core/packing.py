@@ -25,7 +25,7 @@ import uuid
 import msgspec
 from nats.js.api import PubAck
 
-from arena_core.batching import TurnQueue, fail_all
+from arena_core.batching import TurnQueue, fail_all, runs
 from arena_core.schemas import Pack, Packed
 
 #: The most messages in one pack, and the most bytes (further capped by the server's ``max_payload``).
@@ -45,6 +45,11 @@ class NotPacked(PackFailed):
 
 
 _ALONE = NotPacked("published alone")
+
+
+def _packed_size(packed: Packed) -> int:
+    """What a message takes in a pack: its body and, about, its framing."""
+    return len(packed.data) + len(packed.subject) + len(packed.msg_id) + 16
 
 
 def encode_pack(messages: list[Packed]) -> bytes:
@@ -76,15 +81,7 @@ class Packer(TurnQueue[Packed]):
         return self._enqueue(Packed(subject=subject, msg_id=msg_id, data=data, headers=headers))
 
     def _drain(self, queue: list[tuple[Packed, asyncio.Future]]) -> None:
-        pack: list[tuple[Packed, asyncio.Future]] = []
-        size = 0
-        for item in queue:
-            if pack and (len(pack) >= self.max_messages or size + len(item[0].data) > self.max_bytes):
-                self._send(pack)
-                pack, size = [], 0
-            pack.append(item)
-            size += len(item[0].data) + len(item[0].subject) + len(item[0].msg_id) + 16
-        if pack:
+        for pack in runs(queue, max_items=self.max_messages, max_bytes=self.max_bytes, size=_packed_size):
             self._send(pack)
 
     def _send(self, pack: list[tuple[Packed, asyncio.Future]]) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from arena_core import sources
-from arena_sandbox_providers import netns
+from arena_sandbox_providers import netns, overlay
 
 log = logging.getLogger("arena.sandbox.local")
 
@@ -63,12 +63,8 @@ def run_tmp() -> str:
     directory made on a disk file system costs ~0.5 ms of the kernel's CPU each on some hosts
     (ext4 here), on tmpfs ~0.01 ms; a run makes 7 of them."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                sep = fields.index("-")
-                if fields[4] == "/dev/shm" and fields[sep + 1] == "tmpfs" and os.access("/dev/shm", os.W_OK | os.X_OK):
-                    return "/dev/shm"
+        if ("/dev/shm", "tmpfs") in overlay.mounts() and os.access("/dev/shm", os.W_OK | os.X_OK):
+            return "/dev/shm"
     except (OSError, ValueError, IndexError):
         pass
     return tempfile.gettempdir()
@@ -364,9 +360,13 @@ class _Gate:
                 os.kill(self.pid, signal.SIGKILL)  # not reaped before _on_exit: the pid is still its
 
 
+#: The gate's and bwrap's own environment, on the host (the sandbox's is set by ``--setenv``).
+_GATE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
 def _popen_gate(argv: list[str], stdout: int | None, stderr: int | None) -> subprocess.Popen:
     return subprocess.Popen(_gate_argv(argv), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, bufsize=0,
-                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True)
+                            env=_GATE_ENV, start_new_session=True)
 
 
 def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ...] = ()) -> None:
@@ -537,7 +537,7 @@ async def _execute(
                 stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # bwrap's own, on the host
+                env=_GATE_ENV,
                 start_new_session=True,
             )
         # off the loop: a move into a v1 cgroup can wait for an RCU grace period (6-25 ms under load)

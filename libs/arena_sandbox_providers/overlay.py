@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 from pathlib import Path
 
 _MNT_DETACH = 2
@@ -19,6 +20,7 @@ _MS_NOSUID = 2
 _MS_NODEV = 4
 #: A path the overlay's option string cannot carry as it is (its separators, escapes).
 _UNSAFE = (",", ":", "\\", "\n")
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,26 +58,25 @@ def unmount(target: Path) -> None:
             raise OSError(err, f"umount {target}: {os.strerror(err)}")
 
 
+def mounts() -> list[tuple[str, str]]:
+    """This process's mounts (its mount namespace's), each as (mount point, file system type),
+    from ``/proc/self/mountinfo``."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            fields = line.split()
+            # mount point is the 5th field; the type follows the "-" that ends the optional fields
+            out.append((_unescape(fields[4]), fields[fields.index("-", 6) + 1]))
+    return out
+
+
 def mounts_under(top: Path) -> list[Path]:
     """Mount points at or below ``top`` in this process's mount namespace, deepest first."""
     prefix = os.path.realpath(top)
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            point = _unescape(line.split()[4])
-            if point == prefix or point.startswith(prefix.rstrip("/") + "/"):
-                found.append(Path(point))
+    found = [Path(point) for point, _ in mounts() if point == prefix or point.startswith(prefix.rstrip("/") + "/")]
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
 def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash in octal (``\\040``)."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return _OCTAL.sub(lambda m: chr(int(m[1], 8)), field)
