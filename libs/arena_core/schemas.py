@@ -20,11 +20,23 @@ SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/sc
 #: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
 #: trajectory, key ids; subject tokens): 1-128 characters, an ASCII letter or digit first, then
 #: letters, digits, ``_`` and ``-``, with single dots between non-empty parts (an id becomes a
-#: NATS subject token and a KV key: no empty token). No look-around: FastAPI's validator lacks it.
+#: NATS subject token and a KV key: no empty token). No look-around here: FastAPI's validator
+#: (Rust's regex, where ``$`` is the end of the text) lacks it.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$"
 ID_MAX = 128
 ID_RE = re.compile(ID_PATTERN)
-Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=128)]
+
+
+def whole(pattern: str) -> str:
+    """``pattern`` (anchored by ``^...$``) matched against the whole value by msgspec, which
+    searches with Python's ``re``, where ``$`` also matches before a final newline ("abc\\n"
+    would pass): a look-ahead refuses that newline. ECMA-262 has it too, so the JSON Schema in
+    ``proto/`` stays valid for other languages."""
+    return pattern + r"(?!\n)"
+
+
+#: An identifier in a message or request body (msgspec): :data:`ID_PATTERN`, matched whole.
+Id = Annotated[str, msgspec.Meta(pattern=whole(ID_PATTERN), max_length=128)]
 #: Submitters' labels: at most 64, keys 1-128 characters, values up to 4 KiB.
 Labels = Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)],
                         Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=64)]
@@ -108,7 +120,7 @@ class Budget(Request, kw_only=True):
 
 
 #: A content-addressed bundle: ``sha256:`` and the hex digest of the bundle's bytes.
-BundleDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+BundleDigest = Annotated[str, msgspec.Meta(pattern=whole(r"^sha256:[0-9a-f]{64}$"))]
 
 
 #: Agent scaffolds Arena launches from a preset (``arena_core.scaffolds``, docs/agents.md).
@@ -167,7 +179,7 @@ class GitSource(Request, kw_only=True, tag="git"):
     """The repository is ``commit`` of the git repository at ``url`` (fetched by each worker)."""
 
     url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
-    commit: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{7,64}$")]
+    commit: Annotated[str, msgspec.Meta(pattern=whole(r"^[0-9a-f]{7,64}$"))]
 
 
 class ImageSource(Request, kw_only=True, tag="image"):
@@ -198,7 +210,7 @@ class OpenEnvServer(Request, kw_only=True):
 
     image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
     #: The ASGI app uvicorn serves (``module:attribute``), from the environment's directory.
-    app: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=256)] = "server.app:app"
+    app: Annotated[str, msgspec.Meta(pattern=whole(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"), max_length=256)] = "server.app:app"
     #: The environment's directory (the ``openenv init`` layout), mounted at ``/sandbox/agent``:
     #: a bundle in Arena's object store, or a host path (embedded mode only).
     bundle: BundleDigest | None = None

@@ -360,7 +360,7 @@ def _payload(body: bytes) -> Any:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
-_PROXY_PATH = re.compile(r"^/proxy/([^/]+)/v1/(chat/completions|completions|messages)$")
+_PROXY_PATH = re.compile(r"/proxy/([^/]+)/v1/(chat/completions|completions|messages)")
 _APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
                          "messages": "anthropic.messages"}
 _JSON_HEAD = [(b"content-type", b"application/json")]
@@ -414,7 +414,7 @@ class RolloutApp:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PROXY_PATH.match(scope["path"])
+            match = _PROXY_PATH.fullmatch(scope["path"])
             if match is not None:
                 await self._proxy(match[1], _APIS[match[2]], dict(scope["headers"]), receive, send)
                 return

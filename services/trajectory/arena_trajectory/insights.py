@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from arena_core.errors import Conflict, NotFound
-from arena_core.schemas import ID_PATTERN
+from arena_core.schemas import Id
 from arena_trajectory.listing import TrajectoryFilter
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import DATABASE, trainer_logprobs_row
@@ -540,7 +540,7 @@ class TrainerLogprobs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     run: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     policy_version: Annotated[str, msgspec.Meta(max_length=256)] = ""  # the weights that computed them
-    rollout_id: Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=128)]
+    rollout_id: Id
     sequence_index: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
     logprobs: Annotated[list[Annotated[float, msgspec.Meta(ge=-3e38, le=3e38)]],
                         msgspec.Meta(max_length=MAX_SEQUENCE_TOKENS)]  # finite, and within Float32
