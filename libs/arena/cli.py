@@ -15,7 +15,6 @@ from pathlib import Path
 
 import msgspec
 
-from arena_core.apikeys import enforced
 from arena_core.errors import ArenaError
 from arena_core.settings import Settings, SettingsError
 
@@ -38,6 +37,19 @@ def _client(args):
     return ArenaClient(args.url, args.trajectory_url, api_key=key or None)
 
 
+def _nats_url(url: str) -> str:
+    """``url`` as given when it names a user; else with the ``admin`` credentials that
+    ``arena up`` keeps under the data directory (``nats-users.json``), when this user can read them."""
+    from urllib.parse import urlsplit
+
+    from arena_stack import natsauth
+
+    kept = Path(os.environ.get("ARENA_DATA_DIR", ".arena")) / natsauth.CREDENTIALS_FILE
+    if any(urlsplit(one.strip()).username for one in url.split(",")) or not os.access(kept, os.R_OK):
+        return url
+    return natsauth.with_user(url, "admin", msgspec.json.decode(kept.read_bytes())["admin"])
+
+
 def _fmt_time(ts: float, t0: float) -> str:
     return f"+{ts - t0:6.2f}s"
 
@@ -47,21 +59,26 @@ def _fmt_time(ts: float, t0: float) -> str:
 
 async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> None:
     from arena_core.runtime import stop_on_signals
+    from arena_stack import natsauth
     from arena_stack.stack import Stack
 
     stop = stop_on_signals()
     stack = Stack(settings, llm_script=llm_script, nats_cluster=cluster)
     await stack.start()
     print(f"\nArena is up. Rollout API and proxy: {settings.rollout_url}  trajectories: {settings.trajectory_url}")
-    key = None
-    if enforced(stack.settings.auth, stack.settings.host):
-        key = await stack.issue_local_key(stack.data_dir / LOCAL_KEY_FILE)
+    key = stack.api_key
+    if key:
         print(f"API key for this machine's CLI (submit, read): {stack.data_dir / LOCAL_KEY_FILE} "
               "(read by `arena` from ARENA_DATA_DIR; ARENA_API_KEY for the SDK)")
+    else:
+        print("\nWARNING: ARENA_AUTH=off: the rollout and trajectory APIs ask for no key. Anyone who reaches "
+              f"{settings.host} (every local user, at least) may submit, read and change everything.\n")
+    print(f"NATS: one user per service, passwords in {stack.data_dir / natsauth.CREDENTIALS_FILE} (0600; "
+          "the `admin` one for `arena keys`, a worker's own for a worker elsewhere)")
     if stack.dashboard_started:  # the key signs this browser in once (a cookie), then leaves the address bar
         print(f"Dashboard: {stack.dashboard_url}" + (f"/?key={key}" if key else ""))
     if cluster:
-        print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.settings.nats_url} "
+        print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.nats_cluster.url} (with a user's credentials) "
               f"(replicas {stack.settings.nats_replicas})")
     print(f"Logs in {stack.data_dir / 'logs'}. Ctrl-C to stop.", flush=True)
     try:
@@ -74,8 +91,6 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
 
 def cmd_up(args) -> int:
     settings = Settings.from_env(**({"data_dir": args.data_dir} if args.data_dir else {}))
-    if settings.auth == "auto":  # the embedded stack checks keys too, with one made for this machine's CLI
-        settings = msgspec.structs.replace(settings, auth="keys")
     if args.cluster is not None and args.cluster < 1:
         raise ArenaError("--cluster takes the number of nats-servers, e.g. --cluster 3")
     asyncio.run(_up(settings, args.llm_script, args.cluster or 0))
@@ -119,9 +134,9 @@ async def _demo(settings: Settings, n: int, seed: int) -> int:
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", log=lambda m: print("   " + m))
     await stack.start()
     try:
-        key = await stack.issue_local_key() if enforced(settings.auth, settings.host) else None
-        if key:
-            print(f"   API keys on: this client's key in {stack.data_dir / LOCAL_KEY_FILE}")
+        key = stack.api_key
+        print(f"   API keys on: this client's key in {stack.data_dir / LOCAL_KEY_FILE}" if key else
+              "   WARNING: ARENA_AUTH=off: the APIs ask for no key; anyone who reaches them may use them")
         return await asyncio.to_thread(_demo_run, ArenaClient(settings.rollout_url, settings.trajectory_url,
                                                               api_key=key), task, n, seed)
     finally:
@@ -167,8 +182,6 @@ def cmd_demo(args) -> int:
     if data_dir.exists():
         shutil.rmtree(data_dir)
     settings = Settings.from_env(data_dir=str(data_dir))
-    if settings.auth == "auto":  # the demo shows the APIs as they run beyond one machine: behind keys
-        settings = msgspec.structs.replace(settings, auth="keys")
     return asyncio.run(_demo(settings, args.n, args.seed))
 
 
@@ -276,7 +289,7 @@ def cmd_verify(args) -> int:
     async def run():
         from arena_core.bus import Bus
 
-        bus = await Bus.connect(args.nats_url, "cli")
+        bus = await Bus.connect(_nats_url(args.nats_url), "cli")
         try:
             task = await replay.rollout_task(bus, args.id)
             return await replay.replay(bus, replay.build_job(trajectory, task, spec, name), timeout=args.timeout)
@@ -566,7 +579,7 @@ def cmd_backend(args) -> int:
     from arena_core.schemas import BackendReplica
 
     async def run() -> int:
-        bus = await Bus.connect(args.nats_url, "arena-cli")
+        bus = await Bus.connect(_nats_url(args.nats_url), "arena-cli")
         try:
             kv = await bus.kv(subjects.KV_BACKENDS)
             if args.action == "register":
@@ -605,7 +618,7 @@ def cmd_keys(args) -> int:
     from arena_core.bus import Bus
 
     async def run() -> int:
-        bus = await Bus.connect(args.nats_url, "arena-cli")
+        bus = await Bus.connect(_nats_url(args.nats_url), "arena-cli")
         try:
             if args.action == "create":
                 if not args.name or not args.scope:

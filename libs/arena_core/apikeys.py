@@ -138,19 +138,20 @@ Auth = Literal["auto", "keys", "off"]
 
 
 def enforced(auth: str, host: str) -> bool:
-    """Whether keys are checked: ``keys`` always, ``off`` never, ``auto`` unless the API
-    listens on loopback only."""
+    """Whether keys are checked: always (``auto``, the default, and ``keys``) unless the user
+    turned them off with ``off``, on any host, loopback included (another local user reaches
+    a loopback port too)."""
     if auth not in ("auto", "keys", "off"):
         raise ValueError(f"ARENA_AUTH must be auto, keys or off, got {auth!r}")
-    return auth == "keys" or (auth == "auto" and host not in LOOPBACK)
+    return auth != "off"
 
 
 def protect(app, bus, *, auth: str, host: str) -> tuple[object, list]:
     """``app`` behind a ``KeyGuard`` when keys are enforced, with the ``KeyRing`` to run
-    beside it (a runner of ``arena_core.runtime.serve``)."""
+    beside it (a runner of ``arena_core.runtime.serve``); with ``ARENA_AUTH=off``, ``app``
+    as it is and a warning, at every start."""
     if not enforced(auth, host):
-        if host not in LOOPBACK:
-            log.warning("ARENA_AUTH=off on %s: anyone who reaches this API may use it", host)
+        log.warning("ARENA_AUTH=off: the API on %s asks for no key; anyone who reaches it may use it", host)
         return app, []
     ring = KeyRing(bus)
     return KeyGuard(app, ring), [ring]

@@ -25,7 +25,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str = ".arena"
     host: str = "127.0.0.1"
     #: API keys on the rollout and trajectory APIs (``arena keys create``; docs/deploy.md,
-    #: "Authentication"): ``keys`` always, ``off`` never, ``auto`` unless ``host`` is loopback.
+    #: "Authentication"): on (``auto``, the default, or ``keys``) on every host, loopback
+    #: included, unless ``off`` (which every service start warns about).
     auth: str = "auto"
     rollout_port: int = 9090
     dashboard_port: int = 9091

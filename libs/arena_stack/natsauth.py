@@ -3,13 +3,18 @@ cannot publish verification results, a verification worker cannot publish sandbo
 a trainer can read the trajectory stream and nothing more. docs/deploy.md ("Authentication").
 
 ``authorization_block`` renders nats-server's configuration; ``with_user`` puts a user's
-credentials into a NATS URL (what each service is given as ``ARENA_NATS_URL``).
+credentials into a NATS URL (what each service is given as ``ARENA_NATS_URL``);
+``load_or_create`` keeps the embedded stack's passwords in ``<data_dir>/nats-users.json`` (0600).
+``python -m arena_stack.natsauth env`` prints fresh passwords as compose's ``.env`` lines.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import sys
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from arena_core import subjects
@@ -45,18 +50,81 @@ PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+
+
+def _private_bucket(bucket: str) -> list[str]:
+    """The JetStream API requests that read or destroy bucket ``bucket``'s entries (``$JS.API.>``,
+    which every service needs for its own streams, allows them otherwise)."""
+    stream = f"KV_{bucket}"
+    return [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>", f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>", f"$JS.API.STREAM.PURGE.{stream}",
+            f"$JS.API.STREAM.DELETE.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}"]
+
+
+_VERIFIERS = _private_bucket(subjects.KV_VERIFIERS)  # the hidden tests: rollout writes, verification reads
+_API_KEYS = _private_bucket(subjects.KV_API_KEYS)  # the keys' hashes: the APIs and the dashboard follow them
+#: service -> what it may not publish although ``PERMISSIONS`` allows it (nats-server applies deny over allow)
+DENIED: dict[str, list[str]] = {
+    "sandbox": [*_VERIFIERS, *_API_KEYS],
+    "verification": _API_KEYS,
+    "trajectory": _VERIFIERS,
+    "dashboard": _VERIFIERS,
+    "trainer": [*_VERIFIERS, *_API_KEYS],
+}
+
+#: the user nats-servers of one cluster authenticate their routes with (not a client user)
+ROUTE_USER = "route"
+#: the embedded stack's passwords, under its data directory
+CREDENTIALS_FILE = "nats-users.json"
+
+
 def passwords() -> dict[str, str]:
-    """A fresh password per user."""
-    return {user: secrets.token_urlsafe(18) for user in PERMISSIONS}
+    """A fresh password per user, and one for a cluster's routes (``ROUTE_USER``)."""
+    return {user: secrets.token_urlsafe(18) for user in [*PERMISSIONS, ROUTE_USER]}
 
 
-def authorization_block(passwords: dict[str, str]) -> str:
+def load_or_create(path: Path) -> dict[str, str]:
+    """The passwords kept in ``path`` (user -> password, JSON, mode 0600), so that a restart
+    and workers started elsewhere with them keep working; fresh ones, written there, when
+    the file is absent (and for a user it does not name yet)."""
+    known: dict[str, str] = {}
+    if path.exists():
+        known = json.loads(path.read_text())
+        if not isinstance(known, dict) or not all(isinstance(v, str) and v for v in known.values()):
+            raise ValueError(f"{path} is not a JSON object of user -> password")
+    wanted = {**passwords(), **known}
+    if wanted != known or path.stat().st_mode & 0o077:
+        write_private(path, json.dumps(wanted, indent=1) + "\n")
+    return wanted
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable and writable by this user only (0600), never wider
+    even for a moment."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
+def env_name(user: str) -> str:
+    """The environment variable that carries ``user``'s password in compose and Kubernetes."""
+    return f"ARENA_NATS_{user.upper()}_PASSWORD"
+
+
+def authorization_block(passwords: dict[str, str] | None = None, *, from_env: bool = False) -> str:
     """nats-server's ``authorization { users = [...] }`` for ``passwords`` (JSON strings are
-    valid NATS configuration values)."""
+    valid NATS configuration values); with ``from_env``, each password is a reference to
+    ``env_name(user)``, which nats-server reads from its environment (compose's configuration)."""
+    if not from_env and passwords is None:
+        raise ValueError("authorization_block needs the passwords, or from_env")
     users = []
     for user, (publish, subscribe) in PERMISSIONS.items():
-        users.append(f"    {{user: {json.dumps(user)}, password: {json.dumps(passwords[user])}, permissions: "
-                     f"{{publish: {{allow: {json.dumps(publish)}}}, subscribe: {{allow: {json.dumps(subscribe)}}}}}}}")
+        password = f"${env_name(user)}" if from_env else json.dumps(passwords[user])
+        deny = f", deny: {json.dumps(DENIED[user])}" if user in DENIED else ""
+        users.append(f"    {{user: {json.dumps(user)}, password: {password}, permissions: "
+                     f"{{publish: {{allow: {json.dumps(publish)}{deny}}}, subscribe: {{allow: {json.dumps(subscribe)}}}}}}}")
     return "authorization {\n  users = [\n" + ",\n".join(users) + "\n  ]\n}\n"
 
 
@@ -69,3 +137,20 @@ def with_user(url: str, user: str, password: str) -> str:
         netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
         out.append(urlunsplit((parts.scheme or "nats", netloc, parts.path, parts.query, parts.fragment)))
     return ",".join(out)
+
+
+def main(argv: list[str]) -> int:
+    """``env``: fresh passwords as ``ARENA_NATS_<USER>_PASSWORD=...`` lines (compose's ``.env``);
+    ``conf``: the authorization block reading them (deploy/images/nats/nats-server.conf)."""
+    if argv == ["env"]:
+        print("\n".join(f"{env_name(user)}={pw}" for user, pw in passwords().items() if user in PERMISSIONS))
+    elif argv == ["conf"]:
+        print(authorization_block(from_env=True), end="")
+    else:
+        print("usage: python -m arena_stack.natsauth env|conf", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 #: JetStream fsync interval. "always" fsyncs every write: no acknowledged message is
 #: lost even on power loss, at a throughput cost; see docs/trajectory.md.
@@ -50,18 +51,22 @@ def wait_port(host: str, port: int, timeout: float = 10.0, proc: subprocess.Pope
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
-def js_api_info(port: int, timeout: float = 2.0) -> dict | None:
+def js_api_info(port: int, timeout: float = 2.0, credentials: tuple[str, str] | None = None) -> dict | None:
     """``$JS.API.INFO`` through the server on ``port`` (the NATS text protocol on a plain
-    socket, so it works with or without an event loop): the account's JetStream info, a dict
-    with ``error`` while JetStream cannot answer it, or None when nothing answered in time.
+    socket, so it works with or without an event loop), as ``credentials`` (user, password)
+    when given: the account's JetStream info, a dict with ``error`` while JetStream cannot
+    answer it, or None when nothing answered in time (or the server refused the user).
     In a cluster only the meta leader answers it."""
     inbox = "_INBOX.arena_ready"
+    connect = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True}
+    if credentials is not None:
+        connect |= {"user": credentials[0], "pass": credentials[1]}
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.settimeout(timeout)
             f = sock.makefile("rb")
             f.readline()  # INFO {...}
-            sock.sendall(('CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\n'
+            sock.sendall((f"CONNECT {json.dumps(connect)}\r\n"
                           f"SUB {inbox} 1\r\nPUB $JS.API.INFO {inbox} 0\r\n\r\n").encode())
             while True:
                 line = f.readline()
@@ -78,6 +83,13 @@ def js_api_info(port: int, timeout: float = 2.0) -> dict | None:
                     return None
     except (OSError, ValueError):
         return None
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if needed (with its parents) and made this user's only (0700)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
 
 
 class NatsServer:
@@ -120,12 +132,17 @@ class NatsServer:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 15.0) -> NatsServer:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        """Start it; its store, configuration (which may hold passwords) and log are this
+        user's only (0700 directories, 0600 files, and nats-server runs under umask 077)."""
+        private_dir(self.store_dir)
         conf = self.store_dir / "nats-server.conf"
-        conf.write_text(self.config())
-        log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(self.config())
+        log = os.fdopen(os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         self.proc = subprocess.Popen([binary(), "-c", str(conf)], stdout=log, stderr=log,
-                                     start_new_session=True)
+                                     start_new_session=True, umask=0o077)
         log.close()
         wait_port("127.0.0.1", self.port, timeout, self.proc)
         return self
@@ -163,11 +180,16 @@ class NatsCluster:
 
     ``start`` returns once the cluster has a JetStream meta leader; ``nodes[i].stop(kill=True)``
     SIGKILLs one node, ``start_node(i)`` restarts it on the same ports and store. ``url`` is
-    the client URL list (``nats://a,nats://b,...``) for ``ARENA_NATS_URL`` / ``Bus.connect``."""
+    the client URL list (``nats://a,nats://b,...``) for ``ARENA_NATS_URL`` / ``Bus.connect``.
+
+    ``authorization``: configuration every node gets (``natsauth.authorization_block``), with
+    ``credentials`` (user, password) the cluster's own readiness checks connect as; and
+    ``route_password``: the routes between the nodes authenticate as ``route`` with it."""
 
     def __init__(self, n: int = 3, base_dir: str | Path = ".arena/nats-cluster", *, ports: list[int] | None = None,
                  name: str = "arena", sync: str = DEFAULT_SYNC, max_payload: int = 8 * 1024 * 1024,
-                 log_dir: str | Path | None = None):
+                 log_dir: str | Path | None = None, authorization: str = "",
+                 credentials: tuple[str, str] | None = None, route_password: str | None = None):
         if n < 1:
             raise ValueError("a cluster has at least one node")
         if ports is not None and len(ports) != n:
@@ -175,18 +197,25 @@ class NatsCluster:
         self.base_dir = Path(base_dir)
         self.name = name
         self.route_ports = [free_port() for _ in range(n)]
+        self.credentials = credentials
         log_dir = Path(log_dir) if log_dir else None
+        route_user = f"route:{quote(route_password, safe='')}@" if route_password else ""
+        route_auth = (f"  authorization {{ user: route, password: {json.dumps(route_password)} }}\n"
+                      if route_password else "")
         self.nodes: list[NatsServer] = []
         for i in range(n):
-            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
+            routes = ", ".join(f"nats-route://{route_user}127.0.0.1:{p}"
+                               for j, p in enumerate(self.route_ports) if j != i)
             cluster = ("cluster {\n"
                        f"  name: {name}\n"
                        f"  listen: 127.0.0.1:{self.route_ports[i]}\n"
-                       f"  routes: [{routes}]\n"
+                       + route_auth
+                       + f"  routes: [{routes}]\n"
                        "}\n") if n > 1 else ""
             self.nodes.append(NatsServer(
                 self.base_dir / f"node-{i}", (ports[i] if ports else None) or free_port(), sync=sync,
-                max_payload=max_payload, server_name=f"{name}-{i}", http_port=free_port(), extra_config=cluster,
+                max_payload=max_payload, server_name=f"{name}-{i}", http_port=free_port(),
+                extra_config=cluster + authorization,
                 log_file=(log_dir / f"nats-server-{i}.log") if log_dir else None))
 
     @property
@@ -263,7 +292,7 @@ class NatsCluster:
                     leaders.add(meta.get("leader") if meta.get("cluster_size", 1) >= len(self.nodes) else None)
             if len(leaders) == 1 and None not in leaders:
                 # and the meta leader answers JetStream API requests (through each of them)
-                answers = [js_api_info(self.nodes[i].port) for i in want]
+                answers = [js_api_info(self.nodes[i].port, credentials=self.credentials) for i in want]
                 if all(a is not None and "error" not in a for a in answers):
                     return leaders.pop()
                 last = answers

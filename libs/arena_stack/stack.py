@@ -1,6 +1,8 @@
 """The embedded stack behind ``arena up``: nats-server (or a cluster of them, ``--cluster``),
 the four services and the dashboard, optionally the scripted LLM, each a child process,
-started in order, health-checked, stopped by PID.
+started in order, health-checked, stopped by PID. The bus has a user per service
+(``natsauth``, passwords kept in ``<data_dir>/nats-users.json``), the APIs ask for keys
+unless ``ARENA_AUTH=off``, and everything under the data directory is this user's only.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from urllib.parse import urlparse
 import httpx
 import msgspec
 
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_core.settings import Settings
 from arena_stack import natsauth
-from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, wait_port
+from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, private_dir, wait_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -61,10 +63,11 @@ class Child:
         self.restarts = 0
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        """Start it under umask 077: what it writes is this user's only."""
+        private_dir(self.log_path.parent)
+        with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=_die_with_parent, umask=0o077)
 
     @property
     def pid(self) -> int | None:
@@ -105,7 +108,7 @@ class Stack:
 
     def __init__(self, settings: Settings, *, llm_script: str | Path | None = None,
                  nats_sync: str = DEFAULT_SYNC, log=print, separate_data_dirs: bool = False,
-                 nats_port: int | None = None, nats_cluster: int = 0, nats_users: bool = False):
+                 nats_port: int | None = None, nats_cluster: int = 0):
         """``nats_port``: where nats-server listens when the services reach it elsewhere
         (``settings.nats_url`` through a proxy or relay); default the port of that URL.
 
@@ -116,11 +119,14 @@ class Stack:
         (``ARENA_NATS_URL=nats://a,nats://b,...``) and ``ARENA_NATS_REPLICAS`` = the node
         count (at most 5, JetStream's limit) unless ``settings.nats_replicas`` asks for another.
 
-        ``nats_users``: nats-server with one user per service, each allowed only its own subjects
-        (``arena_stack.natsauth``); every service gets its own credentials in ``ARENA_NATS_URL``,
-        and ``settings.nats_url`` carries the administrator's (for the CLI and tests)."""
-        if nats_users and nats_cluster:
-            raise ValueError("nats_users is for a single nats-server (a cluster's routes need their own credentials)")
+        The bus always has one user per service, each allowed only its own subjects
+        (``arena_stack.natsauth``; every node of a cluster the same users, its routes their own
+        password), with passwords kept in ``<data_dir>/nats-users.json`` (0600) and reused on
+        restart: every service gets its own credentials in ``ARENA_NATS_URL``, and
+        ``settings.nats_url`` carries the administrator's (for the CLI and tests).
+
+        Unless ``settings.auth`` is ``off``, ``start`` issues an API key for this machine's CLI
+        (``api_key``, also in ``<data_dir>/api-key``)."""
         if not settings.judge_key:  # one judge key per run, shared by rollout and verification
             settings = msgspec.structs.replace(settings, judge_key=secrets.token_urlsafe(24))
         if not settings.sandbox_health_port or not settings.verification_health_port:
@@ -128,6 +134,12 @@ class Stack:
                 settings, sandbox_health_port=settings.sandbox_health_port or free_port(),
                 verification_health_port=settings.verification_health_port or free_port())
         self.data_dir = Path(settings.data_dir).resolve()
+        private_dir(self.data_dir)
+        #: a password per NATS user (``natsauth.PERMISSIONS``, and the cluster's routes)
+        self.nats_passwords: dict[str, str] = natsauth.load_or_create(self.data_dir / natsauth.CREDENTIALS_FILE)
+        admin = ("admin", self.nats_passwords["admin"])
+        #: the key ``start`` issued for this machine's CLI (None when ``settings.auth`` is ``off``)
+        self.api_key: str | None = None
         self.llm_script = Path(llm_script).resolve() if llm_script else None
         #: the cluster when ``nats_cluster``, else None; ``nats`` is then its node 0
         self.nats_cluster: NatsCluster | None = None
@@ -137,20 +149,17 @@ class Stack:
                      [nats_port or urlparse(listed[0].strip()).port or 4222] + [free_port() for _ in
                                                                                 range(nats_cluster - 1)])
             self.nats_cluster = NatsCluster(nats_cluster, self.data_dir / "nats-cluster", ports=ports,
-                                            sync=nats_sync, log_dir=self.data_dir / "logs")
+                                            sync=nats_sync, log_dir=self.data_dir / "logs",
+                                            authorization=natsauth.authorization_block(self.nats_passwords),
+                                            credentials=admin,
+                                            route_password=self.nats_passwords[natsauth.ROUTE_USER])
             replicas = settings.nats_replicas if settings.nats_replicas != 1 else min(nats_cluster, 5)
-            settings = msgspec.structs.replace(settings, nats_url=self.nats_cluster.url, nats_replicas=replicas)
+            settings = msgspec.structs.replace(settings, nats_replicas=replicas)
             self.nats = self.nats_cluster.nodes[0]
         else:
             self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
-                                   sync=nats_sync)
-        #: a password per NATS user (``nats_users``), else None
-        self.nats_passwords: dict[str, str] | None = None
-        if nats_users:
-            self.nats_passwords = natsauth.passwords()
-            self.nats.extra_config += natsauth.authorization_block(self.nats_passwords)
-            settings = msgspec.structs.replace(settings, nats_url=natsauth.with_user(
-                self.nats.url, "admin", self.nats_passwords["admin"]))
+                                   sync=nats_sync, extra_config=natsauth.authorization_block(self.nats_passwords))
+        settings = msgspec.structs.replace(settings, nats_url=self.nats_url_for("admin"))
         self.settings = settings
         self.children: list[Child] = []
         self.log = log
@@ -169,11 +178,27 @@ class Stack:
             key, _ = await apikeys.issue(bus, "local-cli", ["submit", "read"])
         finally:
             await bus.close()
-        path = path or self.data_dir / "api-key"
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(key + "\n")
+        natsauth.write_private(path or self.data_dir / "api-key", key + "\n")
         return key
+
+    async def _wait_key_accepted(self, key: str, timeout: float) -> None:
+        """Until the APIs know ``key`` (each follows the keys' bucket): a guarded route answers
+        neither 401 (unknown key) nor 503 (keys not loaded yet)."""
+        deadline = time.monotonic() + timeout
+        headers = apikeys.auth_headers(key)
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            for base in (self.settings.rollout_url, self.settings.trajectory_url):
+                while True:
+                    try:
+                        status = (await http.get(f"{base}/v1/arena-stack-key-check", headers=headers)).status_code
+                    except httpx.HTTPError:
+                        status = 503
+                    if status not in (401, 503):
+                        break
+                    if time.monotonic() > deadline:
+                        raise StackError(f"{base} does not accept the key issued for the CLI after {timeout}s "
+                                         f"(answers {status})")
+                    await asyncio.sleep(0.05)
 
     @property
     def dashboard_url(self) -> str:
@@ -183,8 +208,6 @@ class Stack:
     def _no_dashboard(self) -> str | None:
         """Why the dashboard cannot start here, if it cannot: it is the one optional child (the
         stack works without it), so a busy port (another stack on this host) is reported, not fatal."""
-        if self.nats_passwords is not None and "dashboard" not in self.nats_passwords:
-            return "no NATS user of its own (arena_stack.natsauth)"
         with socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             try:
@@ -198,22 +221,30 @@ class Stack:
         return any(c.name == "dashboard" for c in self.children)
 
     def direct_nats_url(self) -> str:
-        """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator
-        when there are users."""
+        """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator."""
+        return self.nats_url_for("admin")
+
+    def nats_url_for(self, user: str) -> str:
+        """This stack's NATS (every node of a cluster) with ``user``'s credentials
+        (a service, ``trainer`` or ``admin``; ``natsauth.PERMISSIONS``)."""
         url = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
-        return natsauth.with_user(url, "admin", self.nats_passwords["admin"]) if self.nats_passwords else url
+        return natsauth.with_user(url, user, self.nats_passwords[user])
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.settings.to_env())
+        # no credentials but a service's own (``start`` gives each its user)
+        env["ARENA_NATS_URL"] = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
         env["ARENA_DATA_DIR"] = str(self.data_dir)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
     async def start(self, timeout: float = 60.0) -> Stack:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
+        logs = private_dir(self.data_dir / "logs")
+        if self.settings.auth == "off":
+            self.log(f"WARNING: ARENA_AUTH=off: the APIs on {self.settings.host} ask for no key; anyone who "
+                     "reaches them may use them")
         try:
             if self.nats_cluster is not None:
                 await asyncio.to_thread(self.nats_cluster.start, timeout)
@@ -242,16 +273,18 @@ class Stack:
                 if name == "dashboard" and (why := self._no_dashboard()):
                     self.log(f"{name:<15} not started: {why}")
                     continue
-                if self.nats_passwords is not None:
-                    env["ARENA_NATS_URL"] = natsauth.with_user(self.nats.url, name, self.nats_passwords[name])
+                env["ARENA_NATS_URL"] = self.nats_url_for(name)
                 if self.separate_data_dirs:
-                    env["ARENA_DATA_DIR"] = str(self.data_dir / "services" / name)
+                    env["ARENA_DATA_DIR"] = str(private_dir(self.data_dir / "services" / name))
                 child = Child(name, [sys.executable, "-m", module], env, logs / f"{name}.log")
                 child.health_url = self.health_urls().get(name) or (
                     f"{self.dashboard_url}/healthz" if name == "dashboard" else None)
                 child.start()
                 self.children.append(child)
             await self._wait_healthy(timeout)
+            if apikeys.enforced(self.settings.auth, self.settings.host):
+                self.api_key = await self.issue_local_key()
+                await self._wait_key_accepted(self.api_key, timeout)
         except BaseException:
             self.stop()
             raise

@@ -16,7 +16,6 @@ from arena.stream import TrajectoryStream
 from arena.tasks import load_task
 from arena_core.schemas import RolloutState
 from arena_core.settings import Settings
-from arena_stack import natsauth
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
@@ -28,14 +27,15 @@ async def test_services_run_a_group_as_users_with_their_own_permissions(tmp_path
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
                         rollout_port=(rp := free_port()), trajectory_port=free_port(),
                         public_url=f"http://127.0.0.1:{rp}", backend_url=f"http://127.0.0.1:{free_port()}/v1")
-    stack = Stack(settings, nats_users=True, log=lambda m: None,
+    stack = Stack(settings, log=lambda m: None,
                   llm_script=ROOT / "examples" / "quickstart" / "llm_script.json")
     await stack.start()
     try:
-        trainer_url = natsauth.with_user(stack.nats.url, "trainer", stack.nats_passwords["trainer"])
+        trainer_url = stack.nats_url_for("trainer")
         async with TrajectoryStream(trainer_url, name="as-a-trainer") as stream:
             def run():
-                with ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60) as client:
+                with ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60,
+                                 api_key=stack.api_key) as client:
                     group = client.submit_group(client.prepare(load_task(ROOT / "examples/quickstart/task.json")),
                                                 n=2, seed=3)
                     return group, [client.wait(rid, timeout=300) for rid in group.rollout_ids]
