@@ -34,6 +34,9 @@ OWN_KEYS = ("/proxy/", "/judge/")
 #: OpenEnv's client sends no headers: its base URL may carry the key instead,
 #: ``/openenv/k/{key}/{name}`` (docs/openenv.md, "Authentication").
 OPENENV_KEYED = "/openenv/k/"
+#: Where ``KeyGuard`` leaves the record of the key that called (an ASGI scope extension):
+#: routes read it with :func:`caller` to record and check who owns what (``arena_core.owners``).
+CALLER = "arena.api_key"
 
 
 def path_key(path: str) -> str | None:
@@ -113,6 +116,12 @@ def auth_headers(api_key: str | None = None) -> dict[str, str]:
     """The header a client sends: ``api_key``, else ``ARENA_API_KEY``; none when neither is set."""
     key = api_key if api_key is not None else os.environ.get("ARENA_API_KEY", "")
     return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def caller(scope) -> ApiKey | None:
+    """The record of the key that made this request (``KeyGuard`` checked it), or ``None``
+    when keys are not enforced or the route takes none."""
+    return scope.get(CALLER)
 
 
 def key_id_of(key: str) -> str | None:
@@ -234,6 +243,7 @@ class KeyGuard:
                        f"API key {record.key_id} ({record.name}) lacks the {needed!r} scope for "
                        f"{scope.get('method', 'WEBSOCKET')} {scope['path']} (it has: {', '.join(record.scopes)})")
             return
+        scope[CALLER] = record  # who called: the routes record and check owners with it
         await self.app(scope, receive, send)
 
     async def _close(self, send, status: int, code: str, message: str) -> None:

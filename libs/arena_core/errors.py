@@ -43,7 +43,7 @@ class Unauthorized(ArenaError):
 
 
 class Forbidden(ArenaError):
-    """A known API key without the scope the route needs."""
+    """A known API key without the scope the route needs, or changing what another key owns."""
 
     code = "forbidden"
     status = 403

@@ -508,6 +508,9 @@ class RolloutRecord(Base, kw_only=True):
     #: W3C ``traceparent`` of the rollout's submission span ("" when tracing is off): the
     #: proxy's spans join the rollout's trace through it (docs/observability.md).
     traceparent: str = ""
+    #: The id of the API key that made it ("anonymous" with keys off): only it or an admin key
+    #: may cancel it (``arena_core.owners``).
+    owner: str = "anonymous"
 
 
 class RolloutView(Base, kw_only=True):
@@ -528,6 +531,7 @@ class RolloutView(Base, kw_only=True):
     history: list[StateTransition] = []
     metadata: dict[str, str] = {}
     infrastructure: bool = False  # ended by an infrastructure error: no reward
+    owner: str = ""  # the id of the API key that made it ("anonymous" with keys off)
 
 
 class RolloutSubmitted(Base, kw_only=True):
@@ -813,6 +817,9 @@ class EnvironmentRecord(Base, kw_only=True):
     verifier_ref: str = ""
     verify_budget_s: float = 0.0
     created_at: float = 0.0
+    #: The id of the API key that registered it ("anonymous" with keys off): only it or an
+    #: admin key may replace or delete it (``arena_core.owners``).
+    owner: str = "anonymous"
 
 
 class WorkerInfo(Base, kw_only=True):
@@ -835,6 +842,7 @@ class EnvironmentView(Base, kw_only=True):
     max_concurrent: int
     hosted: bool = False  # an unmodified OpenEnv environment relayed (``task.environment``)
     created_at: float = 0.0
+    owner: str = ""  # the id of the API key that registered it ("anonymous" with keys off)
 
 
 # --------------------------------------------------------------------------- captured steps

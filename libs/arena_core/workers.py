@@ -80,6 +80,16 @@ class Workers:
         now = time.monotonic()
         return any(i.provider == provider and now - self.seen.get(k, -1e9) < STALE_S for k, i in self.entries.items())
 
+    def slots(self) -> int | None:
+        """Sandboxes the live workers run at once (a worker serving several providers counted
+        once), or ``None`` when no live worker is known (admission then goes by the queue's drain)."""
+        now = time.monotonic()
+        per_worker: dict[str, int] = {}
+        for key, info in self.entries.items():
+            if now - self.seen.get(key, -1e9) < STALE_S:
+                per_worker[info.worker] = max(per_worker.get(info.worker, 0), info.slots)
+        return sum(per_worker.values()) or None
+
     async def check(self, provider: str) -> None:
         """Raise :class:`ProviderUnserved` unless a live worker serves ``provider`` (an entry
         written within ``STALE_S``, by this process's clock; a miss is read afresh, where the

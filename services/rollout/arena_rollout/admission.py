@@ -1,5 +1,12 @@
 """Admission: a submission the queue could not start within its queue limit is refused with 429
-and ``Retry-After`` (nothing created) instead of expiring in the queue. See docs/reliability.md.
+and ``Retry-After`` (nothing created) instead of expiring in the queue. See docs/reliability.md
+and docs/rollout.md ("Admission").
+
+The decision and the count it rests on are one step: :meth:`Admission.reserve` decides on the
+queue as the record cache sees it *plus* what it admitted and not yet created (its
+reservations), and reserves what it admits before returning, with no ``await`` between. A
+submission releases its reservation as each rollout's record is created (it is then in the
+queue count) or fails. So concurrent submissions cannot all be admitted on one stale count.
 """
 
 from __future__ import annotations
@@ -11,10 +18,38 @@ from collections import deque
 from arena_core.errors import Overloaded
 
 
+class Reservation:
+    """Queue places admitted to one submission, given back one by one (:meth:`release`) as its
+    rollouts are created or fail; whatever is left goes back on :meth:`close` (``with``)."""
+
+    def __init__(self, admission: Admission, places: int):
+        self.admission, self.left = admission, places
+
+    def release(self, places: int = 1) -> None:
+        places = min(places, self.left)
+        self.left -= places
+        self.admission.reserved -= places
+
+    def close(self) -> None:
+        self.release(self.left)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Admission:
-    """Estimates how fast the queue drains (rollouts leaving ``pending``/``provisioning`` per
-    second over the last ``window_s``) and refuses work that would wait longer than
-    ``queue_timeout_s``; with no estimate yet (a cold start) only ``max_queued`` bounds it."""
+    """Whether the queue can start more rollouts within ``queue_timeout_s``.
+
+    With the sandbox slots known (the workers' ``slots``), the queue drains at ``slots / hold``
+    rollouts per second, where ``hold`` is how long a sandbox is held: the mean of the last
+    ones measured, or before ``min_samples`` of them (a cold start) the submitted task's wall
+    clock, its upper bound. Free slots start at once; the rest wait their turn; an empty queue
+    takes any submission up to ``max_queued`` (refused there, it would be refused forever). Without the
+    slots, the rate of rollouts leaving ``pending``/``provisioning`` over the last ``window_s``
+    is the estimate, and with none yet only ``max_queued`` bounds the queue."""
 
     def __init__(self, *, queue_timeout_s: float, max_queued: int, window_s: float = 120.0, min_samples: int = 4):
         if queue_timeout_s <= 0 or max_queued < 1 or window_s <= 0:
@@ -23,11 +58,18 @@ class Admission:
         self.max_queued = max_queued
         self.window_s = window_s
         self.min_samples = min_samples
+        #: places admitted whose rollouts are not in the queue count yet
+        self.reserved = 0
         self._left: deque[float] = deque()
+        self._holds: deque[tuple[float, float]] = deque()  # (when, seconds a sandbox was held)
 
     def left_queue(self, now: float | None = None) -> None:
         """One rollout left the queue (its sandbox started, or it ended before that)."""
         self._left.append(time.monotonic() if now is None else now)
+
+    def released_sandbox(self, held_s: float, now: float | None = None) -> None:
+        """A rollout's sandbox ended after ``held_s`` seconds (its slot is free again)."""
+        self._holds.append((time.monotonic() if now is None else now, max(held_s, 0.0)))
 
     def drain_rate(self, now: float | None = None) -> float | None:
         """Rollouts leaving the queue per second, or ``None`` without enough recent samples."""
@@ -39,13 +81,38 @@ class Admission:
         span = max(now - self._left[0], 1.0)
         return len(self._left) / span
 
-    def check(self, *, queued: int, adding: int, now: float | None = None) -> None:
+    def hold_s(self, now: float | None = None) -> float | None:
+        """Mean seconds a sandbox was held, over the last ``window_s``; ``None`` without enough samples."""
+        now = time.monotonic() if now is None else now
+        while self._holds and self._holds[0][0] < now - self.window_s:
+            self._holds.popleft()
+        if len(self._holds) < self.min_samples:
+            return None
+        return max(sum(h for _, h in self._holds) / len(self._holds), 0.1)
+
+    def reserve(self, *, queued: int, adding: int, now: float | None = None, slots: int | None = None,
+                running: int = 0, hold_s: float | None = None) -> Reservation:
+        """Admit ``adding`` rollouts behind ``queued`` (and the places reserved already) and
+        reserve their places, or raise ``Overloaded``. Synchronous on purpose: nothing else
+        runs between the decision and the reservation."""
+        self.check(queued=queued + self.reserved, adding=adding, now=now, slots=slots, running=running,
+                   hold_s=hold_s)
+        self.reserved += adding
+        return Reservation(self, adding)
+
+    def check(self, *, queued: int, adding: int, now: float | None = None, slots: int | None = None,
+              running: int = 0, hold_s: float | None = None) -> None:
         """Raise ``Overloaded`` if ``adding`` more rollouts behind ``queued`` would not all start in
-        time; ``Retry-After`` is when enough of the queue will have drained."""
+        time; ``Retry-After`` is when enough of the queue will have drained. ``slots``: the
+        sandboxes the workers run at once, ``running`` of them busy; ``hold_s``: the submitted
+        task's wall clock (how long a sandbox is held at most)."""
         total = queued + adding
         if adding > self.max_queued:
             raise Overloaded(f"{adding} rollouts at once exceed this server's queue of {self.max_queued}; "
                              "submit them in smaller groups", retry_after=0)
+        if slots:
+            self._check_slots(queued, adding, now, slots, running, hold_s)
+            return
         rate = self.drain_rate(now)
         if total > self.max_queued:
             excess = total - self.max_queued
@@ -60,6 +127,27 @@ class Admission:
             raise Overloaded(f"the queue cannot start {adding} more within the queue limit of "
                              f"{self.queue_timeout_s:g} s: {queued} waiting, draining at {rate:.2f}/s",
                              retry_after=_seconds(wait))
+
+    def _check_slots(self, queued: int, adding: int, now: float | None, slots: int, running: int,
+                     hold_s: float | None) -> None:
+        measured = self.hold_s(now)
+        hold = measured if measured is not None else hold_s
+        total = queued + adding
+        if total > self.max_queued:
+            wait = (total - self.max_queued) * (hold or 1.0) / slots
+            raise Overloaded(f"the queue is full: {queued} rollouts waiting (at most {self.max_queued})",
+                             retry_after=_seconds(wait))
+        if hold is None or queued == 0:
+            return  # an empty queue takes a submission whole: refused now, it would be refused forever
+        rate = slots / hold
+        behind = total - max(slots - running, 0)  # those that wait for a slot to free
+        if behind > 0 and behind / rate > self.queue_timeout_s:
+            wait = (behind - rate * self.queue_timeout_s) / rate
+            how = f"a sandbox is held {hold:.1f} s on average" if measured is not None else \
+                f"a sandbox may be held the task's wall clock of {hold:g} s"
+            raise Overloaded(f"the queue cannot start {adding} more within the queue limit of "
+                             f"{self.queue_timeout_s:g} s: {queued} waiting for {slots} sandbox slots "
+                             f"({running} busy; {how})", retry_after=_seconds(wait))
 
 
 def _seconds(wait: float) -> float:

@@ -171,14 +171,14 @@ def create_app(service: RolloutService) -> RolloutApp:
                   **openapi.errors(413, 429)})
     async def submit_rollout(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitRolloutRequest)
-        record = await service.submit(req)
+        record = await service.submit(req, caller=apikeys.caller(request.scope))
         return json_response(view(record), 201)
 
     @app.post("/v1/rollout-groups", status_code=201, openapi_extra=openapi.request_body(SubmitGroupRequest),
               responses={201: openapi.answer(GroupSubmitted, "created"), **openapi.errors(413, 429)})
     async def submit_group(request: Request) -> Response:
         req = decode(await read_body(request, limit), SubmitGroupRequest)
-        return json_response(await service.submit_group(req), 201)
+        return json_response(await service.submit_group(req, caller=apikeys.caller(request.scope)), 201)
 
     @app.post("/v1/duels", status_code=201, openapi_extra=openapi.request_body(SubmitDuelRequest),
               responses={201: openapi.answer(DuelSubmitted, "created"), **openapi.errors(413, 429)})
@@ -186,7 +186,7 @@ def create_app(service: RolloutService) -> RolloutApp:
         """One task for two policies on the same seeds: two groups, each member labelled
         ``arena.duel``, ``arena.duel.side``, ``arena.duel.policy``, ``arena.duel.seed``."""
         req = decode(await read_body(request, limit), SubmitDuelRequest)
-        return json_response(await service.submit_duel(req), 201)
+        return json_response(await service.submit_duel(req, caller=apikeys.caller(request.scope)), 201)
 
     @app.post("/v1/bundles", status_code=201,
               openapi_extra={"requestBody": {"required": True, "content": {
@@ -238,9 +238,12 @@ def create_app(service: RolloutService) -> RolloutApp:
         record = await service.wait(rollout_id, timeout)
         return json_response(view(record))
 
-    @app.post("/v1/rollouts/{rollout_id}/cancel", responses={**one, **openapi.errors(409)}, operation_id="cancel_rollout")
-    async def cancel_rollout(rollout_id: str = rid) -> Response:
-        return json_response(view(await service.cancel(rollout_id)))
+    @app.post("/v1/rollouts/{rollout_id}/cancel", responses={**one, **openapi.errors(409), 403: {
+        **openapi.errors(403)[403], "description": "the rollout belongs to another API key (only it or an admin "
+                                                  "key may cancel it)"}}, operation_id="cancel_rollout")
+    async def cancel_rollout(request: Request, rollout_id: str = rid) -> Response:
+        """Only the key that submitted the rollout, or an admin key, may cancel it (403 otherwise)."""
+        return json_response(view(await service.cancel(rollout_id, caller=apikeys.caller(request.scope))))
 
     @app.get("/v1/rollouts/{rollout_id}/events", operation_id="rollout_events", responses={
         200: {"description": "state changes as server-sent events",

@@ -19,7 +19,8 @@ import msgspec
 import nats.errors
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
-from arena_core import envtools, subjects
+from arena_core import envtools, owners, subjects
+from arena_core.apikeys import ApiKey
 from arena_core.errors import ArenaError
 from arena_core.schemas import (
     EnvError,
@@ -75,11 +76,14 @@ class Capacity:
 
 
 class Episode:
-    """One WebSocket's episodes (a ``reset`` ends the one before and starts another rollout)."""
+    """One WebSocket's episodes (a ``reset`` ends the one before and starts another rollout).
+    ``caller``: the key that opened the WebSocket (``None`` with keys off): its episodes'
+    rollouts record it as their owner, and it may join only groups it may change."""
 
-    def __init__(self, service, env: EnvironmentRecord):
+    def __init__(self, service, env: EnvironmentRecord, caller: ApiKey | None = None):
         self.service = service
         self.env = env
+        self.caller = caller
         self.record: RolloutRecord | None = None
         self.pending: str | None = None  # a rollout whose reset was not answered yet
         self.pending_data: dict[str, Any] = {}
@@ -281,11 +285,14 @@ class Episode:
         if isinstance(episode_id, str) and 0 < len(episode_id) <= 255:
             labels["arena.openenv.episode_id"] = episode_id
         service = self.service
-        service.admission.check(queued=service.queued(), adding=1)
-        single = msgspec.structs.replace(as_submission(req), sampling=sampling, metadata=labels)
         group_id, index, size = group
-        return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s), group_id=group_id,
-                                     index=index, size=size, sampling=sampling)
+        if group_id is not None:
+            service.check_group(group_id, self.caller)  # naming another key's group is taking it over
+        single = msgspec.structs.replace(as_submission(req), sampling=sampling, metadata=labels)
+        with service.admit(1, req.task.budget.wall_clock_s):
+            return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s),
+                                         group_id=group_id, index=index, size=size, sampling=sampling,
+                                         owner=owners.owner_of(self.caller))
 
     async def _exchange(self, kind: str, data: dict[str, Any], *, timeout_s: float,
                         give_up: bool = False) -> EnvReply:

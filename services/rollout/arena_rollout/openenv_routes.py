@@ -14,7 +14,7 @@ import msgspec
 from fastapi import FastAPI, Path, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
-from arena_core import envtools, openapi
+from arena_core import apikeys, envtools, openapi
 from arena_core.errors import ArenaError, NotFound
 from arena_core.schemas import ID_PATTERN, EnvironmentRequest, EnvironmentView
 
@@ -71,6 +71,8 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     name_param = Path(..., pattern=ID_PATTERN, max_length=128)
     obj = {"type": "object"}
     public_url = service.settings.public_url
+    theirs = {403: {**openapi.errors(403)[403], "description": "the environment belongs to another API key "
+                    "(only it or an admin key may replace or delete it)"}}
 
     @app.exception_handler(_Unprocessable)
     async def unprocessable(request: Request, exc: _Unprocessable) -> Response:
@@ -80,11 +82,12 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     # ------------------------------------------------------------------ registry
 
     @app.put("/v1/environments/{name}", openapi_extra=openapi.request_body(EnvironmentRequest),
-             responses={200: openapi.answer(EnvironmentView), **openapi.errors(413)})
+             responses={200: openapi.answer(EnvironmentView), **openapi.errors(409, 413), **theirs})
     async def put_environment(request: Request, name: str = name_param) -> Response:
-        """Serve a task over OpenEnv's protocol at ``/openenv/{name}`` (replacing one of that name)."""
+        """Serve a task over OpenEnv's protocol at ``/openenv/{name}`` (replacing one of that name:
+        only the key that registered it, or an admin key, may)."""
         req = decode(await read_body(request, limit), EnvironmentRequest)
-        return _json(view(await environments.put(name, req), public_url))
+        return _json(view(await environments.put(name, req, apikeys.caller(request.scope)), public_url))
 
     @app.get("/v1/environments", responses={200: openapi.answer(obj)})
     async def list_environments() -> Response:
@@ -94,10 +97,11 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     async def get_environment(name: str = name_param) -> Response:
         return _json(view(await environments.get(name), public_url))
 
-    @app.delete("/v1/environments/{name}", status_code=204, responses=openapi.errors(404))
-    async def delete_environment(name: str = name_param) -> Response:
-        """New episodes are refused; running ones go on to their end."""
-        await environments.delete(name)
+    @app.delete("/v1/environments/{name}", status_code=204, responses={**openapi.errors(404, 409), **theirs})
+    async def delete_environment(request: Request, name: str = name_param) -> Response:
+        """New episodes are refused; running ones go on to their end. Only the key that
+        registered it, or an admin key, may."""
+        await environments.delete(name, apikeys.caller(request.scope))
         return Response(status_code=204)
 
     # ------------------------------------------------------------------ OpenEnv's server
@@ -180,7 +184,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                 max_sessions=env.request.max_concurrent)).decode())
             await websocket.close(code=1000)
             return
-        episode = openenv.Episode(service, env)
+        episode = openenv.Episode(service, env, caller=apikeys.caller(websocket.scope))
         # frames are read while one is answered, so a client that leaves mid-step (a long
         # command) is noticed at once: its rollout is cancelled, not left to finish the step
         inbox: asyncio.Queue = asyncio.Queue(maxsize=4)  # OpenEnv's clients wait for each answer

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import msgspec
 
-from arena_core import metrics, private, sources, subjects, telemetry
+from arena_core import metrics, owners, private, sources, subjects, telemetry
+from arena_core.apikeys import ApiKey
 from arena_core.bus import Bus, Delivery
 from arena_core.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena_core.schemas import (
@@ -51,7 +52,7 @@ from arena_core.schemas import (
 from arena_core.settings import Settings
 
 from arena_rollout import state
-from arena_rollout.admission import Admission
+from arena_rollout.admission import Admission, Reservation
 from arena_rollout.proxy.backends import default_replica
 from arena_rollout.reaper import verifier_budget_s
 from arena_rollout.proxy.handler import ProxyHandler
@@ -100,6 +101,7 @@ def view(record: RolloutRecord) -> RolloutView:
         history=record.history,
         metadata=record.metadata,
         infrastructure=record.infrastructure,
+        owner=record.owner,
     )
 
 
@@ -231,24 +233,40 @@ class RolloutService:
         """Rollouts waiting for their sandbox (``pending``, ``provisioning``), as the cache sees them."""
         return sum(1 for r in self.store.cache.live() if r.state in QUEUED)
 
-    async def submit(self, req: SubmitRolloutRequest) -> RolloutRecord:
-        self.admission.check(queued=self.queued(), adding=1)
-        req, private = await self._accept(req)
-        return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling)
+    def admit(self, adding: int, wall_clock_s: float) -> Reservation:
+        """Admit ``adding`` rollouts of a task with this wall clock, or raise ``Overloaded``
+        (429): one step with the queue count (admission.py). Release a place as each rollout
+        is created (``Reservation.release``); ``with`` gives back what is left."""
+        live = self.store.cache.live()
+        queued = sum(1 for r in live if r.state in QUEUED)
+        running = sum(1 for r in live if r.state == S.RUNNING)
+        slots = self.workers.slots() if self.workers is not None else None
+        return self.admission.reserve(queued=queued, adding=adding, slots=slots, running=running,
+                                      hold_s=wall_clock_s)
 
-    async def submit_group(self, req: SubmitGroupRequest) -> GroupSubmitted:
-        self.admission.check(queued=self.queued(), adding=req.n)
-        req, private = await self._accept(req)
-        return await self._submit_members(req, private)
+    async def submit(self, req: SubmitRolloutRequest, *, caller: ApiKey | None = None) -> RolloutRecord:
+        """``caller``: the key that submits (``None`` with keys off); the rollout records it as owner."""
+        with self.admit(1, req.task.budget.wall_clock_s):
+            req, private = await self._accept(req)
+            return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling,
+                                      owner=owners.owner_of(caller))
 
-    async def submit_duel(self, req: SubmitDuelRequest) -> DuelSubmitted:
+    async def submit_group(self, req: SubmitGroupRequest, *, caller: ApiKey | None = None) -> GroupSubmitted:
+        with self.admit(req.n, req.task.budget.wall_clock_s) as held:
+            req, private = await self._accept(req)
+            return await self._submit_members(req, private, owner=owners.owner_of(caller), held=held)
+
+    async def submit_duel(self, req: SubmitDuelRequest, *, caller: ApiKey | None = None) -> DuelSubmitted:
         """Two groups of one task, one per policy, on the same seeds; every member labelled
         with the duel, its side, its policy and its seed."""
         problems = duel_problems(req, serves=lambda model: any(
             s.serves(model) for s in self.router.replicas.values()))
         if problems:
             raise InvalidRequest("; ".join(problems))
-        self.admission.check(queued=self.queued(), adding=2 * req.n)
+        with self.admit(2 * req.n, req.task.budget.wall_clock_s) as held:
+            return await self._submit_duel(req, owner=owners.owner_of(caller), held=held)
+
+    async def _submit_duel(self, req: SubmitDuelRequest, *, owner: str, held: Reservation) -> DuelSubmitted:
         seed = req.sampling.seed if req.sampling.seed is not None else 0
         group = SubmitGroupRequest(task=req.task, n=req.n, sampling=msgspec.structs.replace(req.sampling, seed=seed),
                                    model=req.policies[0], provider=req.provider, metadata=req.metadata)
@@ -260,7 +278,7 @@ class RolloutService:
                 labels = [{LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
                            LABEL_DUEL_SEED: str(seed + i)} for i in range(req.n)]
                 sides.append(await self._submit_members(msgspec.structs.replace(group, model=policy), private,
-                                                        labels=labels))
+                                                        labels=labels, owner=owner, held=held))
         except BaseException:
             # a duel runs whole or not at all: side a's rollouts would otherwise run for a duel
             # nobody can see complete
@@ -274,27 +292,34 @@ class RolloutService:
         return DuelSubmitted(duel_id=duel_id, task_id=req.task.id, policies=list(req.policies),
                              groups=[g.group_id for g in sides], rollout_ids=[g.rollout_ids for g in sides])
 
-    async def _submit_members(self, req: SubmitGroupRequest, private: tuple[str, float], *,
-                              labels: list[dict[str, str]] | None = None) -> GroupSubmitted:
-        """The members of an accepted group; ``labels[i]``: member ``i``'s labels over the group's."""
+    async def _submit_members(self, req: SubmitGroupRequest, private: tuple[str, float], *, owner: str,
+                              held: Reservation, labels: list[dict[str, str]] | None = None) -> GroupSubmitted:
+        """The members of an accepted group; ``labels[i]``: member ``i``'s labels over the group's.
+        Each member gives back its place in ``held`` once created (it is then in the queue count)."""
         group_id = "g-" + uuid.uuid4().hex[:16]
         single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
                                       provider=req.provider, metadata=req.metadata)
-        records = await asyncio.gather(*(
-            self._create(
-                single if labels is None else msgspec.structs.replace(single, metadata={**req.metadata, **labels[i]}),
-                private,
-                group_id=group_id,
-                index=i,
-                size=req.n,
-                sampling=(
-                    msgspec.structs.replace(req.sampling, seed=req.sampling.seed + i)
-                    if req.sampling.seed is not None
-                    else req.sampling
-                ),
-            )
-            for i in range(req.n)
-        ))
+
+        async def member(i: int) -> RolloutRecord:
+            try:
+                return await self._create(
+                    single if labels is None else msgspec.structs.replace(single, metadata={**req.metadata,
+                                                                                            **labels[i]}),
+                    private,
+                    group_id=group_id,
+                    index=i,
+                    size=req.n,
+                    sampling=(
+                        msgspec.structs.replace(req.sampling, seed=req.sampling.seed + i)
+                        if req.sampling.seed is not None
+                        else req.sampling
+                    ),
+                    owner=owner,
+                )
+            finally:
+                held.release(1)
+
+        records = await asyncio.gather(*(member(i) for i in range(req.n)))
         return GroupSubmitted(group_id=group_id, rollout_ids=[r.rollout_id for r in records])
 
     async def _accept(self, req, *, external: bool = False):
@@ -320,16 +345,16 @@ class RolloutService:
         return await private.put_verifier(self.bus, verifier)
 
     async def _create(self, req: SubmitRolloutRequest, private: tuple[str, float], *, group_id: str | None,
-                      index: int, size: int, sampling) -> RolloutRecord:
+                      index: int, size: int, sampling, owner: str = owners.ANONYMOUS) -> RolloutRecord:
         rid = "r-" + uuid.uuid4().hex[:20]
         # one rollout is one trace: every message published below carries its traceparent
         with telemetry.tracer().start_as_current_span("submission", attributes={"arena.rollout_id": rid,
                                                                              "arena.task_id": req.task.id}):
             return await self._create_traced(req, private, rid=rid, group_id=group_id, index=index, size=size,
-                                             sampling=sampling)
+                                             sampling=sampling, owner=owner)
 
     async def _create_traced(self, req: SubmitRolloutRequest, private: tuple[str, float], *, rid: str, group_id: str | None, index: int,
-                             size: int, sampling) -> RolloutRecord:
+                             size: int, sampling, owner: str) -> RolloutRecord:
         now = time.time()
         ref, verify_budget = private
         record = RolloutRecord(
@@ -351,6 +376,7 @@ class RolloutService:
             verifier_ref=ref,
             verify_budget_s=verify_budget,
             traceparent=telemetry.traceparent(),  # the proxy's spans continue it
+            owner=owner,
         )
         await self.store.create(record)
         metrics.ROLLOUT_TRANSITIONS.labels(state=S.PENDING.value).inc()
@@ -406,6 +432,10 @@ class RolloutService:
         metrics.ROLLOUT_TRANSITIONS.labels(state=after.state.value).inc()
         if before.state in QUEUED and after.state not in QUEUED:
             self.admission.left_queue()
+        if before.state == S.RUNNING and after.state != S.RUNNING:
+            started = next((t.at for t in reversed(before.history) if t.to_state == S.RUNNING), None)
+            if started is not None:
+                self.admission.released_sandbox(now - started)
         await self._publish_state(after, before.state)
         log.info("rollout %s -> %s: %s", before.state.value, target.value, reason, extra={"rollout_id": rollout_id})
         return after
@@ -433,8 +463,12 @@ class RolloutService:
             msg_id=subjects.msg_id(record.rollout_id, "state", record.state.value),
         )
 
-    async def cancel(self, rollout_id: str, reason: str = "cancelled by user") -> RolloutRecord:
+    async def cancel(self, rollout_id: str, reason: str = "cancelled by user", *,
+                     caller: ApiKey | None = None) -> RolloutRecord:
+        """``caller``: the key asking (``None``: keys off, or Arena itself); only the rollout's
+        owner or an admin key may cancel it (403 otherwise)."""
         record, _ = await self.store.get(rollout_id)
+        owners.check(record.owner, caller, f"rollout {rollout_id}")
         if record.state.is_final:
             raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
         after = await self.transition(rollout_id, S.CANCELLED, reason=reason)
@@ -442,6 +476,13 @@ class RolloutService:
             record, _ = await self.store.get(rollout_id)
             raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
         return after
+
+    def check_group(self, group_id: str, caller: ApiKey | None) -> None:
+        """Raise 403 when a live member of ``group_id`` belongs to a key ``caller`` may not
+        act for: joining a group (an OpenEnv reset naming one) is changing it."""
+        for record in self.store.cache.live():
+            if record.group_id == group_id:
+                owners.check(record.owner, caller, f"group {group_id}")
 
     # ------------------------------------------------------------------ results from other planes
 
