@@ -154,11 +154,13 @@ class Stack:
                                             credentials=admin,
                                             route_password=self.nats_passwords[natsauth.ROUTE_USER])
             replicas = settings.nats_replicas if settings.nats_replicas != 1 else min(nats_cluster, 5)
-            settings = msgspec.structs.replace(settings, nats_replicas=replicas)
+            settings = msgspec.structs.replace(settings, nats_url=self.nats_cluster.url, nats_replicas=replicas)
             self.nats = self.nats_cluster.nodes[0]
         else:
             self.nats = NatsServer(self.data_dir / "nats", nats_port or urlparse(settings.nats_url).port or 4222,
                                    sync=nats_sync, extra_config=natsauth.authorization_block(self.nats_passwords))
+        #: NATS as the services reach it (``settings.nats_url``: a relay's, say), without credentials
+        self.services_nats_url = settings.nats_url
         settings = msgspec.structs.replace(settings, nats_url=self.nats_url_for("admin"))
         self.settings = settings
         self.children: list[Child] = []
@@ -222,19 +224,19 @@ class Stack:
 
     def direct_nats_url(self) -> str:
         """This stack's NATS (the cluster's nodes) as it reaches them itself, as the administrator."""
-        return self.nats_url_for("admin")
+        url = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
+        return natsauth.with_user(url, "admin", self.nats_passwords["admin"])
 
     def nats_url_for(self, user: str) -> str:
-        """This stack's NATS (every node of a cluster) with ``user``'s credentials
-        (a service, ``trainer`` or ``admin``; ``natsauth.PERMISSIONS``)."""
-        url = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
-        return natsauth.with_user(url, user, self.nats_passwords[user])
+        """This stack's NATS as the services reach it (every node of a cluster) with ``user``'s
+        credentials (a service, ``trainer`` or ``admin``; ``natsauth.PERMISSIONS``)."""
+        return natsauth.with_user(self.services_nats_url, user, self.nats_passwords[user])
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.settings.to_env())
         # no credentials but a service's own (``start`` gives each its user)
-        env["ARENA_NATS_URL"] = self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
+        env["ARENA_NATS_URL"] = self.services_nats_url
         env["ARENA_DATA_DIR"] = str(self.data_dir)
         env["PYTHONUNBUFFERED"] = "1"
         return env

@@ -46,9 +46,10 @@ def test_each_route_needs_read_to_look_and_submit_to_change_health_and_proxies_a
     assert scope_for("POST", "/judge/r1/v1/chat/completions") is None
 
 
-def test_keys_are_enforced_unless_off_or_auto_on_loopback():
+def test_keys_are_enforced_on_every_host_unless_off():
     assert enforced("keys", "127.0.0.1") and enforced("auto", "0.0.0.0") and enforced("auto", "10.0.0.5")
-    assert not enforced("auto", "127.0.0.1") and not enforced("off", "0.0.0.0")
+    assert enforced("auto", "127.0.0.1") and enforced("auto", "::1")
+    assert not enforced("off", "127.0.0.1") and not enforced("off", "0.0.0.0")
     with pytest.raises(ValueError):
         enforced("maybe", "0.0.0.0")
 

@@ -59,7 +59,9 @@ def stack(tmp_path_factory):
         nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir),
         rollout_port=(rp := free_port()), trajectory_port=free_port(), dashboard_port=free_port(),
         public_url=f"http://127.0.0.1:{rp}", backend_url=f"http://127.0.0.1:{free_port()}/v1",
-        backend_policy_version="0", sandbox_concurrency=4, verify_concurrency=2)
+        backend_policy_version="0", sandbox_concurrency=4, verify_concurrency=2,
+        # the pages are under test, not the sign-in (tests/dashboard/test_dashboard_app.py): no API keys
+        auth="off")
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
     try:

@@ -31,8 +31,10 @@ def require_image(docker_url: str, image: str) -> str:
 
 
 @contextmanager
-def docker_stack(engine: str, data_dir: Path, script: Path, owner_prefix: str) -> Iterator[tuple[Stack, Settings]]:
-    """A running stack whose sandboxes are containers labelled with an owner of their own."""
+def docker_stack(engine: str, data_dir: Path, script: Path, owner_prefix: str,
+                 **overrides) -> Iterator[tuple[Stack, Settings]]:
+    """A running stack whose sandboxes are containers labelled with an owner of their own
+    (``overrides``: more settings); its settings carry the administrator's NATS credentials."""
     owner = f"{owner_prefix}-{uuid.uuid4().hex[:8]}"
     settings = Settings(
         allow_host_paths=True,  # the task's repository is a path on this machine
@@ -40,12 +42,12 @@ def docker_stack(engine: str, data_dir: Path, script: Path, owner_prefix: str) -
         rollout_port=(rp := free_port()), trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
         backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
         sandbox_provider="docker", docker_url=engine, sandbox_owner=owner, sandbox_concurrency=2,
-        verify_concurrency=2,
+        verify_concurrency=2, **overrides,
     )
     stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start(timeout=120))
     try:
-        yield stack, settings
+        yield stack, stack.settings
     finally:
         stack.stop()
     client = docker.DockerClient(base_url=engine)

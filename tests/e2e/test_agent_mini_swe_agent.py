@@ -102,7 +102,7 @@ def stack(tmp_path_factory):
         stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)
         asyncio.run(stack.start())
     try:
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
     finally:
         stack.stop()
 
@@ -118,7 +118,7 @@ def mini_trajectory(stack: Stack, traj: Trajectory) -> dict:
     key = traj.sandbox.artifacts["mini-swe-agent.traj.json"]
 
     async def get() -> bytes:
-        bus = await Bus.connect(stack.nats.url, "test")
+        bus = await Bus.connect(stack.settings.nats_url, "test")
         try:
             return (await (await bus.artifacts()).get(key)).data
         finally:

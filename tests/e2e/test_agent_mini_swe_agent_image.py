@@ -39,7 +39,7 @@ def stack(engine, tmp_path_factory):
     script = data_dir / "script.json"
     script.write_text(json.dumps(SCRIPT))
     with docker_stack(engine, data_dir, script, "mi") as (stack, settings):
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
 
 
 def test_mini_swe_agent_in_its_image_solves_the_quickstart_task_and_a_wrong_script_scores_zero(stack):

@@ -24,6 +24,7 @@ import pytest
 from arena.datasets import checkout, mirror_of, read_rows, to_task
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
+from arena_core import apikeys
 from arena_core.bus import Bus
 from arena_core.schemas import (AgentSpec, Budget, GroupSubmitted, PathSource, SamplingParams, ScaffoldSpec,
                                 SubmitGroupRequest, Task, Trajectory)
@@ -110,7 +111,7 @@ def artifact(stack: Stack, traj: Trajectory, name: str) -> bytes:
     key = traj.sandbox.artifacts[name]
 
     async def get() -> bytes:
-        bus = await Bus.connect(stack.nats.url, "test")
+        bus = await Bus.connect(stack.settings.nats_url, "test")
         try:
             return (await (await bus.artifacts()).get(key)).data
         finally:
@@ -124,10 +125,10 @@ def test_opencode_solves_the_quickstart_task_and_a_wrong_script_scores_zero(stac
     request = SubmitGroupRequest(task=opencode_task(), n=2, sampling=SamplingParams(seed=0), provider="docker")
     started = time.monotonic()
     reply = httpx.post(f"{settings.rollout_url}/v1/rollout-groups", content=msgspec.json.encode(request),
-                       headers={"content-type": "application/json"}, timeout=30)
+                       headers={"content-type": "application/json", **apikeys.auth_headers(stack_.api_key)}, timeout=30)
     assert reply.status_code < 300, reply.text
     group = msgspec.json.decode(reply.content, type=GroupSubmitted)
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack_.api_key)
     views = [client.wait(rid, timeout=600) for rid in group.rollout_ids]
     elapsed = time.monotonic() - started
     assert [v.state.value for v in views] == ["completed", "completed"], [(v.state, v.reason) for v in views]
@@ -179,7 +180,7 @@ def test_opencode_solves_a_swebench_task(stack, tmp_path):
     row = next(r for r in read_rows(SWEBENCH / "dataset.jsonl") if r.instance_id == "jpvanhal__inflection-1")
     checkout(mirror_of(SWEBENCH / "repos", row.repo), row.base_commit, tmp_path / "repo")
     task = opencode_task(to_task(row, source=PathSource(path=str(tmp_path / "repo")), timeout_s=120))
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack_.api_key)
     started = time.monotonic()
     view = client.wait(client.submit(task, provider="docker").rollout_id, timeout=600)
     elapsed = time.monotonic() - started

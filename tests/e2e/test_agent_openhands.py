@@ -66,7 +66,7 @@ def stack(tmp_path_factory):
         stack = Stack(settings, llm_script=PLAYS, nats_sync="1s", log=lambda m: None)
         asyncio.run(stack.start())
     try:
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
     finally:
         stack.stop()
 
@@ -81,7 +81,7 @@ def artifact(stack: Stack, traj: Trajectory, name: str) -> bytes:
     key = traj.sandbox.artifacts[name]
 
     async def get() -> bytes:
-        bus = await Bus.connect(stack.nats.url, "test")
+        bus = await Bus.connect(stack.settings.nats_url, "test")
         try:
             return (await (await bus.artifacts()).get(key)).data
         finally:

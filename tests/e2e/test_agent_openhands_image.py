@@ -39,7 +39,7 @@ def engine(docker_url):
 def stack(engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-openhands-image")
     with docker_stack(engine, data_dir, PLAYS, "oh") as (stack, settings):
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
 
 
 def test_openhands_in_its_image_solves_the_quickstart_task_and_a_wrong_play_scores_zero(stack):

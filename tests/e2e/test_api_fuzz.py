@@ -46,10 +46,10 @@ def stack(tmp_path_factory):
         stack.stop()
 
 
-def schemathesis(url: str, report: Path, excluded: list[str]) -> subprocess.CompletedProcess:
+def schemathesis(url: str, report: Path, excluded: list[str], key: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("schemathesis")
     argv = [str(exe), "run", f"{url}/openapi.json", "--checks", "all", "--exclude-checks", ",".join(excluded),
-            "--workers", "1", "--request-timeout", "30"]
+            "--workers", "1", "--request-timeout", "30", "--header", f"Authorization: Bearer {key}"]
     if SECONDS:
         argv += ["--phases", "examples,coverage,fuzzing,stateful", "--max-time", str(SECONDS)]
     else:  # bounded and reproducible in CI
@@ -63,7 +63,8 @@ def schemathesis(url: str, report: Path, excluded: list[str]) -> subprocess.Comp
 def test_every_operation_answers_as_documented_under_generated_requests(stack, service):
     s, data = stack
     url = s.settings.trajectory_url if service == "trajectory" else s.settings.rollout_url
-    done = schemathesis(url, data / f"{service}-schemathesis.txt", EXCLUDED + EXCLUDED_BY_SERVICE[service])
+    done = schemathesis(url, data / f"{service}-schemathesis.txt", EXCLUDED + EXCLUDED_BY_SERVICE[service],
+                        s.api_key)
     tail = "\n".join(done.stdout.splitlines()[-60:])
     assert done.returncode == 0, f"schemathesis found failures on the {service} API:\n{tail}"
     assert " passed" in done.stdout and "failures" not in done.stdout.split("SUMMARY")[-1].lower(), tail

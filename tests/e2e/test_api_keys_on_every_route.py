@@ -59,7 +59,7 @@ async def test_every_route_needs_a_key_of_its_scope(tmp_path):
     await stack.start()
     try:
         reader, submitter, admin, gone = await issue_keys(
-            settings, [("reader", ["read"]), ("submitter", ["submit"]), ("admin", ["admin"]), ("gone", ["admin"])],
+            stack.settings, [("reader", ["read"]), ("submitter", ["submit"]), ("admin", ["admin"]), ("gone", ["admin"])],
             revoke=["gone"])
         checked = 0
         async with httpx.AsyncClient(timeout=30) as http:
@@ -114,7 +114,7 @@ async def test_an_openenv_client_passes_its_key_in_the_base_url(tmp_path):
     stack = Stack(settings, log=lambda m: None)
     await stack.start()
     try:
-        reader, submitter = await issue_keys(settings, [("reader", ["read"]), ("submitter", ["submit"])])
+        reader, submitter = await issue_keys(stack.settings, [("reader", ["read"]), ("submitter", ["submit"])])
         from pathlib import Path
 
         quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart"

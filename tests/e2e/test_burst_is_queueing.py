@@ -32,7 +32,7 @@ async def test_a_burst_beyond_the_sandbox_slots_queues_and_writes_no_fake_zeros(
                         sandbox_concurrency=SLOTS, verify_concurrency=2)
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     await stack.start()
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key)
     try:
         task = load_task(QUICKSTART / "task.json")
         task = msgspec.structs.replace(task, budget=Budget(max_turns=4, max_total_tokens=8192,

@@ -79,7 +79,7 @@ async def relayed(tmp_path_factory):
     await stack.start()
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop, interval=0.5))
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key)
     try:
         async with httpx.AsyncClient(timeout=3.0) as http:
             await until(lambda: all_ready(http, stack), 60, "every service ready")

@@ -20,6 +20,7 @@ import pytest
 
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
+from arena_core import apikeys
 from arena_core.schemas import RolloutState
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
@@ -49,7 +50,7 @@ async def test_a_hundred_rollouts_survive_every_service_and_nats_being_killed(tm
     await stack.start()
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop, interval=0.5))
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60.0)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60.0, api_key=stack.api_key)
     started = time.monotonic()
     try:
         task = load_task(QUICKSTART / "task.json")
@@ -85,7 +86,7 @@ async def test_a_hundred_rollouts_survive_every_service_and_nats_being_killed(tm
         trajectories = {}
         for rid in ids:
             trajectories[rid] = await asyncio.to_thread(client.wait_trajectory, rid, timeout=300)
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=apikeys.auth_headers(stack.api_key)) as http:
             counts = (await http.get(f"{settings.trajectory_url}/v1/counts", params={"table": "trajectories"})).json()
         states = Counter(v.state.value for v in finals.values())
         never_ran = [v for v in finals.values() if not any(h.to_state == RolloutState.RUNNING for h in v.history)]

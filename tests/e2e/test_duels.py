@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from arena.tasks import load_task
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_core.schemas import DuelRoundDone
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
@@ -40,6 +40,8 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
     stack = Stack(settings, llm_script=script(tmp_path, "correct"), nats_sync="1s", log=lambda m: None)
     bad = None
     await stack.start()
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
+    key = apikeys.auth_headers(stack.api_key)
     try:
         bad = await asyncio.to_thread(start_scripted_llm, script(tmp_path, "wrong"), bad_port, tmp_path / "bad-llm.log")
         # "default" (the stack's scripted LLM) now serves only GOOD; BAD has its own replica
@@ -48,7 +50,7 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
 
         # a task without its verifier: every request below is refused, never run
         task = msgspec.to_builtins(msgspec.structs.replace(load_task(QUICKSTART), verifier=None))
-        async with httpx.AsyncClient(base_url=settings.rollout_url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=settings.rollout_url, timeout=30, headers=key) as http:
             async def refused(**changes) -> str:
                 body = {"task": task, "policies": [GOOD, BAD], "n": 3, **changes}
                 resp = await http.post("/v1/duels", content=json.dumps(body))
@@ -79,7 +81,7 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
         nc = await nats.connect(settings.nats_url)
         await nc.subscribe(subjects.duel_done("*"), cb=keep)
         try:
-            env = {**os.environ, "ARENA_DATA_DIR": str(tmp_path / "cli"), "ARENA_API_KEY": ""}
+            env = {**os.environ, "ARENA_DATA_DIR": str(tmp_path / "cli"), "ARENA_API_KEY": stack.api_key}
             done = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "arena.cli", "--url", settings.rollout_url,
                                  "--trajectory-url", settings.trajectory_url, "duel", "--task", str(QUICKSTART),
@@ -93,7 +95,7 @@ async def test_a_duel_through_the_cli_rates_the_right_policy_higher(tmp_path):
             board_lines = out.split("leaderboard (bradley-terry, 3 games")[1].splitlines()
             assert GOOD in board_lines[2] and BAD in board_lines[3], out
 
-            async with httpx.AsyncClient(base_url=settings.trajectory_url, timeout=30) as http:
+            async with httpx.AsyncClient(base_url=settings.trajectory_url, timeout=30, headers=key) as http:
                 duel = (await http.get(f"/v1/duels/{duel_id}")).json()
                 listed = (await http.get("/v1/duels", params={"limit": 5})).json()["duels"]
                 board = (await http.get("/v1/leaderboard")).json()

@@ -21,7 +21,7 @@ import pytest
 
 from arena.sdk import ArenaClient
 from arena.tasks import load_task
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_core.bus import Bus
 from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
@@ -83,7 +83,7 @@ async def test_a_hundred_rollouts_survive_a_nats_node_sigkill(tmp_path):
     cluster = stack.nats_cluster
     settings = stack.settings
     bus = await Bus.connect(settings.nats_url, "test")
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60.0)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=60.0, api_key=stack.api_key)
     figures: dict[str, object] = {}
     try:
         # the services declared everything at 3 replicas
@@ -161,7 +161,7 @@ async def test_a_hundred_rollouts_survive_a_nats_node_sigkill(tmp_path):
         assert len(finals) == ROLLOUTS, f"{ROLLOUTS - len(finals)} rollouts never reached a final state"
 
         trajectories = {rid: await asyncio.to_thread(client.wait_trajectory, rid, timeout=300) for rid in ids}
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=apikeys.auth_headers(stack.api_key)) as http:
             counts = (await http.get(f"{settings.trajectory_url}/v1/counts",
                                      params={"table": "trajectories"})).json()
             raw = (await http.get(f"{settings.trajectory_url}/v1/counts",

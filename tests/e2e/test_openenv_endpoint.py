@@ -51,6 +51,9 @@ def arena(tmp_path_factory):
         trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
         backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0", sandbox_concurrency=4,
         allow_host_paths=True, openenv_idle_s=60,
+        # the OpenEnv protocol is under test here, its clients without headers; keys on its
+        # routes (the key in the base URL): tests/e2e/test_api_keys_on_every_route.py
+        auth="off",
     )
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
@@ -67,7 +70,7 @@ def arena(tmp_path_factory):
         with ArenaClient(settings.rollout_url, settings.trajectory_url) as client:
             view = client.put_environment("echo", echo)
         assert view.hosted and view.url == f"{settings.rollout_url}/openenv/echo"
-        yield settings
+        yield stack.settings  # its NATS URL carries the administrator's credentials
     finally:
         stack.stop()
 

@@ -29,8 +29,10 @@ def engine(docker_url):
 
 @pytest.fixture(scope="module")
 def stack(engine, tmp_path_factory):
-    with docker_stack(engine, tmp_path_factory.mktemp("openenv-image"), QUICKSTART / "llm_script.json", "oe") as (
-            stack, settings):
+    # the OpenEnv protocol is under test, its clients without headers (keys on its routes:
+    # tests/e2e/test_api_keys_on_every_route.py)
+    with docker_stack(engine, tmp_path_factory.mktemp("openenv-image"), QUICKSTART / "llm_script.json", "oe",
+                      auth="off") as (stack, settings):
         task = {"id": "echo-image", "instructions": "Say long things.", "agent": {"external": True},
                 "environment": {"image": IMAGE}, "budget": {"wall_clock_s": 300}}
         got = httpx.put(f"{settings.rollout_url}/v1/environments/echo", json={"task": task, "provider": "docker"})

@@ -22,13 +22,14 @@ from arena_rl.tasks import majority_family  # noqa: E402
 from arena_rl.tokenizer import CharTokenizer  # noqa: E402
 from arena_rl.trainer import GRPOTrainer, TrainerConfig  # noqa: E402
 from arena.sdk import ArenaClient  # noqa: E402
+from arena_core import apikeys  # noqa: E402
 from arena_core.settings import Settings  # noqa: E402
 from arena_stack.stack import Stack  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
-async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path):
+async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path, monkeypatch):
     policy_port = free_port()
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
                         rollout_port=(rp := free_port()), trajectory_port=free_port(),
@@ -40,6 +41,8 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
     stack = Stack(settings, nats_sync="1s", log=lambda m: None)
     server = None
     await stack.start()
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
+    monkeypatch.setenv("ARENA_API_KEY", stack.api_key)  # the client and the trainer's metrics post send it
     try:
         log = open(tmp_path / "policy.log", "wb")
         server = subprocess.Popen([sys.executable, "-m", "arena_rl.policy_server", "--checkpoint", str(ckpt),
@@ -71,7 +74,7 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
                 timeout=240)
         assert [m.policy_version for m in history] == [1, 2]
         # one batch per step and no more: nothing was submitted for a version never trained on
-        with httpx.Client() as http:
+        with httpx.Client(headers=apikeys.auth_headers(stack.api_key)) as http:
             submitted = http.get(f"{settings.rollout_url}/v1/rollouts").json()["rollouts"]
         assert len(submitted) == 2 * 4, [r["rollout_id"] for r in submitted]
         assert all(m.groups == 1 and m.trajectories == 4 for m in history)
@@ -83,7 +86,7 @@ async def test_two_sync_grpo_steps_advance_the_policy_and_tag_the_steps(tmp_path
         assert health["policy_version"] == "2"
         assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 2
         # the same metrics reached the trajectory service for the dashboard
-        with httpx.Client() as http:
+        with httpx.Client(headers=apikeys.auth_headers(stack.api_key)) as http:
             posted = http.get(f"{settings.trajectory_url}/v1/trainer-metrics", params={"run": "grpo-loop"}).json()
         assert [s["step"] for s in posted["steps"]] == [m.step for m in history]
         assert [s["policy_version"] for s in posted["steps"]] == ["1", "2"]

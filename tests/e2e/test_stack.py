@@ -54,7 +54,7 @@ def stack(tmp_path_factory):
     asyncio.run(stack.start())
     pids = [c.pid for c in stack.children] + [stack.nats.proc.pid]
     try:
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key)
     finally:
         stack.stop()
         for pid in pids:

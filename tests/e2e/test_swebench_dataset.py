@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -47,14 +48,15 @@ def stack(tmp_path_factory):
     stack = Stack(settings, nats_sync="1s", log=lambda m: None, separate_data_dirs=True)
     asyncio.run(stack.start())
     try:
-        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+        yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
     finally:
         stack.stop()
 
 
 def arena(stack: Stack, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "arena.cli", "--url", stack.settings.rollout_url, *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "ARENA_API_KEY": stack.api_key})
 
 
 def test_import_and_validate_the_dataset(stack, tmp_path):

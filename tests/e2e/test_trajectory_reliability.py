@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_core.bus import Bus
 from arena_stack.natsserver import DEFAULT_SYNC, NatsServer, free_port
 from arena_core.schemas import (
@@ -86,8 +86,8 @@ async def publish_rollout(bus: Bus, g: int, i: int) -> None:
         await pub(subjects.rollout_state(r), state(k), "state", k)
 
 
-async def http_json(url: str, timeout: float = 5.0):
-    async with httpx.AsyncClient(timeout=timeout) as client:
+async def http_json(url: str, key: str, timeout: float = 5.0):
+    async with httpx.AsyncClient(timeout=timeout, headers=apikeys.auth_headers(key)) as client:
         r = await client.get(url)
         r.raise_for_status()
         return r.json()
@@ -131,6 +131,7 @@ async def test_no_loss_no_duplicate_under_kill9_and_a_nats_restart(tmp_path):
     bus = await Bus.connect(nats.url, "test-load")
     try:
         await bus.ensure_topology()
+        key, _ = await apikeys.issue(bus, "test", ["read"])  # the service asks for keys by default
         procs["service"] = spawn(service_cmd, env, tmp_path / "service.log")
         procs["trainer"] = spawn(trainer_cmd, env, tmp_path / "trainer.out")
         kills = 0
@@ -190,19 +191,19 @@ async def test_no_loss_no_duplicate_under_kill9_and_a_nats_restart(tmp_path):
                     "trajectories": ROLLOUTS, "rollout_states": ROLLOUTS * len(LIFECYCLE), "groups": GROUPS}
 
         async def all_stored():
-            counts = await http_json(f"{api}/v1/counts")
+            counts = await http_json(f"{api}/v1/counts", key)
             return counts == expected or counts
 
         await until(all_stored, 120, "every row of every table stored")
         await until(all_committed, 60, "every group committed by the trainer")
 
         # ClickHouse, through the restarted service: exactly the expected rows
-        counts = await http_json(f"{api}/v1/counts")
+        counts = await http_json(f"{api}/v1/counts", key)
         assert counts == expected
-        listed = (await http_json(f"{api}/v1/trajectories?limit=1000"))["trajectories"]
+        listed = (await http_json(f"{api}/v1/trajectories?limit=1000", key))["trajectories"]
         assert sorted(t["rollout_id"] for t in listed) == sorted(rid(g, i) for g in range(GROUPS) for i in range(SIZE))
         assert all(t["final_state"] == "completed" and t["num_steps"] == STEPS for t in listed)
-        one = await http_json(f"{api}/v1/trajectories/{rid(7, 1)}")
+        one = await http_json(f"{api}/v1/trajectories/{rid(7, 1)}", key)
         assert [s["step_index"] for s in one["steps"]] == list(range(STEPS)) and one["reward"] == 1.0
         assert "incomplete" not in one and [h["to_state"] for h in one["history"]] == [s.value for s in LIFECYCLE]
 

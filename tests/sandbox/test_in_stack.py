@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import pytest
 
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_core.bus import Bus
 from arena_stack.natsserver import free_port
 from arena_core.schemas import GroupSubmitted, SamplingParams, SandboxDone, SubmitGroupRequest
@@ -59,6 +59,7 @@ def test_quickstart_completes_through_arenas_proxy(provider, tmp_path):
     )
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start(timeout=120))
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
     try:
         task = load_task(QUICKSTART)
         if name == "docker":
@@ -66,10 +67,11 @@ def test_quickstart_completes_through_arenas_proxy(provider, tmp_path):
         # seeds 0 and 1: the scripted LLM answers the first with a wrong patch, the second right
         request = SubmitGroupRequest(task=task, n=2, sampling=SamplingParams(seed=0), provider=name)
         reply = httpx.post(f"{settings.rollout_url}/v1/rollout-groups", content=msgspec.json.encode(request),
-                           headers={"content-type": "application/json"}, timeout=30)
+                           headers={"content-type": "application/json", **apikeys.auth_headers(stack.api_key)},
+                           timeout=30)
         assert reply.status_code < 300, reply.text
         group = msgspec.json.decode(reply.content, type=GroupSubmitted)
-        client = ArenaClient(settings.rollout_url, settings.trajectory_url)
+        client = ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key)
         views = [client.wait(rid, timeout=180) for rid in group.rollout_ids]
         assert [v.state.value for v in views] == ["completed"] * 2, [(v.state, v.reason) for v in views]
         assert [v.reward for v in views] == [0.0, 1.0]

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from arena_core import subjects
+from arena_core import apikeys, subjects
 from arena_stack.natsserver import free_port
 from arena_core.schemas import (
     RolloutState,
@@ -32,9 +32,10 @@ def start(nats_url: str, data_dir, port: int, log_path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "arena_trajectory"], env=env, stdout=log, stderr=log)
 
 
-async def wait_for(url: str, proc: subprocess.Popen, status: int = 200, timeout: float = 30.0) -> httpx.Response:
+async def wait_for(url: str, proc: subprocess.Popen, status: int = 200, timeout: float = 30.0,
+                   key: str | None = None) -> httpx.Response:
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=2) as client:
+    async with httpx.AsyncClient(timeout=2, headers=apikeys.auth_headers(key or "")) as client:
         while True:
             assert proc.poll() is None, f"service exited with {proc.returncode}"
             try:
@@ -61,6 +62,7 @@ async def test_service_process(nats_server, bus, tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "trajectory.log"
+    key, _ = await apikeys.issue(bus, "test", ["read"])  # keys are on by default
     proc = start(nats_server.url, tmp_path / "data", port, log_path)
     try:
         await wait_for(f"{base}/healthz", proc)
@@ -78,12 +80,12 @@ async def test_service_process(nats_server, bus, tmp_path):
                           RolloutStateChanged(rollout_id="r1", task_id="t", from_state=RolloutState.VERIFYING,
                                               to_state=RolloutState.COMPLETED, at=5.0, steps=1),
                           msg_id=subjects.msg_id("r1", "state", "completed"))
-        r = await wait_for(f"{base}/v1/trajectories/r1", proc)
+        r = await wait_for(f"{base}/v1/trajectories/r1", proc, key=key)
         assert r.json()["reward"] == 1.0 and len(r.json()["steps"]) == 1
         assert stop(proc, signal.SIGINT) == 0  # Ctrl-C
 
         proc = start(nats_server.url, tmp_path / "data", port, log_path)
-        r = await wait_for(f"{base}/v1/trajectories/r1", proc)  # embedded ClickHouse kept it
+        r = await wait_for(f"{base}/v1/trajectories/r1", proc, key=key)  # embedded ClickHouse kept it
         assert r.json()["rollout_id"] == "r1"
         assert stop(proc, signal.SIGTERM) == 0
     finally:
