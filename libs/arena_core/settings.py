@@ -77,6 +77,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: int = 8 * 1024 * 1024
     #: Largest task bundle ``POST /v1/bundles`` accepts, bytes.
     max_bundle_bytes: int = 256 * 1024 * 1024
+    #: What one task source (a bundle, a git commit's tree, an image's directory) may unpack to:
+    #: bytes and files. ``POST /v1/bundles`` answers 413 past either; a worker never unpacks past
+    #: them (docs/tasks.md, "Bounds").
+    max_bundle_unpacked_bytes: int = 512 * 1024 * 1024
+    max_bundle_files: int = 50_000
+    #: Disk each worker's source cache (the sandbox service's, the verification service's) may
+    #: take, bytes: past it the sources used least recently, and in use by no job, are evicted.
+    #: 0 = unbounded.
+    source_cache_bytes: int = 4 * 1024**3
+    #: The largest agent diff kept, bytes: an agent whose diff is larger ends ``failed``, its
+    #: diff's first ``max_diff_bytes`` kept as the artifact ``diff.truncated`` (docs/sandbox.md).
+    max_diff_bytes: int = 10 * 1024 * 1024
+    #: Git sources (docs/tasks.md): the schemes allowed (comma-separated among https, http, ssh,
+    #: git); the hosts ("" = any; else comma-separated names or ``*.suffix``); and whether a host
+    #: may resolve to a loopback, link-local, private or reserved address (off: every address
+    #: the host resolves to must be public).
+    git_allowed_schemes: str = "https"
+    git_allowed_hosts: str = ""
+    git_allow_private_hosts: bool = False
     #: Accept host paths as task sources (``repo``, ``source.path``, ``agent.path``,
     #: ``file://`` git URLs): embedded demos on one machine only. Off: tasks travel as
     #: bundles, git URLs or images (docs/tasks.md).
@@ -178,6 +197,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if self.otlp_endpoint and (urlparse(self.otlp_endpoint).scheme not in {"http", "https"}
                                    or not urlparse(self.otlp_endpoint).netloc):
             raise SettingsError(f"ARENA_OTLP_ENDPOINT={self.otlp_endpoint!r} must be an http(s) URL")
+        if self.max_bundle_unpacked_bytes < 1 or self.max_bundle_files < 1:
+            raise SettingsError("ARENA_MAX_BUNDLE_UNPACKED_BYTES and ARENA_MAX_BUNDLE_FILES must be >= 1")
+        if self.source_cache_bytes < 0:
+            raise SettingsError("ARENA_SOURCE_CACHE_BYTES must be >= 0 (0 = unbounded)")
+        if self.max_diff_bytes < 1:
+            raise SettingsError("ARENA_MAX_DIFF_BYTES must be >= 1")
+        schemes = [s.strip().lower() for s in self.git_allowed_schemes.split(",") if s.strip()]
+        if not schemes or not set(schemes) <= {"https", "http", "ssh", "git"}:
+            raise SettingsError(f"ARENA_GIT_ALLOWED_SCHEMES={self.git_allowed_schemes!r} must list some of "
+                                "https, http, ssh, git")
         if self.otlp_protocol not in ("http/protobuf", "grpc"):
             raise SettingsError(f"ARENA_OTLP_PROTOCOL must be http/protobuf or grpc, got {self.otlp_protocol!r}")
 

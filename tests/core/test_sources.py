@@ -221,24 +221,20 @@ def test_check_bundle_refuses_a_symlink_chain_that_escapes():
         sources.check_bundle(data)
 
 
-def test_check_bundle_bounds_members_and_bytes(monkeypatch):
+def test_check_bundle_bounds_members_and_bytes():
     data = tar_of(*[(file_info(f"f{i}"), b"x" * 10) for i in range(5)])
     assert sources.check_bundle(data) == 5
-    monkeypatch.setattr(sources, "MAX_MEMBERS", 4)
-    with pytest.raises(SourceError, match="more than 4 files"):
-        sources.check_bundle(data)
-    monkeypatch.setattr(sources, "MAX_MEMBERS", 100)
-    monkeypatch.setattr(sources, "MAX_UNPACKED_BYTES", 45)
-    with pytest.raises(SourceError, match="45 bytes"):
-        sources.check_bundle(data)
+    with pytest.raises(sources.BundleTooLarge, match="more than 4 files"):
+        sources.check_bundle(data, sources.UnpackLimits(max_files=4))
+    with pytest.raises(sources.BundleTooLarge, match="ARENA_MAX_BUNDLE_UNPACKED_BYTES"):
+        sources.check_bundle(data, sources.UnpackLimits(max_bytes=45, max_files=100))
 
 
-def test_check_bundle_bounds_a_gzip_bomb(monkeypatch):
-    monkeypatch.setattr(sources, "MAX_UNPACKED_BYTES", 1024 * 1024)
+def test_check_bundle_bounds_a_gzip_bomb():
     bomb = tar_of((file_info("zeros"), b"\0" * (4 * 1024 * 1024)), gz=True)
     assert len(bomb) < 64 * 1024
-    with pytest.raises(SourceError):
-        sources.check_bundle(bomb)
+    with pytest.raises(sources.BundleTooLarge):
+        sources.check_bundle(bomb, sources.UnpackLimits(max_bytes=1024 * 1024))
 
 
 # --------------------------------------------------------------------------- extract_bundle
@@ -346,8 +342,16 @@ def test_prepare_workspace_refuses_a_missing_repo(tmp_path):
 
 @pytest.mark.parametrize("url", ["https://github.com/org/repo.git", "http://host/repo", "git://host/repo",
                                  "ssh://git@host/repo.git", "HTTPS://HOST/REPO"])
-def test_check_git_url_accepts_network_transports(url):
-    sources.check_git_url(url, allow_file=False)
+def test_check_git_url_accepts_network_transports_a_policy_allows(url):
+    every = sources.GitPolicy(schemes=sources.GIT_SCHEMES)
+    assert sources.check_git_url(url, allow_file=False, policy=every, resolve=False) == []
+
+
+@pytest.mark.parametrize("url", ["http://host/repo", "git://host/repo", "ssh://git@host/repo.git"])
+def test_check_git_url_allows_only_https_by_default(url):
+    with pytest.raises(SourceError, match="ARENA_GIT_ALLOWED_SCHEMES"):
+        sources.check_git_url(url, allow_file=False, resolve=False)
+    sources.check_git_url("HTTPS://HOST/REPO", allow_file=False, resolve=False)
 
 
 def test_check_git_url_file_only_with_allow_file():

@@ -138,6 +138,9 @@ async def test_source_cache_missing_bundle_is_a_source_error(bus, tmp_path):
 
 # --------------------------------------------------------------------------- git sources
 
+#: The served repositories are on loopback over git://: a worker allows that only when told to.
+LOCAL_GIT = sources.GitPolicy(schemes=frozenset({"git"}), allow_private=True)
+
 
 def git(cwd: Path, *args: str) -> str:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1",
@@ -239,7 +242,7 @@ def test_git_source_is_exactly_the_commits_tree(git_server, tmp_path, which):
     sha = git_server[which]
     dest = tmp_path / "tree"
     dest.mkdir()
-    sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=sha), dest)
+    sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=sha), dest, policy=LOCAL_GIT)
     assert snapshot(dest) == tree_of_commit(git_server["bare"], sha)
     assert not (dest / ".git").exists()
 
@@ -247,7 +250,7 @@ def test_git_source_is_exactly_the_commits_tree(git_server, tmp_path, which):
 def test_git_source_abbreviated_sha(git_server, tmp_path):
     dest = tmp_path / "tree"
     dest.mkdir()
-    sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=git_server["c1"][:8]), dest)
+    sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=git_server["c1"][:8]), dest, policy=LOCAL_GIT)
     assert snapshot(dest) == tree_of_commit(git_server["bare"], git_server["c1"])
     assert (dest / "a.txt").read_text() == "one\n" and not (dest / "b.txt").exists()
 
@@ -255,19 +258,19 @@ def test_git_source_abbreviated_sha(git_server, tmp_path):
 @pytest.mark.parametrize("commit", ["0123456789abcdef0123456789abcdef01234567", "deadbee"])
 def test_git_source_unknown_commit(git_server, tmp_path, commit):
     with pytest.raises(SourceError, match=commit):
-        sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=commit), tmp_path / "tree")
+        sources.fetch_git(GitSource(url=f"{git_server['url']}/proj.git", commit=commit), tmp_path / "tree", policy=LOCAL_GIT)
 
 
 def test_git_source_unknown_repository(git_server, tmp_path):
     with pytest.raises(SourceError):
-        sources.fetch_git(GitSource(url=f"{git_server['url']}/nope.git", commit=git_server["c1"]), tmp_path / "t")
+        sources.fetch_git(GitSource(url=f"{git_server['url']}/nope.git", commit=git_server["c1"]), tmp_path / "t", policy=LOCAL_GIT)
 
 
 async def test_git_source_through_the_cache(git_server, tmp_path, monkeypatch):
     calls = []
     real = sources.fetch_git
     monkeypatch.setattr(sources, "fetch_git", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
-    cache = SourceCache(tmp_path / "cache")
+    cache = SourceCache(tmp_path / "cache", git=LOCAL_GIT)
     source = GitSource(url=f"{git_server['url']}/proj.git", commit=git_server["c2"])
     tree = await cache.tree(source)
     assert snapshot(tree) == tree_of_commit(git_server["bare"], git_server["c2"])
@@ -283,12 +286,12 @@ async def test_git_source_through_the_cache(git_server, tmp_path, monkeypatch):
 def test_git_source_ignores_export_attributes(git_server, tmp_path):
     dest = tmp_path / "tree"
     dest.mkdir()
-    sources.fetch_git(GitSource(url=f"{git_server['url']}/attrs.git", commit=git_server["attrs"]), dest)
+    sources.fetch_git(GitSource(url=f"{git_server['url']}/attrs.git", commit=git_server["attrs"]), dest, policy=LOCAL_GIT)
     assert snapshot(dest) == tree_of_commit(git_server["base"] / "attrs.git", git_server["attrs"])
 
 
 async def test_git_source_with_an_absolute_symlink_is_a_source_error(git_server, tmp_path):
-    cache = SourceCache(tmp_path / "cache")
+    cache = SourceCache(tmp_path / "cache", git=LOCAL_GIT)
     with pytest.raises(SourceError):
         await cache.tree(GitSource(url=f"{git_server['url']}/abslink.git", commit=git_server["abslink"]))
 

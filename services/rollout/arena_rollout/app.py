@@ -199,7 +199,9 @@ def create_app(service: RolloutService) -> RolloutApp:
         if not data:
             raise InvalidRequest("request body is empty; send the bundle's bytes (a tar or tar.gz)")
         try:
-            await asyncio.to_thread(sources.check_bundle, data)
+            await asyncio.to_thread(sources.check_bundle, data, sources.unpack_limits(service.settings))
+        except sources.BundleTooLarge as exc:
+            raise PayloadTooLarge(str(exc)) from None
         except sources.SourceError as exc:
             raise InvalidRequest(str(exc)) from None
         digest = await sources.push_bundle(service.bus, data)

@@ -32,7 +32,7 @@ from arena_core.schemas import (
     VerifyJob,
 )
 from arena_core.settings import Settings
-from arena_core.sources import SourceCache
+from arena_core.sources import SourceCache, git_policy, unpack_limits
 from arena_sandbox import runner
 from arena_sandbox.hosted import EnvServers
 from arena_sandbox.pool import WarmPool
@@ -78,7 +78,8 @@ class SandboxWorker:
         self.reap_pending = reap_pending
         self._reaping = asyncio.Lock()
         self.sources = SourceCache(self.data_dir / "sources", bus=bus, allow_paths=settings.allow_host_paths,
-                                   docker_url=settings.docker_url)
+                                   docker_url=settings.docker_url, limits=unpack_limits(settings),
+                                   git=git_policy(settings), budget_bytes=settings.source_cache_bytes)
         self.sources.reap()
         self.in_flight = metrics.SANDBOXES_IN_FLIGHT.labels(provider=self.name)  # 0 until a job runs
         self.health = CachedHealth(provider)

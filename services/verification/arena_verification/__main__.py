@@ -14,7 +14,7 @@ from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
 from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
-from arena_core.sources import SourceCache
+from arena_core.sources import SourceCache, git_policy, unpack_limits
 from arena_verification.sandboxes import ProviderSandboxes
 from arena_verification.worker import VerificationWorker
 
@@ -36,7 +36,9 @@ async def main(settings: Settings) -> int:
     try:
         await bus.ensure_topology()
         sources = SourceCache(Path(settings.data_dir) / "verify-sources", bus=bus,
-                              allow_paths=settings.allow_host_paths, docker_url=settings.docker_url)
+                              allow_paths=settings.allow_host_paths, docker_url=settings.docker_url,
+                              limits=unpack_limits(settings), git=git_policy(settings),
+                              budget_bytes=settings.source_cache_bytes)
         sources.reap()
         worker = VerificationWorker(bus, scratch_dir=scratch, job_timeout_s=_job_timeout_from_env(),
                                     sandboxes=sandboxes, sources=sources)
