@@ -669,6 +669,10 @@ class SandboxDone(Base, kw_only=True):
     artifacts: dict[str, str] = {}
     #: An OpenEnv episode (``agent.external``): every reset and step, in order.
     env_steps: list[EnvStep] = []
+    #: Why an LLM call of the agent was cut on Arena's side ("" if none was): the sandbox's relay
+    #: saw the proxy refuse the connection or break it before the answer ended. The outcome is
+    #: then ``error``: an infrastructure outcome, no reward (docs/reliability.md).
+    proxy_fault: str = ""
 
 
 # --------------------------------------------------------------------------- verification plane

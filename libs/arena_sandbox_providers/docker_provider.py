@@ -158,15 +158,17 @@ class DockerSandbox(HostDirSandbox):
                 if forwarder is not None:
                     await forwarder.close()
             duration = time.monotonic() - started
+            fault = forwarder.fault if forwarder is not None else ""
             if killed:
                 timed_out = not (cancel is not None and cancel.is_set())
-                return ExecResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=duration)
+                return ExecResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=duration,
+                                  proxy_fault=fault)
             after = await self._oom_kills()
             if after is None or ooms is None:  # engine not on this host: SIGKILL nobody sent = the OOM killer
                 oom = code == _SIGKILL_EXIT
             else:
                 oom = after > ooms
-            return ExecResult(exit_code=code, oom_killed=oom, duration_s=duration)
+            return ExecResult(exit_code=code, oom_killed=oom, duration_s=duration, proxy_fault=fault)
 
     async def _oom_kills(self) -> int | None:
         """The container's OOM-kill counter, read from its memory cgroup on this host

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from arena_core import sources
-from arena_sandbox_providers import netns, overlay
+from arena_sandbox_providers import netns, overlay, relay
 
 log = logging.getLogger("arena.sandbox.local")
 
@@ -81,6 +81,10 @@ class ProxyForward(msgspec.Struct, frozen=True):
     host: str
     port: int
     sandbox_port: int | None = None
+    #: The rollout's proxy routes (``/proxy/{rollout_id}``): the relay parses HTTP/1.1 and forwards
+    #: only the requests for them (:mod:`.relay`), answering anything else 404 itself. None: a plain
+    #: TCP relay to host:port (no HTTP; for what is not a rollout's agent).
+    routes: str | None = None
 
     @property
     def inside_port(self) -> int:
@@ -139,6 +143,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     timed_out: bool
     killed: bool
     duration_s: float
+    #: Why an LLM call through the relay was cut on Arena's side (the proxy refused the connection
+    #: or broke it before the answer ended), "" if none was.
+    proxy_fault: str = ""
 
 
 # --------------------------------------------------------------------------- availability
@@ -395,25 +402,35 @@ def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ..
 
 class _Forwarder:
     """Host side of the proxy relay: a Unix socket (``path``, the shim's end), or listening
-    sockets in the sandbox's network namespace (``listeners``), whose connections go to host:port."""
+    sockets in the sandbox's network namespace (``listeners``), whose connections go to host:port:
+    through :class:`relay.Relay` (only the rollout's proxy routes) when ``proxy.routes`` is set."""
 
     def __init__(self, proxy: ProxyForward, path: Path | None = None, *, listeners=()):
         self.proxy = proxy
         self.path = path
         self.listeners = list(listeners)
+        self.relay = relay.Relay(proxy.host, proxy.port, proxy.routes) if proxy.routes is not None else None
         self._servers: list[asyncio.AbstractServer] = []
         self._writers: set[asyncio.StreamWriter] = set()
 
+    @property
+    def fault(self) -> str:
+        """Why a call was cut on Arena's side ("" if none was): :attr:`RunResult.proxy_fault`."""
+        return (self.relay.fault or "") if self.relay is not None else ""
+
     async def start(self) -> None:
+        handle = self.relay.serve if self.relay is not None else self._handle
         if self.path is not None:
-            self._servers.append(await asyncio.start_unix_server(self._handle, path=str(self.path)))
+            self._servers.append(await asyncio.start_unix_server(handle, path=str(self.path)))
             os.chmod(self.path, 0o666)
         for listener in self.listeners:
-            self._servers.append(await asyncio.start_server(self._handle, sock=listener))
+            self._servers.append(await asyncio.start_server(handle, sock=listener))
 
     async def close(self) -> None:
         for server in self._servers:
             server.close()
+        if self.relay is not None:
+            self.relay.close()
         for writer in list(self._writers):
             writer.close()
         for server in self._servers:
@@ -561,10 +578,12 @@ async def _execute(
                 timed_out=False,
                 killed=False,
                 duration_s=time.monotonic() - started,
+                proxy_fault=forwarder.fault if forwarder is not None else "",
             )
         timed_out = not (cancel is not None and cancel.is_set())
         await _kill_tree(proc)
-        return RunResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=time.monotonic() - started)
+        return RunResult(exit_code=None, timed_out=timed_out, killed=True, duration_s=time.monotonic() - started,
+                         proxy_fault=forwarder.fault if forwarder is not None else "")
     finally:
         if proc is not None and proc.returncode is None:
             # Cancelled or failed mid-run: never leave the sandbox behind.

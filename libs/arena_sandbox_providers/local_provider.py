@@ -126,7 +126,7 @@ class LocalSandbox(HostDirSandbox):
             log_path.unlink(missing_ok=True)
         oom = self.cgroup is not None and self.cgroup.oom_kills() > ooms
         return ExecResult(exit_code=run.exit_code, timed_out=run.timed_out, killed=run.killed,
-                          oom_killed=oom, duration_s=run.duration_s)
+                          oom_killed=oom, duration_s=run.duration_s, proxy_fault=run.proxy_fault)
 
     async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
         if put_at_base and await asyncio.to_thread(self.workspace_unchanged):

@@ -64,6 +64,9 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
     killed: bool = False
     oom_killed: bool = False
     duration_s: float = 0.0
+    #: Why an LLM call through the relay was cut on Arena's side ("" if none was): the proxy
+    #: refused the connection or broke it before the answer ended (docs/sandbox.md, "The LLM relay").
+    proxy_fault: str = ""
 
 
 @runtime_checkable

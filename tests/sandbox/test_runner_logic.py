@@ -40,13 +40,14 @@ def test_agent_env_follows_the_contract():
 @pytest.mark.parametrize(
     ("url", "forward"),
     [
-        ("http://127.0.0.1:9090/proxy/r/v1", ProxyForward("127.0.0.1", 9090)),
-        ("http://localhost/v1", ProxyForward("localhost", 80)),
-        ("https://proxy.internal/v1", ProxyForward("proxy.internal", 443)),
-        ("http://[::1]:8000/v1", ProxyForward("::1", 8000)),
+        ("http://127.0.0.1:9090/proxy/r/v1", ProxyForward("127.0.0.1", 9090, routes="/proxy/r")),
+        ("http://localhost/v1", ProxyForward("localhost", 80, routes="")),
+        ("https://proxy.internal/v1", ProxyForward("proxy.internal", 443, routes="")),
+        ("http://[::1]:8000/v1", ProxyForward("::1", 8000, routes="")),
+        ("http://arena.internal/api/proxy/r-1/v1/", ProxyForward("arena.internal", 80, routes="/api/proxy/r-1")),
     ],
 )
-def test_proxy_forward(url, forward):
+def test_proxy_forward_lets_through_the_rollouts_proxy_routes(url, forward):
     assert runner.proxy_forward(url) == forward
 
 

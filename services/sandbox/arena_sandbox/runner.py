@@ -74,12 +74,15 @@ def new_sandbox_id(rollout_id: str) -> str:
 
 
 def proxy_forward(proxy_url: str) -> ProxyForward:
-    """The proxy's host:port on the host, from the job's ``proxy_url``."""
+    """The proxy's host:port on the host, from the job's ``proxy_url``, and the rollout's proxy
+    routes the relay lets through: the URL's path without its ``/v1`` (``/proxy/{rollout_id}``)."""
     url = urlsplit(proxy_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"proxy_url {proxy_url!r} is not an http(s) URL")
     port = url.port or (443 if url.scheme == "https" else 80)
-    return ProxyForward(host=url.hostname, port=port)
+    routes = url.path.rstrip("/")
+    routes = routes[: -len("/v1")] if routes.endswith("/v1") else routes
+    return ProxyForward(host=url.hostname, port=port, routes=routes)
 
 
 def sandbox_proxy_url(proxy_url: str) -> str:
@@ -377,9 +380,14 @@ async def run_job(
                     outcome, reason = SandboxOutcome.FAILED, f"cannot extract the diff (the agent broke the repository): {exc}"
                 else:
                     reason = f"{reason}; no diff: {exc}"
+        if run.proxy_fault and outcome is not SandboxOutcome.CANCELLED:
+            # Arena's proxy died under a call of the agent's: whatever the agent did next, its
+            # trajectory is Arena's failure, not the policy's (an infrastructure outcome, no reward)
+            outcome, reason = SandboxOutcome.ERROR, f"an LLM call was cut on Arena's side ({run.proxy_fault}); {reason}"
         log.info("sandbox finished: %s", outcome.value, extra=extra)
         done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
-                      oom_killed=run.oom_killed, flags=flags, env_steps=ended.steps if ended is not None else [])
+                      oom_killed=run.oom_killed, flags=flags, env_steps=ended.steps if ended is not None else [],
+                      proxy_fault=run.proxy_fault)
         return JobRun(done=done, log=full_log, run=run, artifacts=artifacts)
     finally:
         if sandbox is not None:

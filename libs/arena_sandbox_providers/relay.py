@@ -1,0 +1,406 @@
+"""The host side of a sandbox's LLM relay: HTTP/1.1 in from the agent, only its rollout's proxy routes out.
+
+Every connection the agent opens to ``127.0.0.1:<port>`` inside its sandbox ends here (through the
+sandbox's network namespace, or the shim's Unix socket). Each request is parsed (h11) and either
+forwarded to the rollout service, when it is one of the proxy routes of *this* rollout
+(``/proxy/{rollout_id}/...``: :data:`ROUTES`), or answered here with the API's 404 error shape
+without reaching the API. Answers stream back as they come (server-sent events included) and a
+connection is kept alive between calls. A call whose connection to the proxy was refused or broke
+before its answer ended (Arena's side died, not the backend's answer) is remembered: ``fault``.
+See docs/sandbox.md ("The LLM relay").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+
+import h11
+import msgspec
+
+log = logging.getLogger("arena.sandbox.relay")
+
+#: The proxy routes an agent may call, below its rollout's prefix (``/proxy/{rollout_id}``):
+#: the three LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize.
+ROUTES: frozenset[tuple[bytes, str]] = frozenset({
+    (b"POST", "/v1/chat/completions"),
+    (b"POST", "/v1/completions"),
+    (b"POST", "/v1/messages"),
+    (b"POST", "/v1/messages/count_tokens"),
+    (b"GET", "/v1/models"),
+    (b"POST", "/tokenize"),
+    (b"POST", "/v1/tokenize"),
+    (b"POST", "/detokenize"),
+    (b"POST", "/v1/detokenize"),
+})
+
+#: An origin-form target of plain path characters and an optional query: no percent-encoding,
+#: no absolute form, no ``*``, no fragment; ``.`` and ``..`` segments never equal a route.
+_TARGET = re.compile(rb"(/[A-Za-z0-9_./-]*)(?:\?[\x21-\x7e]*)?")
+#: Hop-by-hop headers: each side of the relay frames its own connection (h11 does).
+_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade", b"expect"})
+_CHUNK = 65536
+#: A kept-alive connection to the proxy idle longer than this is not reused (uvicorn closes
+#: idle ones after its keep-alive timeout; a request sent as it closes would look like a cut).
+_REUSE_S = 2.0
+#: On every answer the relay gives itself (a refused request, an unreachable proxy).
+ANSWERED_BY = (b"x-arena-relay", b"refused")
+#: The most of a refused request's body read (and dropped) to keep its connection alive.
+_DISCARD_MAX = 1024 * 1024
+
+
+def route_of(method: bytes, target: bytes, prefix: str) -> str | None:
+    """The route below ``prefix`` that ``method target`` calls, or None: not one of :data:`ROUTES`."""
+    match = _TARGET.fullmatch(target)
+    if match is None:
+        return None
+    path = match[1].decode("ascii")
+    if not path.startswith(prefix + "/"):
+        return None
+    route = path[len(prefix):]
+    return route if (method, route) in ROUTES else None
+
+
+# --------------------------------------------------------------------------- error answers
+
+
+class _OpenAIBody(msgspec.Struct):
+    message: str
+    type: str
+    param: None
+    code: str
+
+
+class _OpenAIError(msgspec.Struct):
+    error: _OpenAIBody
+
+
+class _AnthropicBody(msgspec.Struct):
+    type: str
+    message: str
+
+
+class _AnthropicError(msgspec.Struct, tag_field="type", tag="error"):
+    error: _AnthropicBody
+
+
+class _ArenaBody(msgspec.Struct):
+    code: str
+    message: str
+
+
+class _ArenaError(msgspec.Struct):
+    error: _ArenaBody
+
+
+def error_body(status: int, code: str, message: str, target: bytes, anthropic_version: bool) -> bytes:
+    """The API's error shape for ``target`` (the rollout service's, arena_rollout/proxy/errors.py):
+    on a proxy path OpenAI's, or Anthropic's for the Messages API (or a call sending
+    ``anthropic-version``); elsewhere Arena's ``{"error": {"code", "message"}}``."""
+    path = target.split(b"?", 1)[0]
+    if b"/proxy/" not in path:
+        return msgspec.json.encode(_ArenaError(error=_ArenaBody(code=code, message=message)))
+    if anthropic_version or b"/v1/messages" in path:
+        kind = {404: "not_found_error", 400: "invalid_request_error"}.get(status, "api_error")
+        return msgspec.json.encode(_AnthropicError(error=_AnthropicBody(type=kind, message=message)))
+    kind = {404: "not_found_error", 400: "invalid_request_error"}.get(status, "server_error")
+    return msgspec.json.encode(_OpenAIError(error=_OpenAIBody(message=message, type=kind, param=None, code=code)))
+
+
+def _request_id() -> bytes:
+    return b"req_" + os.urandom(12).hex().encode()
+
+
+# --------------------------------------------------------------------------- the relay
+
+
+class _Cut(Exception):
+    """The connection to the proxy was refused or broke before the call's answer ended."""
+
+
+class _ClientGone(Exception):
+    """The agent closed its connection (or broke HTTP/1.1) mid-call."""
+
+
+class _Upstream:
+    """One kept-alive HTTP/1.1 connection to the proxy."""
+
+    __slots__ = ("conn", "reader", "writer", "idle_since")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.conn = h11.Connection(h11.CLIENT)
+        self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
+
+    def reusable(self) -> bool:
+        return (self.conn.our_state is h11.IDLE and not self.reader.at_eof() and not self.writer.is_closing()
+                and time.monotonic() - self.idle_since < _REUSE_S)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Relay:
+    """Serves the agent's connections (:meth:`serve`): this rollout's proxy routes go to
+    ``host:port``, anything else is answered 404 here. ``fault`` says why a call was cut
+    (the first one), ``calls`` and ``refused`` count what was forwarded and what was not."""
+
+    def __init__(self, host: str, port: int, prefix: str):
+        self.host, self.port, self.prefix = host, port, prefix.rstrip("/")
+        self.fault: str | None = None
+        self.calls = 0
+        self.refused = 0
+        self._closing = False
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def close(self) -> None:
+        """Close every connection (the sandbox ended); what breaks from now on is no fault."""
+        self._closing = True
+        for writer in list(self._writers):
+            writer.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = h11.Connection(h11.SERVER)
+        upstream: _Upstream | None = None
+        self._writers.add(writer)
+        try:
+            while True:
+                event = await _next_event(client, reader)
+                if not isinstance(event, h11.Request):
+                    break  # the agent closed its connection
+                route = route_of(event.method, event.target, self.prefix)
+                if route is None:
+                    self.refused += 1
+                    if not await self._refuse(client, reader, writer, event):
+                        break
+                else:
+                    self.calls += 1
+                    keep, upstream = await self._forward(client, reader, writer, event, upstream)
+                    if not keep:
+                        break
+                if client.our_state is not h11.DONE or client.their_state is not h11.DONE:
+                    break
+                client.start_next_cycle()
+        except h11.RemoteProtocolError as exc:  # the agent's HTTP is broken: answer it if we still can
+            if client.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                with contextlib.suppress(Exception):
+                    await _answer(client, writer, exc.error_status_hint, "invalid_request",
+                                  f"malformed HTTP/1.1 request: {exc}", b"/", False, close=True)
+        except (OSError, _ClientGone, h11.LocalProtocolError):
+            pass
+        except Exception:  # noqa: BLE001 - one connection's failure, never the sandbox's
+            log.exception("the relay's connection failed")
+        finally:
+            if upstream is not None:
+                self._drop(upstream)
+            writer.close()
+            self._writers.discard(writer)
+
+    async def _refuse(self, client: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      request: h11.Request) -> bool:
+        """Answer a request that is not one of this rollout's routes: 404, the API's shape; its body
+        read and dropped first (up to :data:`_DISCARD_MAX`, else the connection closes after it)."""
+        anthropic = any(name == b"anthropic-version" for name, _ in request.headers)
+        message = f"no route for {request.method.decode('ascii', 'replace')} {_path_of(request.target)}"
+        keep = not client.they_are_waiting_for_100_continue
+        size = 0
+        while keep:
+            event = await _next_event(client, reader)
+            if isinstance(event, h11.EndOfMessage):
+                break
+            if not isinstance(event, h11.Data):
+                raise _ClientGone()
+            size += len(event.data)
+            keep = size <= _DISCARD_MAX
+        await _answer(client, writer, 404, "not_found", message, request.target, anthropic, close=not keep)
+        return keep
+
+    async def _forward(self, client: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       request: h11.Request, upstream: _Upstream | None) -> tuple[bool, _Upstream | None]:
+        """One call to the proxy: whether the agent's connection stays open, and the connection to
+        the proxy to keep for the next call (None: none open)."""
+        if upstream is not None and not upstream.reusable():
+            self._drop(upstream)
+            upstream = None
+        try:
+            if upstream is None:
+                try:
+                    upstream = _Upstream(*await asyncio.open_connection(self.host, self.port))
+                except OSError as exc:
+                    raise _Cut(f"connection to the proxy at {self.host}:{self.port} failed: {exc}") from None
+                self._writers.add(upstream.writer)
+            if client.they_are_waiting_for_100_continue:
+                writer.write(client.send(h11.InformationalResponse(status_code=100, headers=[])))
+            up = upstream.conn
+            _send_up(upstream, up.send(h11.Request(method=request.method, target=request.target,
+                                                   headers=_end_to_end(request.headers))))
+            while True:  # the body, as it comes
+                event = await _next_event(client, reader)
+                if isinstance(event, h11.Data):
+                    _send_up(upstream, up.send(h11.Data(data=event.data)))
+                elif isinstance(event, h11.EndOfMessage):
+                    _send_up(upstream, up.send(h11.EndOfMessage()))
+                    await _drain_up(upstream)
+                    break
+                else:
+                    raise _ClientGone()
+                await _drain_up(upstream)
+            await _answer_from(upstream, client, reader, writer)
+        except _Cut as exc:
+            if upstream is not None:
+                self._drop(upstream)
+            if self._closing:
+                return False, None
+            if self.fault is None:
+                self.fault = str(exc)
+            log.warning("a call through the relay was cut: %s", exc)
+            if client.our_state is h11.SEND_RESPONSE:  # nothing of the answer went out yet
+                anthropic = any(name == b"anthropic-version" for name, _ in request.headers)
+                with contextlib.suppress(Exception):
+                    await _answer(client, writer, 502, "proxy_unreachable", f"Arena's LLM proxy is unreachable: {exc}",
+                                  request.target, anthropic, close=True)
+            return False, None
+        except BaseException:
+            if upstream is not None:
+                self._drop(upstream)
+            raise
+        if up.our_state is h11.DONE and up.their_state is h11.DONE:
+            up.start_next_cycle()
+            upstream.idle_since = time.monotonic()
+            return True, upstream
+        self._drop(upstream)
+        return True, None
+
+    def _drop(self, upstream: _Upstream) -> None:
+        upstream.close()
+        self._writers.discard(upstream.writer)
+
+
+async def _answer_from(upstream: _Upstream, client: h11.Connection, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+    """Relay the proxy's answer to the agent as it comes, watching the agent meanwhile: what it
+    sends waits in h11 (a pipelined request); when it goes away, :class:`_ClientGone` (the proxy
+    then sees its connection close, as without the relay)."""
+    this = asyncio.current_task()
+    pumping, gone = True, False
+
+    def on_watch(watch: asyncio.Future) -> None:
+        nonlocal gone
+        if not watch.cancelled():
+            watch.exception()  # retrieved: a reset is the agent going away too
+            if pumping:
+                gone = True
+                this.cancel()
+
+    watch = asyncio.ensure_future(_watch_client(client, reader))
+    watch.add_done_callback(on_watch)
+    conn = upstream.conn
+    try:
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _Cut(f"the proxy's connection broke mid-call: {exc}") from None
+            if event is h11.NEED_DATA:
+                try:
+                    data = await upstream.reader.read(_CHUNK)
+                except OSError as exc:
+                    raise _Cut(f"the proxy's connection broke mid-call: {exc}") from None
+                conn.receive_data(data)
+            elif isinstance(event, h11.Response):
+                writer.write(client.send(h11.Response(status_code=event.status_code, headers=_end_to_end(event.headers),
+                                                      reason=event.reason)))
+            elif isinstance(event, h11.Data):
+                writer.write(client.send(h11.Data(data=event.data)))
+                await writer.drain()
+            elif isinstance(event, h11.EndOfMessage):
+                writer.write(client.send(h11.EndOfMessage()))
+                await writer.drain()
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                raise _Cut("the proxy closed the connection before answering")
+            # an informational answer (1xx): the agent's Expect was answered by the relay
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+        raise _ClientGone() from None
+    finally:
+        pumping = False
+        watch.remove_done_callback(on_watch)
+        if not watch.done():  # gone before the agent's connection is read again
+            watch.cancel()
+            await asyncio.wait((watch,))
+        elif not watch.cancelled():
+            watch.exception()
+
+
+def _path_of(target: bytes) -> str:
+    return target.split(b"?", 1)[0].decode("ascii", "replace")
+
+
+def _end_to_end(headers) -> list[tuple[bytes, bytes]]:
+    """The headers without hop-by-hop ones; with chunked framing, no Content-Length beside it."""
+    chunked = any(name == b"transfer-encoding" for name, _ in headers)
+    return [(name, value) for name, value in headers
+            if name not in _HOP and not (chunked and name == b"content-length")]
+
+
+async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader):
+    """The agent's next h11 event, reading as needed (``ConnectionClosed`` at its end)."""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(_CHUNK))
+            continue
+        if event is h11.PAUSED:
+            raise _ClientGone()
+        return event
+
+
+async def _watch_client(conn: h11.Connection, reader: asyncio.StreamReader) -> None:
+    """While a call is answered: whatever the agent sends next waits in h11 (a pipelined request);
+    returns when the agent is gone (its end of the connection, or more than a pipelined request)."""
+    buffered = 0
+    while True:
+        data = await reader.read(_CHUNK)
+        if not data:
+            return
+        buffered += len(data)
+        if buffered > _DISCARD_MAX:
+            return
+        conn.receive_data(data)
+
+
+def _send_up(upstream: _Upstream, data: bytes | None) -> None:
+    if data:
+        try:
+            upstream.writer.write(data)
+        except (OSError, RuntimeError) as exc:
+            raise _Cut(f"the proxy's connection broke while sending a call: {exc}") from None
+
+
+async def _drain_up(upstream: _Upstream) -> None:
+    try:
+        await upstream.writer.drain()
+    except (OSError, RuntimeError) as exc:
+        raise _Cut(f"the proxy's connection broke while sending a call: {exc}") from None
+
+
+async def _answer(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, code: str, message: str,
+                  target: bytes, anthropic: bool, *, close: bool) -> None:
+    body = error_body(status, code, message, target, anthropic)
+    rid = _request_id()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", rid), (b"request-id", rid),
+               (b"x-should-retry", b"true" if status >= 500 else b"false"), ANSWERED_BY]
+    if close:
+        headers.append((b"connection", b"close"))
+    writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+    writer.write(conn.send(h11.Data(data=body)))
+    writer.write(conn.send(h11.EndOfMessage()))
+    await writer.drain()
