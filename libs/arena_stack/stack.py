@@ -63,11 +63,12 @@ class Child:
         self.restarts = 0
 
     def start(self) -> None:
-        """Start it under umask 077: what it writes is this user's only."""
+        """Start it, its log this user's only. Its umask stays: a sandbox provider shares files
+        with containers running as other users; the data directory (0700) keeps others out."""
         private_dir(self.log_path.parent)
         with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent, umask=0o077)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
 
     @property
     def pid(self) -> int | None:
