@@ -56,7 +56,7 @@ def _check_steps(lm: LanguageModel, steps, version: str) -> float:
     return drift
 
 
-async def test_the_real_model_serves_exact_tokens_and_takes_lora_updates(tmp_path):
+async def test_the_real_model_serves_exact_tokens_and_takes_lora_updates(tmp_path, monkeypatch):
     policy_port = free_port()
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
                         rollout_port=(rp := free_port()), trajectory_port=free_port(),
@@ -65,6 +65,8 @@ async def test_the_real_model_serves_exact_tokens_and_takes_lora_updates(tmp_pat
     stack = Stack(settings, nats_sync="1s", log=lambda m: None)
     server = None
     await stack.start()
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
+    monkeypatch.setenv("ARENA_API_KEY", stack.api_key)  # what the clients and trainers send by default
     try:
         log = open(tmp_path / "policy.log", "wb")
         server = subprocess.Popen([sys.executable, "-m", "arena_rl.policy_server", "--engine", "smollm2",

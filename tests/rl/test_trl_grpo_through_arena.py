@@ -65,7 +65,7 @@ class ServedVersions(TrainerCallback):
         self.versions.append(httpx.get(self.root + "/health", timeout=30).json()["policy_version"])
 
 
-async def test_trl_grpo_trains_the_served_model_on_arena_rollouts(tmp_path):
+async def test_trl_grpo_trains_the_served_model_on_arena_rollouts(tmp_path, monkeypatch):
     example = _example()
     policy_port = free_port()
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
@@ -76,6 +76,8 @@ async def test_trl_grpo_trains_the_served_model_on_arena_rollouts(tmp_path):
     stack = Stack(settings, nats_sync="1s", log=lambda m: None)
     server = None
     await stack.start()
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
+    monkeypatch.setenv("ARENA_API_KEY", stack.api_key)  # what the clients and trainers send by default
     try:
         log = open(tmp_path / "policy.log", "wb")
         server = subprocess.Popen([sys.executable, "-m", "arena_rl.policy_server", "--engine", "smollm2",

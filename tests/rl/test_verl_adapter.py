@@ -164,7 +164,7 @@ REPLY = "I'm so sorry, that sounds hard. I'm here for you."
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-async def test_arena_agent_loop_runs_verl_samples_as_rollouts_of_a_real_stack(tmp_path):
+async def test_arena_agent_loop_runs_verl_samples_as_rollouts_of_a_real_stack(tmp_path, monkeypatch):
     hydra_utils = pytest.importorskip("hydra.utils")
     omegaconf = pytest.importorskip("omegaconf")
     script = tmp_path / "llm.json"
@@ -178,6 +178,8 @@ async def test_arena_agent_loop_runs_verl_samples_as_rollouts_of_a_real_stack(tm
                                          "data": {}})
     stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)
     await stack.start()
+    settings = stack.settings  # its NATS URL carries the administrator's credentials
+    monkeypatch.setenv("ARENA_API_KEY", stack.api_key)  # what the clients and trainers send by default
     try:
         async def one(index: int) -> AgentLoopOutput:
             # as veRL's AgentLoopWorker does: hydra-instantiate the registered config per sample, then run
