@@ -685,22 +685,31 @@ def check_git_url(url: str, *, allow_file: bool, policy: GitPolicy = GitPolicy()
     if policy.hosts and not _host_allowed(host, policy.hosts):
         raise SourceError(f"git source url {shown!r}: host {host} is not one this server fetches from "
                           "(ARENA_GIT_ALLOWED_HOSTS)")
-    if not resolve:
+    if not resolve:  # an address written in the URL is checked all the same
+        try:
+            literal = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return []
+        _check_public(str(literal), host, shown, policy)
         return []
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise SourceError(f"git source url {shown!r}: cannot resolve host {host} ({exc})") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in found))
-    if not policy.allow_private:
-        for address in addresses:
-            ip = ipaddress.ip_address(address.split("%", 1)[0])
-            ip = getattr(ip, "ipv4_mapped", None) or ip
-            if not ip.is_global:
-                raise SourceError(f"git source url {shown!r}: host {host} is at {ip}, not a public address "
-                                  "(loopback, link-local and private hosts are refused: "
-                                  "ARENA_GIT_ALLOW_PRIVATE_HOSTS)")
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    for address in addresses:
+        _check_public(address, host, shown, policy)
     return addresses
+
+
+def _check_public(address: str, host: str, shown: str, policy: GitPolicy) -> None:
+    if policy.allow_private:
+        return
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if not ip.is_global:
+        raise SourceError(f"git source url {shown!r}: host {host} is at {ip}, not a public address "
+                          "(loopback, link-local and private hosts are refused: ARENA_GIT_ALLOW_PRIVATE_HOSTS)")
 
 
 def fetch_git(source: GitSource, dest: Path, *, allow_file: bool = False, policy: GitPolicy = GitPolicy(),

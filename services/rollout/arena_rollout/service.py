@@ -30,6 +30,7 @@ from arena_core.schemas import (
     BundleSource,
     DeadLetter,
     EnvRewardVerifier,
+    GitSource,
     DuelSubmitted,
     PathSource,
     GroupSubmitted,
@@ -107,9 +108,11 @@ def view(record: RolloutRecord) -> RolloutView:
 
 def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool,
                         allow_host_paths: bool = True, max_wall_clock_s: float = 86400.0,
-                        external: bool = False) -> None:
+                        external: bool = False, git: sources.GitPolicy | None = None) -> None:
     """``external``: the submission comes from the environment endpoint, the one place an
-    ``external`` agent (an OpenEnv client) can drive a rollout."""
+    ``external`` agent (an OpenEnv client) can drive a rollout. ``git``: where a git source may
+    come from (its scheme, host and any address written in it; workers also check the addresses
+    the host resolves to)."""
     task = req.task
     problems = []
     if task.verifier is None:
@@ -131,6 +134,11 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
                         "(`arena tasks push DIR`, POST /v1/bundles) and name it as source {type: bundle, digest}")
     if not allow_host_paths and getattr(source, "url", "").lower().startswith("file:"):
         problems.append("a file:// git URL is a host path (ARENA_ALLOW_HOST_PATHS is off)")
+    elif isinstance(source, GitSource) and git is not None:
+        try:
+            sources.check_git_url(source.url, allow_file=allow_host_paths, policy=git, resolve=False)
+        except sources.SourceError as exc:
+            problems.append(str(exc))
     if not task.id.strip():
         problems.append("task.id must not be empty")
     if not task.agent.command and task.agent.scaffold is None and not task.agent.external:
@@ -329,7 +337,8 @@ class RolloutService:
             req = msgspec.structs.replace(req, task=msgspec.structs.replace(req.task, verifier=EnvRewardVerifier()))
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
                             allow_host_paths=self.settings.allow_host_paths,
-                            max_wall_clock_s=self.settings.max_wall_clock_s, external=external)
+                            max_wall_clock_s=self.settings.max_wall_clock_s, external=external,
+                            git=sources.git_policy(self.settings))
         if self.workers is not None:
             await self.workers.check(req.provider)
         task = req.task
