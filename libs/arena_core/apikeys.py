@@ -8,6 +8,7 @@ A key is ``ak_<id>_<secret>``; the ``arena_api_keys`` bucket holds ``<id>`` -> `
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import logging
@@ -58,6 +59,14 @@ def without_path_key(scope: dict) -> dict:
     return out
 
 
+class SignIn(msgspec.Struct, frozen=True, kw_only=True):
+    """What makes a record a one-time dashboard sign-in token, never an API key: the id of the
+    read-only session key it opens, and the salt that derives that key's secret from the token."""
+
+    session_id: str
+    salt: str
+
+
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str
     name: str
@@ -65,9 +74,20 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str  # of the whole key
     created_at: float
     revoked: bool = False
+    #: when it stops working (seconds since the epoch); 0: never
+    expires_at: float = 0.0
+    #: set on a dashboard sign-in token (``issue_sign_in_token``): no API takes it as a key
+    sign_in: SignIn | None = None
 
     def allows(self, scope: Scope) -> bool:
         return not self.revoked and (scope in self.scopes or "admin" in self.scopes)
+
+    def expired(self, now: float | None = None) -> bool:
+        return bool(self.expires_at) and (time.time() if now is None else now) >= self.expires_at
+
+    @property
+    def read_only(self) -> bool:
+        return self.scopes == ["read"]
 
 
 def new_key(name: str, scopes: list[Scope]) -> tuple[str, ApiKey]:
@@ -110,6 +130,90 @@ async def revoke(bus, key_id: str) -> ApiKey:
     record = msgspec.structs.replace(record, revoked=True)
     await kv.put(key_id, msgspec.json.encode(record))
     return record
+
+
+SIGN_IN_PREFIX = "st_"
+#: How long a sign-in token may wait for its one use, and how long the session it opens lasts.
+SIGN_IN_TTL_S = 600.0
+SESSION_S = 30 * 86400.0
+
+
+async def issue_sign_in_token(bus, *, ttl_s: float = SIGN_IN_TTL_S, session_s: float = SESSION_S,
+                              name: str = "dashboard sign-in") -> str:
+    """A one-time, read-only sign-in token for the dashboard (``{dashboard}/?token=<it>``),
+    usable once within ``ttl_s``; no API takes it as a key. Stored in ``arena_api_keys`` beside
+    the read-only session key it opens (valid ``session_s``, revocable as any key, its secret
+    derived from the token and a salt kept in the token's record, so nobody holds it before the
+    token is used). docs/dashboard.md ("Signing in")."""
+    if not 0 < ttl_s <= 86400 or not 0 < session_s <= 365 * 86400:
+        raise ValueError("a sign-in token lives at most a day and its session at most a year")
+    now = time.time()
+    token_id, session_id = secrets.token_hex(6), secrets.token_hex(6)
+    token = f"{SIGN_IN_PREFIX}{token_id}_{secrets.token_urlsafe(24)}"
+    salt = secrets.token_urlsafe(16)
+    session = ApiKey(key_id=session_id, name=name, scopes=["read"], sha256=_digest(_session_key(token, session_id, salt)),
+                     created_at=now, expires_at=now + session_s)
+    record = ApiKey(key_id=token_id, name=f"{name} (one-time token)", scopes=["read"], sha256=_digest(token),
+                    created_at=now, expires_at=now + ttl_s, sign_in=SignIn(session_id=session_id, salt=salt))
+    kv = await bus.kv(subjects.KV_API_KEYS)
+    await kv.put(session_id, msgspec.json.encode(session))
+    await kv.put(token_id, msgspec.json.encode(record))
+    return token
+
+
+class SignInRefused(Exception):
+    """The token is unknown, used already, expired or revoked (the message says which, no secret)."""
+
+
+async def redeem_sign_in_token(bus, token: str) -> str:
+    """Use a sign-in token, once: the read-only session key it opens. The token's record is
+    purged from the bucket's stream, which removes something for one caller only, whichever
+    replica it is; any later use is refused (:class:`SignInRefused`)."""
+    token_id = _token_id(token)
+    if token_id is None:
+        raise SignInRefused("that is not a sign-in token")
+    kv = await bus.kv(subjects.KV_API_KEYS)
+    try:
+        entry = await kv.get(token_id)
+    except Exception:  # noqa: BLE001 - KeyNotFoundError and friends: used (deleted) or never issued
+        raise SignInRefused("unknown or already used sign-in token") from None
+    try:
+        record = msgspec.json.decode(entry.value, type=ApiKey)
+    except msgspec.DecodeError:
+        raise SignInRefused("unknown or already used sign-in token") from None
+    if record.sign_in is None or not hmac.compare_digest(record.sha256, _digest(token)):
+        raise SignInRefused("unknown or already used sign-in token")
+    if record.revoked or record.expired():
+        raise SignInRefused("that sign-in token has expired: ask `arena up` (or `arena keys`) for a new one")
+    if not await _purge(bus, token_id):
+        raise SignInRefused("unknown or already used sign-in token")
+    return _session_key(token, record.sign_in.session_id, record.sign_in.salt)
+
+
+async def _purge(bus, key_id: str) -> bool:
+    """Remove ``key_id``'s entry from the bucket's stream (a purge of its subject, which the
+    stream's leader runs one at a time): True for the one caller that removed something."""
+    stream = f"KV_{subjects.KV_API_KEYS}"
+    request = msgspec.json.encode({"filter": f"$KV.{subjects.KV_API_KEYS}.{key_id}"})
+    try:
+        msg = await bus.nc.request(f"$JS.API.STREAM.PURGE.{stream}", request, timeout=5.0)
+        answer = msgspec.json.decode(msg.data)
+    except Exception as exc:  # noqa: BLE001 - the bus cannot say: the token stays unused
+        log.warning("could not use a sign-in token: %s", exc)
+        return False
+    return bool(answer.get("success")) and answer.get("purged", 0) > 0
+
+
+def _token_id(token: str) -> str | None:
+    if not token.startswith(SIGN_IN_PREFIX) or len(token) > 200:
+        return None
+    token_id, sep, _ = token[len(SIGN_IN_PREFIX):].partition("_")
+    return token_id if sep and token_id.isalnum() else None
+
+
+def _session_key(token: str, session_id: str, salt: str) -> str:
+    secret = base64.urlsafe_b64encode(hmac.new(token.encode(), salt.encode(), hashlib.sha256).digest())
+    return f"{PREFIX}{session_id}_{secret.rstrip(b'=').decode()}"
 
 
 def auth_headers(api_key: str | None = None) -> dict[str, str]:
@@ -176,10 +280,12 @@ class KeyRing:
         self._decoder = msgspec.json.Decoder(ApiKey)
 
     def check(self, key: str | None) -> ApiKey | None:
-        """The key's record when ``key`` is a known, unrevoked key; else None."""
+        """The key's record when ``key`` is a known, unrevoked, unexpired key (never a sign-in
+        token); else None."""
         key_id = key_id_of(key) if key else None
         record = self.keys.get(key_id) if key_id else None
-        if record is None or record.revoked or not hmac.compare_digest(record.sha256, _digest(key)):
+        if record is None or record.revoked or record.sign_in is not None or record.expired() \
+                or not hmac.compare_digest(record.sha256, _digest(key)):
             return None
         return record
 

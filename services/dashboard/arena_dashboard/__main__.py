@@ -45,7 +45,11 @@ async def serve(settings: Settings, bus: Bus, api: TrajectoryApi) -> int:
     async def readiness() -> str | None:
         return None if bus.nc.is_connected else "not connected to NATS"
 
-    app = create_app(api, hub, gate=auth.Gate(ring), liveness=liveness, readiness=readiness)
+    async def redeem(token: str) -> str:
+        return await apikeys.redeem_sign_in_token(bus, token)
+
+    gate = auth.Gate(ring, redeem=redeem if ring else None)
+    app = create_app(api, hub, gate=gate, liveness=liveness, readiness=readiness)
     stop = stop_on_signals()
     log.info("dashboard on http://%s:%d (trajectory API %s; API keys %s)", settings.host, settings.dashboard_port,
              api.base_url, "required" if ring else "off")

@@ -18,6 +18,7 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from arena_core.apikeys import SignInRefused
 from arena_core.errors import ArenaError, NotFound, Unauthorized, Unavailable
 from arena_dashboard import auth, params
 from arena_dashboard.fanout import Hub, TooManyStreams
@@ -45,30 +46,54 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
 
     def key_for(request: Request) -> str | None:
         """The request's key when it may see the dashboard; raises ``Unauthorized`` otherwise."""
-        key = gate.key_of(request.scope.get("headers") or [])
+        headers = request.scope.get("headers") or []
+        key = gate.key_of(headers)
         if not gate.enforced:
             return None
         if not gate.ready():
             raise Unavailable("API keys are not loaded yet; retry shortly")
-        if not gate.allows(key):
-            raise Unauthorized("sign in with an API key that has the read scope (/login)" if not key
-                               else "unknown or revoked API key, or one without the read scope")
+        if not gate.allows_request(headers):
+            raise Unauthorized("sign in: the one-time link `arena up` prints, or a read-only API key (/login)"
+                               if not key else "unknown, revoked or expired API key, or one without the read "
+                               "scope (in the cookie: a read-only one)")
         return key
+
+    def own_origin(request: Request) -> str:
+        return f"{request.url.scheme}://{request.url.netloc}"
 
     async def index(request: Request) -> Response:
         if gate.enforced:
-            given = request.query_params.get("key")
-            if given is not None:
-                if gate.ready() and gate.allows(given):
-                    resp = RedirectResponse("/", 303)  # the key leaves the address bar (and history)
-                    resp.headers["set-cookie"] = auth.set_cookie(given, secure=request.url.scheme == "https")
-                    return resp
-                return _login(request, "That key is unknown, revoked or lacks the read scope.", 401)
+            if "key" in request.query_params:
+                return _login(request, "An API key is never taken from an address (it would stay in the "
+                                       "browser's history): open the one-time sign-in link, or use the form.", 400)
+            token = request.query_params.get("token")
+            if token is not None:
+                return await sign_in_with_token(request, token)
             try:
                 key_for(request)
             except ArenaError as exc:
                 return _login(request, "" if exc.status == 401 else exc.message, exc.status)
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
+
+    async def sign_in_with_token(request: Request, token: str) -> Response:
+        """``/?token=``: the one-time token used (never again), the read-only session key it
+        opens set in the cookie, and the address bar cleared by a redirect."""
+        why = auth.cross_site(request.scope.get("headers") or [], own_origin(request), form=False)
+        if why is not None:
+            return _login(request, f"Sign-in refused: {why}. Open the link yourself.", 403)
+        if not gate.ready() or gate.redeem is None:
+            return _login(request, "Sign-in links are not available yet; retry shortly.", 503)
+        try:
+            session = await gate.redeem(token[:200])
+        except SignInRefused as exc:
+            return _login(request, f"That sign-in link cannot be used: {exc}.", 401)
+        for _ in range(100):  # the session key was stored with the token: the key watch brings it
+            if gate.signs_in(session):
+                break
+            await asyncio.sleep(0.05)
+        resp = RedirectResponse("/", 303)
+        resp.headers["set-cookie"] = auth.set_cookie(session, secure=request.url.scheme == "https")
+        return resp
 
     def _login(request: Request, problem: str, status: int) -> Response:
         note = f'<p class="problem">{problem}</p>' if problem else ""
@@ -82,8 +107,12 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
         key = (parse_qs(body.decode("utf-8", "replace")).get("key") or [""])[0].strip()
         if not gate.enforced:
             return RedirectResponse("/", 303)
-        if not (gate.ready() and gate.allows(key)):
-            return _login(request, "That key is unknown, revoked or lacks the read scope.", 401)
+        why = auth.cross_site(request.scope.get("headers") or [], own_origin(request), form=True)
+        if why is not None:
+            return _login(request, f"Sign-in refused: {why}.", 403)
+        if not (gate.ready() and gate.signs_in(key)):
+            return _login(request, "That key is unknown, revoked or expired, or not read-only (the dashboard "
+                                   "takes keys with the read scope only).", 401)
         resp = RedirectResponse("/", 303)
         resp.headers["set-cookie"] = auth.set_cookie(key, secure=request.url.scheme == "https")
         return resp
