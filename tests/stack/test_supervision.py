@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 def settings_for(tmp_path) -> Settings:
     return Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
-                    rollout_port=(rp := free_port()), trajectory_port=free_port(),
+                    rollout_port=(rp := free_port()), trajectory_port=free_port(), dashboard_port=free_port(),
                     public_url=f"http://127.0.0.1:{rp}", backend_url=f"http://127.0.0.1:{free_port()}/v1",
                     sandbox_concurrency=1, verify_concurrency=1)
 
