@@ -165,3 +165,41 @@ async def test_an_api_key_in_the_address_does_not_sign_in(signed):
     assert (await c.get("/api/stats/live")).status_code == 401
     # a script's bearer key with read (and more) still reads
     assert (await c.get("/", headers={"authorization": f"Bearer {cli_key}"})).status_code == 200
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_the_link_signs_in_once_on_the_real_stack(tmp_path):
+    """The embedded stack (each service its own NATS user): the token an administrator issues
+    signs a browser in once, and the session reads the trajectory API through the dashboard."""
+    from arena_core.bus import Bus
+    from arena_stack.natsserver import free_port
+    from arena_stack.stack import Stack
+
+    rp = free_port()
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"), rollout_port=rp,
+                        trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
+                        auth="keys")
+    stack = Stack(settings, log=lambda m: None)
+    await stack.start()
+    try:
+        assert stack.dashboard_started
+        bus = await Bus.connect(stack.settings.nats_url, "test-admin")  # what `arena up` holds
+        try:
+            token = await apikeys.issue_sign_in_token(bus)
+        finally:
+            await bus.close()
+        async with httpx.AsyncClient(base_url=stack.dashboard_url, timeout=30) as browser:
+            for _ in range(100):
+                first = await browser.get(f"/?token={token}", headers=TYPED)
+                if first.status_code != 503:  # the dashboard's key watch is up
+                    break
+                await asyncio.sleep(0.1)
+            session = session_of(first)
+            again = await browser.get(f"/?token={token}", headers=TYPED)
+            assert again.status_code == 401
+            browser.cookies.set(auth.COOKIE, session)
+            assert (await browser.get("/")).status_code == 200
+            live = await browser.get("/api/stats/live")
+            assert live.status_code == 200, live.text
+    finally:
+        stack.stop()
