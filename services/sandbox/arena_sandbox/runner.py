@@ -22,7 +22,7 @@ import msgspec
 
 from arena_core import scaffolds, telemetry
 from arena_core.schemas import AgentSpec, OpenEnvServer, SandboxDone, SandboxJob, SandboxOutcome, Task
-from arena_core.sources import SourceCache, SourceError
+from arena_core.sources import Lease, SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
 from arena_sandbox import episode, hosted
@@ -262,6 +262,7 @@ async def run_job(
     idle_s: float = 900.0,
     servers: hosted.EnvServers | None = None,
     destroy_later: list[Sandbox] | None = None,
+    lease: Lease | None = None,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
@@ -270,7 +271,11 @@ async def run_job(
     published first (the caller must destroy it, on every path).
 
     An OpenEnv episode (``agent.external``) serves ``exchanges``; a hosted environment's
-    started server may come from, and go back to, ``servers``."""
+    started server may come from, and go back to, ``servers``.
+
+    The sources the job reads are held by ``lease`` (none is evicted from the cache while the
+    sandbox may still read or mount them): the caller's, released by it after the sandbox is
+    destroyed (with ``destroy_later``), else one of the job's own, released on return."""
     sandbox_id = sandbox_id or new_sandbox_id(job.rollout_id)
     name = provider.provider.name if isinstance(provider, WarmPool) else provider.name
     staging = Path(data_dir) / "staging" / sandbox_id
@@ -286,17 +291,23 @@ async def run_job(
         )
 
     cache = sources if sources is not None else SourceCache(Path(data_dir) / "sources", allow_paths=True)
+    own_lease = lease is None
+    lease = cache.lease() if lease is None else lease
     if job.task.environment is not None:
-        return await _run_hosted(job, provider=provider, config=config, cache=cache, finish=finish,
-                                 exchanges=exchanges, idle_s=idle_s, cancel=cancel, servers=servers)
+        try:
+            return await _run_hosted(job, provider=provider, config=config, cache=cache, finish=finish,
+                                     exchanges=exchanges, idle_s=idle_s, cancel=cancel, servers=servers, lease=lease)
+        finally:
+            if own_lease:
+                lease.release()
     sandbox: Sandbox | None = None
     attributes = {"arena.rollout_id": job.rollout_id, "arena.sandbox_id": sandbox_id, "arena.provider": name}
     try:
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes=attributes):
-                tree = await cache.tree(job.task.source_of())
-                prepared = await cache.workspace(job.task.source_of())  # committed once per source on this worker
-                agent_tree = await agent_files(job.task.agent, cache)
+                tree = await cache.tree(job.task.source_of(), lease)
+                prepared = await cache.workspace(job.task.source_of(), lease)  # committed once per source on this worker
+                agent_tree = await agent_files(job.task.agent, cache, lease)
                 home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
                 plan, base, workspace = await asyncio.to_thread(  # copy + git: off the loop
                     _prepare, job, staging, tree, agent_tree, home, prepared)
@@ -395,6 +406,8 @@ async def run_job(
                 destroy_later.append(sandbox)
             else:
                 await asyncio.shield(sandbox.destroy())
+        if own_lease:
+            lease.release()
 
 
 async def _episode(job: SandboxJob, sandbox: Sandbox, plan: _Plan, provider, exchanges, cancel, idle_s: float):
@@ -421,7 +434,7 @@ async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
 
 
 async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache: SourceCache, finish, exchanges,
-                      idle_s: float, cancel, servers: hosted.EnvServers | None) -> JobRun:
+                      idle_s: float, cancel, servers: hosted.EnvServers | None, lease: Lease | None = None) -> JobRun:
     """A hosted OpenEnv environment's episode: a server (warm from ``servers``, else started in
     a new sandbox), one WebSocket, the environment's rewards as the result. The server's
     failures are infrastructure outcomes (no reward)."""
@@ -439,7 +452,7 @@ async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache:
         try:
             with telemetry.tracer().start_as_current_span("sandbox.start", attributes={
                     "arena.rollout_id": job.rollout_id, "arena.provider": base.name}):
-                env_tree = await agent_files(spec, cache)
+                env_tree = await agent_files(spec, cache, lease)
                 image_command, image_workdir = [], ""
                 if base.name == "docker" and not spec.command:
                     image_command, image_workdir = await base.image_command(image)
@@ -541,12 +554,12 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     artifacts: dict[str, str] = {}
 
 
-async def agent_files(owner: AgentSpec | OpenEnvServer, cache: SourceCache) -> Path | None:
+async def agent_files(owner: AgentSpec | OpenEnvServer, cache: SourceCache, lease: Lease | None = None) -> Path | None:
     """The files mounted at ``/sandbox/agent``: the agent's own, or a hosted OpenEnv
     environment's directory; its bundle, or a host path where those are allowed; ``None``
     when it has none."""
     if owner.bundle:
-        return await cache.bundle_tree(owner.bundle)
+        return await cache.bundle_tree(owner.bundle, lease)
     if owner.path:
         if not cache.allow_paths:
             raise SourceError("agent.path: host paths are not accepted here (ARENA_ALLOW_HOST_PATHS is off)")

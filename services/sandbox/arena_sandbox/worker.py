@@ -172,14 +172,17 @@ class SandboxWorker:
             return
         self.in_flight.inc()
         exchanges = await NatsExchanges.open(self.bus, rid) if job.task.agent.external else None
-        # the sandbox is destroyed once its result is out (still within this job's slot)
+        # the sandbox is destroyed once its result is out (still within this job's slot); the
+        # sources it reads stay in the cache until then
         finished: list = []
+        lease = self.sources.lease()
         try:
             try:
                 result = await runner.run_job(
                     job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
                     sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
                     idle_s=self.settings.openenv_idle_s, servers=self.env_servers, destroy_later=finished,
+                    lease=lease,
                 )
             finally:
                 if exchanges is not None:
@@ -189,6 +192,7 @@ class SandboxWorker:
         finally:
             for sandbox in finished:
                 await asyncio.shield(sandbox.destroy())
+            lease.release()
             self.in_flight.dec()
 
     async def _finish(self, job: SandboxJob, result: runner.JobRun, cancel: asyncio.Event, cancel_reason: list[str],

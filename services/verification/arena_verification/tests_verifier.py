@@ -99,20 +99,21 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
     guarded_paths = [PurePosixPath(p) for paths in guarded.values() for p in paths]
 
     workspace = root / "workspace"
-    try:
-        tree = await sources.tree(task.source_of())
-        hidden_tree = await sources.bundle_tree(spec.hidden_files) if spec.hidden_files else None
-        await asyncio.to_thread(prepare_workspace, tree, workspace)
-    except FileNotFoundError as exc:
-        raise InvalidTask(str(exc)) from exc
-    except (SourceError, GitError) as exc:
-        if isinstance(task.source_of(), PathSource):  # a host path that is not there: the task is wrong
+    async with sources.lease() as lease:  # the cached trees stay until they are copied and read
+        try:
+            tree = await sources.tree(task.source_of(), lease)
+            hidden_tree = await sources.bundle_tree(spec.hidden_files, lease) if spec.hidden_files else None
+            await asyncio.to_thread(prepare_workspace, tree, workspace)
+        except FileNotFoundError as exc:
             raise InvalidTask(str(exc)) from exc
-        raise VerificationError(f"cannot get the task's source: {exc}") from exc
+        except (SourceError, GitError) as exc:
+            if isinstance(task.source_of(), PathSource):  # a host path that is not there: the task is wrong
+                raise InvalidTask(str(exc)) from exc
+            raise VerificationError(f"cannot get the task's source: {exc}") from exc
+        hidden = await asyncio.to_thread(_hidden_files, hidden_tree) if hidden_tree is not None else {}
     reset = dict(await asyncio.to_thread(snapshot, workspace, list(dict.fromkeys([*test_paths, *hidden_paths]))))
     reset.update(await asyncio.to_thread(_snapshot_guarded, workspace, [p for p in test_like if p not in reset]))
     reset.update(await asyncio.to_thread(_snapshot_guarded, workspace, guarded_paths))
-    hidden = await asyncio.to_thread(_hidden_files, hidden_tree) if hidden_tree is not None else {}
     canaries = plan_canaries(spec, workspace, hidden_paths, hidden) if spec.canaries else None
 
     mount = task.workspace_mount() if task.image_of() else ""
