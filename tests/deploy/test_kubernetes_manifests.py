@@ -164,3 +164,55 @@ def test_nats_is_the_official_chart_clustered_with_jetstream():
     assert values["config"]["cluster"] == {"enabled": True, "replicas": 3}
     assert values["config"]["jetstream"]["enabled"] is True
     assert values["config"]["jetstream"]["fileStore"]["pvc"]["enabled"] is True
+
+
+def test_every_workload_is_its_own_nats_user_with_its_password_from_the_secret():
+    from urllib.parse import urlsplit
+
+    from arena_stack import natsauth
+
+    users = set()
+    for doc in all_docs():
+        if doc["kind"] not in WORKLOADS or not doc["metadata"]["name"].startswith("arena-"):
+            continue
+        user = doc["metadata"]["name"].removeprefix("arena-")
+        env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        # Kubernetes expands $(NATS_PASSWORD) only from a variable defined before the one using it
+        assert names.index("NATS_PASSWORD") < names.index("ARENA_NATS_URL"), user
+        secret = env[names.index("NATS_PASSWORD")]["valueFrom"]["secretKeyRef"]
+        assert secret == {"name": "arena-nats-users", "key": user}, "required (no optional), the user's own key"
+        url = urlsplit(env[names.index("ARENA_NATS_URL")]["value"])
+        assert (url.username, url.password, url.hostname) == (user, "$(NATS_PASSWORD)", "nats.arena.svc.cluster.local")
+        assert user in natsauth.PERMISSIONS
+        users.add(user)
+    assert users == {"rollout", "trajectory", "sandbox", "verification", "dashboard"}
+
+
+def test_nats_lets_in_only_arenas_users_each_with_its_own_permissions():
+    from arena_stack import natsauth
+
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text())
+    authorization = values["config"]["merge"]["authorization"]
+    assert set(authorization) == {"users"}, "no token, no user without a password, no default user"
+    users = {u["user"]: u for u in authorization["users"]}
+    assert set(users) == set(natsauth.PERMISSIONS)
+    for name, (publish, subscribe) in natsauth.PERMISSIONS.items():
+        permissions = users[name]["permissions"]
+        assert permissions["publish"]["allow"] == publish and permissions["subscribe"]["allow"] == subscribe, name
+        assert permissions["publish"].get("deny", []) == natsauth.DENIED.get(name, []), name
+        # the password: a variable of nats-server's environment, which the chart fills from the Secret
+        variable = natsauth.env_name(name)
+        assert users[name]["password"] == f"<< ${variable} >>"
+        assert values["container"]["env"][variable] == {
+            "valueFrom": {"secretKeyRef": {"name": "arena-nats-users", "key": name}}}
+
+
+def test_the_dev_overlay_makes_a_password_for_every_nats_user():
+    from arena_stack import natsauth
+
+    kustomization = yaml.safe_load((K8S / "overlays" / "dev" / "kustomization.yaml").read_text())
+    (secret,) = [s for s in kustomization["secretGenerator"] if s["name"] == "arena-nats-users"]
+    made = dict(literal.split("=", 1) for literal in secret["literals"])
+    assert set(made) == set(natsauth.PERMISSIONS) and all(made.values())
+    assert len(set(made.values())) == len(made), "a password per user"
