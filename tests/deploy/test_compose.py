@@ -26,6 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from arena_stack import natsauth
+from arena_stack.natsserver import js_api_info
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
 ENGINE_PODMAN = ROOT / "deploy" / "images" / "engine-podman"
@@ -79,9 +82,13 @@ class Stack:
                          "ARENA_PUBLISH_NATS": str(self.ports["nats"]),
                          "ARENA_PUBLISH_DASHBOARD": str(self.ports["dashboard"]),
                          "ARENA_DATA_DIR": str(tmp)})  # the CLI finds no local key file of `arena up`
+        # the NATS users' passwords compose requires, as `python -m arena_stack.natsauth env` makes them
+        self.nats_passwords = {u: pw for u, pw in natsauth.passwords().items() if u in natsauth.PERMISSIONS}
+        self.env.update({natsauth.env_name(u): pw for u, pw in self.nats_passwords.items()})
         self.rollout_url = f"http://127.0.0.1:{self.ports['rollout']}"
         self.trajectory_url = f"http://127.0.0.1:{self.ports['trajectory']}"
-        self.nats_url = f"nats://127.0.0.1:{self.ports['nats']}"
+        self.nats_url = natsauth.with_user(f"nats://127.0.0.1:{self.ports['nats']}", "admin",
+                                           self.nats_passwords["admin"])
         self.dashboard_url = f"http://127.0.0.1:{self.ports['dashboard']}"
 
     def compose_cmd(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -148,8 +155,9 @@ def test_compose_stack_runs_a_quickstart_group(tmp_path):
                 assert http.get(f"{url}/readyz").status_code == 200
         timings["healthy"] = time.monotonic() - t
 
-        # an API key, made through NATS's published port, where the APIs require one
-        # (services bound on 0.0.0.0 in their containers: ARENA_AUTH=auto asks for keys)
+        # NATS's published port lets no one in without a password
+        assert js_api_info(stack.ports["nats"]) is None
+        # an API key, made through NATS's published port as its administrator (keys are on by default)
         env = dict(stack.env)
         has_keys = subprocess.run([_arena(), "keys", "--help"], capture_output=True, env=env,
                                   timeout=60).returncode == 0
