@@ -113,6 +113,42 @@ class GitError(RuntimeError):
     """A git step on a workspace failed; the message carries git's output."""
 
 
+class DiffTooLarge(GitError):
+    """The agent's diff is larger than the limit (``ARENA_MAX_DIFF_BYTES``): its size in bytes
+    and its first ``limit`` bytes (kept as the artifact ``diff.truncated``)."""
+
+    def __init__(self, size: int, limit: int, head: bytes):
+        super().__init__(f"the agent's diff is {_mib(size)}, over the {_mib(limit)} limit (ARENA_MAX_DIFF_BYTES)")
+        self.size, self.limit, self.head = size, limit, head
+
+
+class BoundedBytes:
+    """A command's output as it streams: the first ``limit`` bytes kept (``None``: all), the
+    rest only counted, so memory stays bounded however much the command writes."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit, self.size, self._kept = limit, 0, 0
+        self._parts: list[bytes] = []
+
+    def __call__(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        room = len(chunk) if self.limit is None else self.limit - self._kept
+        if room > 0:
+            part = chunk[:room]
+            self._parts.append(part)
+            self._kept += len(part)
+
+    def data(self) -> bytes:
+        return b"".join(self._parts)
+
+    def diff(self) -> str:
+        """The output as a diff's text (not UTF-8 text files are the one lossy case: a diff is a
+        str on the wire); :class:`DiffTooLarge` if it was over the limit."""
+        if self.limit is not None and self.size > self.limit:
+            raise DiffTooLarge(self.size, self.limit, self.data())
+        return self.data().decode("utf-8", errors="replace")
+
+
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]*@")
 _SECRET_PARAM = re.compile(r"(?i)([?&;](?:access_token|private_token|oauth_token|token|password|passwd|secret|"
                            r"api_key|apikey|key|auth|sig|signature)=)[^&;\s'\"#]*")

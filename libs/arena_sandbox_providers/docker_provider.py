@@ -23,6 +23,7 @@ import docker.errors
 import requests
 from docker.utils import version_lt
 
+from arena_core import sources
 from arena_sandbox_providers import local
 from arena_sandbox_providers.channel import Channel, ChannelClosed, listen
 from arena_sandbox_providers.hostdir import SANDBOX_UID, HostDirSandbox, make_layout
@@ -200,25 +201,26 @@ class DockerSandbox(HostDirSandbox):
                 return Path("/sys/fs/cgroup" + path) / "memory.events"
         return None
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
+                   max_bytes: int | None = None) -> str:
         if put_at_base and await asyncio.to_thread(self.workspace_unchanged):
             return ""  # nothing in it changed since it was a clean checkout of base
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out = sources.BoundedBytes(max_bytes)  # streamed: at most max_bytes held
+        err = sources.BoundedBytes(64 * 1024)
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",
                "GIT_NO_REPLACE_OBJECTS": "1", **GIT_IDENTITY}
         command = ["sh", "-c", local._DIFF_SCRIPT, "sh", base, *local._exclude_pathspecs()]
         async with self._lock:
             try:
-                code, killed = await self._run(command, env, local.WORKSPACE, timeout_s, None, out.append, err.append)
+                code, killed = await self._run(command, env, local.WORKSPACE, timeout_s, None, out, err)
             except (ChannelClosed, SandboxError, docker.errors.DockerException) as exc:
                 raise local.GitError(f"git diff could not run: {exc}") from exc
         if killed:
             raise local.GitError(f"git diff timed out after {timeout_s:.0f}s")
         if code != 0:
-            detail = b"".join(err).decode(errors="replace").strip()[-2000:]
+            detail = err.data().decode(errors="replace").strip()[-2000:]
             raise local.GitError(f"git diff failed (exit {code}): {detail}")
-        return b"".join(out).decode("utf-8", errors="replace")
+        return out.diff()
 
     async def destroy(self) -> None:
         if self._destroyed:

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from arena_core import sources
 from arena_core.settings import SettingsError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import DIFF_EXCLUDES, GIT_IDENTITY, ProxyForward
@@ -661,24 +662,25 @@ class KubernetesSandbox:
             # No per-command OOM counter is visible through the API: a SIGKILL nobody sent is the OOM killer.
             return ExecResult(exit_code=code, oom_killed=code == _SIGKILL_EXIT, duration_s=duration)
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
-        out: list[bytes] = []
-        err: list[bytes] = []
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
+                   max_bytes: int | None = None) -> str:
+        out = sources.BoundedBytes(max_bytes)  # streamed: at most max_bytes held
+        err = sources.BoundedBytes(64 * 1024)
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",
                "GIT_NO_REPLACE_OBJECTS": "1", **GIT_IDENTITY}
         head = {"op": "run", "argv": ["sh", "-c", local._DIFF_SCRIPT, "sh", base, *local._exclude_pathspecs()],
                 "env": env, "cwd": local.WORKSPACE, "limits": {}}
         async with self._lock:
             try:
-                code, killed = await self._run(head, timeout_s, None, out.append, err.append)
+                code, killed = await self._run(head, timeout_s, None, out, err)
             except SandboxError as exc:
                 raise local.GitError(f"git diff could not run: {exc}") from exc
         if killed:
             raise local.GitError(f"git diff timed out after {timeout_s:.0f}s")
         if code != 0:
-            detail = b"".join(err).decode(errors="replace").strip()[-2000:]
+            detail = err.data().decode(errors="replace").strip()[-2000:]
             raise local.GitError(f"git diff failed (exit {code}): {detail}")
-        return b"".join(out).decode("utf-8", errors="replace")
+        return out.diff()
 
     async def destroy(self) -> None:
         if self._destroyed:

@@ -638,15 +638,18 @@ def _exclude_pathspecs() -> list[str]:
 
 
 async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 120.0,
-                   run_prefix: str = "arena-run-") -> str:
+                   run_prefix: str = "arena-run-", max_bytes: int | None = None) -> str:
     """The workspace's changes against ``base`` (new files included), as a binary diff.
 
     Git runs inside a fresh sandbox over the workspace, never on the host: an agent
     can leave hooks or config in ``.git`` that would execute. Caches listed in
-    :data:`DIFF_EXCLUDES` are left out. Raises :class:`GitError` if git fails.
+    :data:`DIFF_EXCLUDES` are left out. Raises :class:`GitError` if git fails, and
+    :class:`~arena_core.sources.DiffTooLarge` if the diff is over ``max_bytes``: git writes
+    into a pipe drained as it goes, only the first ``max_bytes`` kept (nothing on the disk,
+    memory bounded whatever the agent wrote).
     """
+    out = sources.BoundedBytes(max_bytes)
     with tempfile.TemporaryDirectory(prefix="arena-diff-", dir=run_tmp()) as tmp:
-        out_path = Path(tmp) / "diff"
         err_path = Path(tmp) / "err"
         spec = SandboxSpec(
             command=["sh", "-c", _DIFF_SCRIPT, "sh", base, *_exclude_pathspecs()],
@@ -656,12 +659,26 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
             timeout_s=timeout_s,
             run_prefix=run_prefix,
         )
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            result = await _execute(spec, cancel=None, stdout=out.fileno(), stderr=err.fileno())
+        read_end, write_end = os.pipe()
+        drained = asyncio.ensure_future(asyncio.to_thread(_drain, read_end, out))
+        try:
+            with open(err_path, "wb") as err:
+                result = await _execute(spec, cancel=None, stdout=write_end, stderr=err.fileno())
+        finally:
+            os.close(write_end)  # every process of the run is gone: the reader sees the end
+            await asyncio.shield(drained)
         if result.timed_out:
             raise GitError(f"git diff timed out after {timeout_s:.0f}s")
         if result.exit_code != 0:
             detail = err_path.read_text(errors="replace").strip()[-2000:]
             raise GitError(f"git diff failed (exit {result.exit_code}): {detail}")
-        # Text files that are not UTF-8 are the one lossy case (diff is a str on the wire).
-        return out_path.read_bytes().decode("utf-8", errors="replace")
+        return out.diff()
+
+
+def _drain(fd: int, sink: sources.BoundedBytes) -> None:
+    """Read ``fd`` to its end into ``sink``, then close it."""
+    try:
+        while chunk := os.read(fd, 1024 * 1024):
+            sink(chunk)
+    finally:
+        os.close(fd)

@@ -128,10 +128,12 @@ class LocalSandbox(HostDirSandbox):
         return ExecResult(exit_code=run.exit_code, timed_out=run.timed_out, killed=run.killed,
                           oom_killed=oom, duration_s=run.duration_s, proxy_fault=run.proxy_fault)
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
+                   max_bytes: int | None = None) -> str:
         if put_at_base and await asyncio.to_thread(self.workspace_unchanged):
             return ""  # nothing in it changed since it was a clean checkout of base
-        return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix)
+        return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix,
+                                    max_bytes=max_bytes)
 
     async def destroy(self) -> None:
         if self._destroyed:

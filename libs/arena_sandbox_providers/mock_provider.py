@@ -51,7 +51,8 @@ class MockSandbox:
     async def exists(self, path: str) -> bool:
         return path in self.files
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
+                   max_bytes: int | None = None) -> str:
         return ""
 
     async def destroy(self) -> None:

@@ -106,9 +106,12 @@ class Sandbox(Protocol):
     async def exists(self, path: str) -> bool:
         """Whether ``path`` exists (of any kind, a dangling link included)."""
 
-    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False) -> str:
+    async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
+                   max_bytes: int | None = None) -> str:
         """The workspace's changes against commit ``base``; runs git inside the sandbox
-        boundary, never on the host. Raises :class:`~arena_sandbox_providers.local.GitError`.
+        boundary, never on the host. Raises :class:`~arena_sandbox_providers.local.GitError`,
+        and :class:`~arena_core.sources.DiffTooLarge` (its size, its first ``max_bytes``) for a
+        diff over ``max_bytes``: the diff is streamed, never held whole past ``max_bytes``.
 
         ``put_at_base``: the workspace, as ``put_dir`` filled it, was a clean checkout of ``base``;
         a sandbox that can see that nothing in it changed since answers ``""`` without git."""

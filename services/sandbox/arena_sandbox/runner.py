@@ -22,7 +22,7 @@ import msgspec
 
 from arena_core import scaffolds, telemetry
 from arena_core.schemas import AgentSpec, OpenEnvServer, SandboxDone, SandboxJob, SandboxOutcome, Task
-from arena_core.sources import Lease, SourceCache, SourceError
+from arena_core.sources import DiffTooLarge, Lease, SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
 from arena_sandbox import episode, hosted
@@ -32,6 +32,8 @@ from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, Sa
 log = logging.getLogger("arena.sandbox.runner")
 
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+#: The artifact that keeps the first ``max_diff_bytes`` of a diff over the limit.
+DIFF_TRUNCATED = "diff.truncated"
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +47,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: A scaffold's artifact (its trajectory file) larger than this is not kept (the reason says so).
     max_artifact_bytes: int = 64 * 1024 * 1024
     diff_timeout_s: float = 120.0
+    #: The largest diff kept (``ARENA_MAX_DIFF_BYTES``): past it the agent fails, its diff's first
+    #: ``max_diff_bytes`` kept as the artifact ``diff.truncated``.
+    max_diff_bytes: int = 10 * 1024 * 1024
     sandbox_limits: SandboxLimits = SandboxLimits()
 
 
@@ -383,7 +388,16 @@ async def run_job(
             # completed one needs it, so only there is a broken diff an error.
             try:
                 # the workspace was put as a clean checkout of base (prepared or committed above)
-                diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s, put_at_base=True)
+                diff = await sandbox.diff(base, timeout_s=config.diff_timeout_s, put_at_base=True,
+                                          max_bytes=config.max_diff_bytes)
+            except DiffTooLarge as exc:
+                # the diff's first bytes stay as an artifact; nothing of it travels on the bus
+                artifacts[DIFF_TRUNCATED] = exc.head
+                kept = f"{exc}; its first {exc.limit:,} bytes are kept as the artifact {DIFF_TRUNCATED}"
+                if outcome in (SandboxOutcome.COMPLETED, SandboxOutcome.FAILED):
+                    outcome, reason = SandboxOutcome.FAILED, f"{kept}; {reason}" if reason else kept
+                else:
+                    reason = f"{reason}; {kept}"
             except local.GitError as exc:
                 if outcome is SandboxOutcome.COMPLETED:
                     # the agent owned the repository: a diff that cannot be had is its doing

@@ -72,7 +72,7 @@ class SandboxWorker:
         self.pool = pool
         self.name = provider.name
         self.settings = settings
-        self.config = config
+        self.config = msgspec.structs.replace(config, max_diff_bytes=settings.max_diff_bytes)
         self.data_dir = Path(settings.data_dir)
         self.stop = stop or asyncio.Event()
         self.reap_pending = reap_pending
