@@ -156,3 +156,16 @@ def test_the_passwords_are_kept_private_and_reused(tmp_path):
     assert mode(path) == 0o600 and set(first) == {*natsauth.PERMISSIONS, natsauth.ROUTE_USER}
     path.chmod(0o644)  # widened by hand: narrowed again, the same passwords kept
     assert natsauth.load_or_create(path) == first and mode(path) == 0o600
+
+
+def test_the_cli_reaches_nats_as_admin_with_the_password_arena_up_kept(tmp_path, monkeypatch):
+    """`arena keys` after `arena up`: the URL without a user gets the kept admin password; a URL
+    with a user is used as given; without the file (another user's data dir) nothing is added."""
+    from arena.cli import _nats_url
+
+    monkeypatch.setenv("ARENA_DATA_DIR", str(tmp_path))
+    assert _nats_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    passwords = natsauth.load_or_create(tmp_path / natsauth.CREDENTIALS_FILE)
+    assert _nats_url("nats://127.0.0.1:4222") == natsauth.with_user("nats://127.0.0.1:4222", "admin",
+                                                                    passwords["admin"])
+    assert _nats_url("nats://sandbox:pw@127.0.0.1:4222") == "nats://sandbox:pw@127.0.0.1:4222"
