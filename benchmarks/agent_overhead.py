@@ -190,7 +190,7 @@ def main() -> None:
     os.environ["ARENA_SCAFFOLDS_DIR"] = str(SCAFFOLDS_DIR)
     stack = Stack(settings, llm_script=tmp / "script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
-    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120)
+    client = ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
     results: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     try:

@@ -175,7 +175,8 @@ def start_arena(tmp: Path, backend_url: str) -> tuple[list, str, dict]:
     env = {**os.environ, "ARENA_NATS_URL": nats.url, "ARENA_ROLLOUT_PORT": str(port), "ARENA_BACKEND_URL": backend_url,
            "ARENA_PUBLIC_URL": f"http://127.0.0.1:{port}", "ARENA_DATA_DIR": str(tmp / "data"),
            "ARENA_LOG_LEVEL": "WARNING", "ARENA_BACKEND_MAX_INFLIGHT": "1024",
-           "ARENA_ALLOW_HOST_PATHS": "1"}  # the benchmark's task names a local directory
+           "ARENA_ALLOW_HOST_PATHS": "1",  # the benchmark's task names a local directory
+           "ARENA_AUTH": "off"}  # the proxy's overhead is measured (it takes the rollout's key), not the API's
     proc = subprocess.Popen([sys.executable, "-m", "arena_rollout"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp / "arena.log", "wb"))
     base = f"http://127.0.0.1:{port}"

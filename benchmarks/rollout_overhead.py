@@ -33,6 +33,7 @@ import httpx
 import msgspec
 
 from arena.sdk import ArenaClient
+from arena_core import apikeys
 from arena_core.schemas import AgentSpec, Budget, ExactVerifier, PathSource, SubmitRolloutRequest, Task
 from arena_core.settings import Settings
 from arena_sandbox_providers.provider import CreateSpec
@@ -119,7 +120,8 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
     await stack.start(timeout=120)
     out = []
     try:
-        with ArenaClient(settings.rollout_url, settings.trajectory_url) as client:  # the repository as a bundle
+        with ArenaClient(settings.rollout_url, settings.trajectory_url,
+                         api_key=stack.api_key) as client:  # the repository as a bundle
             task = client.prepare(trivial_task(repo, image))
         body = msgspec.json.encode(SubmitRolloutRequest(task=task, provider=name))
         # the load is spread over several clients of 32 connections: one httpx pool of hundreds
@@ -127,7 +129,8 @@ async def run_provider(name: str, args, data: Path, repo: Path) -> list[str]:
         # platform's on this machine
         async with contextlib.AsyncExitStack() as stack_:
             pools = [await stack_.enter_async_context(httpx.AsyncClient(
-                base_url=settings.rollout_url, timeout=600, limits=httpx.Limits(max_connections=32)))
+                base_url=settings.rollout_url, timeout=600, limits=httpx.Limits(max_connections=32),
+                headers=apikeys.auth_headers(stack.api_key or "")))
                 for _ in range(max(1, -(-args.burst // 32)))]
 
             async def one(http: httpx.AsyncClient) -> tuple[float, dict]:

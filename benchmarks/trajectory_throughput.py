@@ -220,7 +220,8 @@ def _threads_since(before: dict[str, float], after: dict[str, float]) -> dict[st
 
 
 def start_service(url: str, data_dir: Path, port: int, log, profile_to: str | None = None) -> subprocess.Popen:
-    env = dict(os.environ, ARENA_NATS_URL=url, ARENA_DATA_DIR=str(data_dir), ARENA_HOST="127.0.0.1",
+    # ARENA_AUTH=off: the store's throughput is measured, not the API keys (the counts polled on loopback)
+    env = dict(os.environ, ARENA_NATS_URL=url, ARENA_DATA_DIR=str(data_dir), ARENA_HOST="127.0.0.1", ARENA_AUTH="off",
                ARENA_TRAJECTORY_PORT=str(port), ARENA_LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
     profile = ["-m", "cProfile", "-o", profile_to] if profile_to else []
     return subprocess.Popen([sys.executable, *profile, "-m", "arena_trajectory"], env=env, stdout=log, stderr=log)

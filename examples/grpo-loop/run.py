@@ -62,6 +62,8 @@ async def demo(args: argparse.Namespace) -> int:
     server = None
     try:
         await stack.start()
+        settings = stack.settings  # its NATS URL carries the administrator's credentials
+        os.environ["ARENA_API_KEY"] = stack.api_key or ""  # what the client and the trainer send
         server = start_policy_server(init_ckpt, policy_port, settings.nats_url, data / "logs" / "policy-server.log")
         print(f"  policy server   {settings.backend_url} (pid {server.pid}, version 0)")
         config = TrainerConfig(lr=args.lr, epochs=args.epochs, batch_groups=args.batch_groups, mode=args.mode)

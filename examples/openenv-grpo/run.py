@@ -88,6 +88,8 @@ async def demo(args: argparse.Namespace) -> int:
     server = None
     try:
         await stack.start()
+        settings = stack.settings  # its NATS URL carries the administrator's credentials
+        os.environ["ARENA_API_KEY"] = stack.api_key or ""  # what the client and the trainer send
         server = Child("policy-server", [sys.executable, "-m", "arena_rl.policy_server", "--checkpoint",
                                          str(checkpoint), "--port", str(policy_port), "--nats-url", settings.nats_url],
                        dict(os.environ), data / "logs" / "policy-server.log")
@@ -97,9 +99,12 @@ async def demo(args: argparse.Namespace) -> int:
                 "environment": {"path": str(ENVIRONMENT)}, "budget": {"wall_clock_s": 300}}
         async with httpx.AsyncClient(timeout=300) as http:
             got = await http.put(f"{settings.rollout_url}/v1/environments/majority",
-                                 json={"task": task, "sampling": {"temperature": 1.0}})
+                                 json={"task": task, "sampling": {"temperature": 1.0}},
+                                 headers={"authorization": f"Bearer {stack.api_key}"} if stack.api_key else {})
             got.raise_for_status()
             url = got.json()["url"]
+            if stack.api_key:  # OpenEnv's client sends no headers: the key goes in its base URL (docs/openenv.md)
+                url = url.replace("/openenv/", f"/openenv/k/{stack.api_key}/", 1)
             print(f"  environment     {url} (examples/openenv-majority, hosted under bubblewrap)")
             t0 = time.monotonic()
             before = await evaluate(url, heldout, http, args.eval_repeats, args.concurrency)

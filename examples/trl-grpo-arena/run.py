@@ -106,6 +106,8 @@ async def run(args: argparse.Namespace) -> int:
     server = None
     try:
         await stack.start()
+        settings = stack.settings  # its NATS URL carries the administrator's credentials
+        os.environ["ARENA_API_KEY"] = stack.api_key or ""  # what the client and the trainer send
         server = Child("policy-server", [sys.executable, "-m", "arena_rl.policy_server", "--engine", "smollm2",
                                          "--port", str(policy_port), "--nats-url", settings.nats_url,
                                          "--lora-r", str(lora.r), "--lora-alpha", str(lora.alpha),
