@@ -173,7 +173,6 @@ class Stack:
     async def issue_local_key(self, path: Path | None = None) -> str:
         """An API key (submit, read) for this machine's CLI, written to ``path`` (default
         ``<data_dir>/api-key``, mode 0600); the key."""
-        from arena_core import apikeys
         from arena_core.bus import Bus
 
         bus = await Bus.connect(self.direct_nats_url(), "stack")
