@@ -304,7 +304,9 @@ async def _answer_from(upstream: _Upstream, client: h11.Connection, reader: asyn
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _Cut(f"the proxy's connection broke mid-call: {exc}") from None
+                if conn.their_state is h11.CLOSED or upstream.reader.at_eof():
+                    raise _Cut("the proxy closed the connection before its answer ended") from None
+                raise _Cut(f"the proxy's answer broke HTTP/1.1: {exc}") from None
             if event is h11.NEED_DATA:
                 try:
                     data = await upstream.reader.read(_CHUNK)
