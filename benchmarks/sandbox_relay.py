@@ -5,8 +5,8 @@ against the plain TCP relay it replaced (``ProxyForward.routes=None``).
 Three processes: a minimal HTTP/1.1 upstream (a whole JSON answer, or an SSE answer of
 ``--chunks`` events), the relay (the host side, as the sandbox service runs it: listening on a
 Unix socket, the shim's end), and this client (keep-alive connections over the Unix socket).
-Printed: the relay process's CPU per call (user + system), and its memory per idle kept-alive
-connection (agents waiting on the LLM hold one each).
+Printed: the relay process's CPU per call (user + system), and its memory (RSS growth) per idle
+kept-alive connection and per call waiting on the LLM (the state of most agents).
 
 ``.venv/bin/python benchmarks/sandbox_relay.py --calls 2000 --idle 500``
 """
@@ -41,6 +41,8 @@ async def _upstream(port_file: str, chunks: int) -> None:
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":", 1)[1])
                 body = await reader.readexactly(length)
+                if b'"hang": true' in body:  # a call waiting on the LLM: never answered
+                    await asyncio.Event().wait()
                 if b'"stream": true' in body:
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
                     for _ in range(chunks):
@@ -132,10 +134,17 @@ def measure(filtering: bool, calls: int, idle: int, stream: bool, upstream_port:
                 held.append(s)
             time.sleep(0.5)
             rss = _ask(proc, "rss") - rss0
+            hang = json.dumps({"model": "m", "messages": [], "hang": True}).encode()
+            for s in held:  # each now waits on a call the LLM never answers
+                s.sendall(b"POST %s/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                          % (PREFIX.encode(), len(hang), hang))
+            time.sleep(1.0)
+            waiting = _ask(proc, "rss") - rss0
             for s in held:
                 s.close()
             return {"cpu_us_per_call": cpu / calls * 1e6, "wall_us_per_call": wall / calls * 1e6,
-                    "kib_per_idle_connection": rss / idle if idle else 0.0}
+                    "kib_per_idle_connection": rss / idle if idle else 0.0,
+                    "kib_per_waiting_call": waiting / idle if idle else 0.0}
         finally:
             proc.kill()
             proc.wait()
@@ -172,7 +181,8 @@ def main() -> None:
                     answer = f"SSE, {args.chunks} events" if stream else "whole JSON"
                     print(f"{kind:16} {answer:16} relay CPU {row['cpu_us_per_call']:7.1f} us/call, "
                           f"round trip {row['wall_us_per_call']:7.1f} us, "
-                          f"{row['kib_per_idle_connection']:5.1f} KiB per idle connection")
+                          f"{row['kib_per_idle_connection']:5.1f} KiB per idle connection, "
+                          f"{row['kib_per_waiting_call']:5.1f} KiB per call waiting on the LLM")
             print(f"load average {os.getloadavg()[0]:.2f}")
         finally:
             upstream.kill()
