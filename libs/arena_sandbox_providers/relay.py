@@ -120,7 +120,12 @@ def _request_id() -> bytes:
 
 
 class _Cut(Exception):
-    """The connection to the proxy was refused or broke before the call's answer ended."""
+    """The connection to the proxy was refused or broke before the call's answer ended
+    (``started``: after part of the answer went to the agent)."""
+
+    def __init__(self, message: str, *, started: bool = False):
+        super().__init__(message)
+        self.started = started
 
 
 class _ClientGone(Exception):
@@ -256,7 +261,7 @@ class Relay:
             if self.fault is None:
                 self.fault = str(exc)
             log.warning("a call through the relay was cut: %s", exc)
-            if client.our_state is h11.SEND_RESPONSE:  # nothing of the answer went out yet
+            if client.our_state is h11.SEND_RESPONSE and not exc.started:  # nothing of the answer went out yet
                 anthropic = any(name == b"anthropic-version" for name, _ in request.headers)
                 with contextlib.suppress(Exception):
                     await _answer(client, writer, 502, "proxy_unreachable", f"Arena's LLM proxy is unreachable: {exc}",
@@ -338,18 +343,20 @@ async def _answer_from(upstream: _Upstream, client: h11.Connection, reader: asyn
 async def _pass_through(upstream: _Upstream, writer: asyncio.StreamWriter) -> bool:
     end = _End()
     parser = end.parser = httptools.HttpResponseParser(end)
+    started = False
     while not end.complete:
         try:
             data = await upstream.reader.read(_CHUNK)
         except OSError as exc:
-            raise _Cut(f"the proxy's connection broke mid-call: {exc}") from None
+            raise _Cut(f"the proxy's connection broke mid-call: {exc}", started=started) from None
         if not data:
-            raise _Cut("the proxy closed the connection before its answer ended")
+            raise _Cut("the proxy closed the connection before its answer ended", started=started)
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            raise _Cut(f"the proxy's answer broke HTTP/1.1: {exc}") from None
+            raise _Cut(f"the proxy's answer broke HTTP/1.1: {exc}", started=started) from None
         writer.write(data)
+        started = True
         await writer.drain()
     return end.keep_alive
 

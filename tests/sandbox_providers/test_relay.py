@@ -39,11 +39,13 @@ def test_route_of_lets_through_only_the_rollouts_proxy_routes(method, target, ro
 
 class Upstream:
     """A minimal HTTP/1.1 server: answers each request with its own target and body, whole or
-    (``stream``) chunked; ``hang`` keeps the request unanswered; counts what it saw."""
+    (``stream``) chunked; ``hang`` keeps the request unanswered, ``half`` breaks off an answer
+    after its first event; counts what it saw."""
 
     def __init__(self) -> None:
         self.seen: list[bytes] = []
         self.hang = asyncio.Event()
+        self.half = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
 
@@ -63,6 +65,12 @@ class Upstream:
                 self.seen.append(target)
                 if self.hang.is_set():
                     await asyncio.sleep(3600)
+                if self.half.is_set():  # the head and one event, then the process dies
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                 b"transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n")
+                    await writer.drain()
+                    writer.transport.abort()
+                    return
                 answer = json.dumps({"target": target.decode(), "body": body.decode()}).encode()
                 if b'"stream"' in body:
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -175,6 +183,18 @@ async def test_a_proxy_that_dies_mid_call_is_a_cut_and_an_agent_that_leaves_is_n
     (status, headers, body), = await _answers(reader, 1)
     assert status == 502 and headers[b"x-should-retry"] == b"true"
     assert relay_.fault == "the proxy closed the connection before its answer ended"
+
+
+async def test_a_proxy_that_dies_mid_answer_is_a_cut_and_the_agent_gets_what_was_sent_and_no_more(pair):
+    upstream, relay_, port = pair
+    upstream.half.set()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_request(b"POST", OWN, b'{"stream": true}'))
+    received = await asyncio.wait_for(reader.read(), 5)  # the relay closes the agent's connection
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"data: 1\n\n\r\n")
+    assert b"502" not in received
+    assert relay_.fault == "the proxy closed the connection before its answer ended"
+    writer.close()
 
 
 async def test_a_refused_connection_to_the_proxy_is_a_cut():
