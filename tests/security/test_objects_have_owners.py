@@ -218,6 +218,17 @@ async def test_another_key_cannot_end_or_join_an_episode(keyed, tmp_path):
                                           headers=api.headers("reader"))).json()["rollouts"]
                 assert sorted(m["owner"] for m in members) == sorted([api.key_id("a"), api.key_id("admin")])
             assert (await state_of(http, api, rid))["state"] == "provisioning"  # A's episode is still A's
+            by_admin = await http.post(f"{api.url}/v1/rollouts/{rid}/cancel", headers=api.headers("admin"))
+            assert by_admin.status_code == 200 and by_admin.json()["state"] == "cancelled"
+        # its owner may end its own episode's rollout
+        ended = await reset(mine)  # the reset that was still starting learns its episode ended
+        assert "ended: cancelled" in ended["data"]["message"], ended
+        second = await reset(mine)  # and the next starts another
+        assert "still starting" in second["data"]["message"], second
+        own = second["data"]["message"].split()[1]
+        async with httpx.AsyncClient(timeout=30) as http:
+            mine_cancelled = await http.post(f"{api.url}/v1/rollouts/{own}/cancel", headers=api.headers("a"))
+            assert mine_cancelled.status_code == 200 and mine_cancelled.json()["owner"] == api.key_id("a")
 
 
 @pytest.fixture
