@@ -26,7 +26,9 @@ import msgspec
 log = logging.getLogger("arena.sandbox.relay")
 
 #: The proxy routes an agent may call, below its rollout's prefix (``/proxy/{rollout_id}``):
-#: the three LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize.
+#: the three LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize -- the
+#: ``/proxy/{rollout_id}/...`` routes of arena_rollout/app.py. A route added there is refused
+#: to agents until it is added here.
 ROUTES: frozenset[tuple[bytes, str]] = frozenset({
     (b"POST", "/v1/chat/completions"),
     (b"POST", "/v1/completions"),
