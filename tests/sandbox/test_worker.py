@@ -320,9 +320,10 @@ async def test_a_diff_larger_than_a_message_is_delivered_whole(bus, tmp_path, na
     """An agent that leaves more data in the workspace than a NATS message may carry:
     SandboxDone and VerifyJob still reach their readers whole (the bus puts such a body
     in the object store, ``Bus.body`` reads it back), instead of a job that fails to
-    publish, runs the agent again and is dead-lettered."""
+    publish, runs the agent again and is dead-lettered. 7 MiB of random bytes make a diff of
+    about 9 MiB: over the 8 MiB message, under the 10 MiB diff cap (``ARENA_MAX_DIFF_BYTES``)."""
     code = ("import os\n"
-            "open('blob.bin', 'wb').write(os.urandom(9 * 2**20))\n"
+            "open('blob.bin', 'wb').write(os.urandom(7 * 2**20))\n"
             "open('/sandbox/.arena/done', 'w')\n")
     job = make_job(tmp_path, code)
     async with running_worker(bus, tmp_path):
