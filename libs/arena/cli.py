@@ -50,6 +50,23 @@ def _nats_url(url: str) -> str:
     return natsauth.with_user(url, "admin", msgspec.json.decode(kept.read_bytes())["admin"])
 
 
+#: How long the dashboard's one-time sign-in link stays usable.
+SIGN_IN_MINUTES = 10
+
+
+async def _sign_in_link(nats_url: str, dashboard_url: str) -> str:
+    """``{dashboard}/?token=...``: a one-time, read-only sign-in token (docs/dashboard.md, "Signing in")."""
+    from arena_core import apikeys
+    from arena_core.bus import Bus
+
+    bus = await Bus.connect(nats_url, "arena-cli")
+    try:
+        token = await apikeys.issue_sign_in_token(bus, ttl_s=SIGN_IN_MINUTES * 60)
+    finally:
+        await bus.close()
+    return f"{dashboard_url.rstrip('/')}/?token={token}"
+
+
 def _fmt_time(ts: float, t0: float) -> str:
     return f"+{ts - t0:6.2f}s"
 
@@ -75,8 +92,10 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
               f"{settings.host} (every local user, at least) may submit, read and change everything.\n")
     print(f"NATS: one user per service, passwords in {stack.data_dir / natsauth.CREDENTIALS_FILE} (0600; "
           "the `admin` one for `arena keys`, a worker's own for a worker elsewhere)")
-    if stack.dashboard_started:  # the key signs this browser in once (a cookie), then leaves the address bar
-        print(f"Dashboard: {stack.dashboard_url}" + (f"/?key={key}" if key else ""))
+    if stack.dashboard_started:  # a one-time, read-only sign-in link (a cookie), never an API key in an address
+        link = await _sign_in_link(stack.direct_nats_url(), stack.dashboard_url) if key else stack.dashboard_url
+        print(f"Dashboard: {link}" + (f"  (one-time sign-in link, valid {SIGN_IN_MINUTES} minutes; "
+                                      "`arena keys sign-in` makes another)" if key else ""))
     if cluster:
         print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.nats_cluster.url} (with a user's credentials) "
               f"(replicas {stack.settings.nats_replicas})")
@@ -445,8 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_backend)
 
-    p = sub.add_parser("keys", help="API keys of the rollout and trajectory APIs (create, list, revoke)")
-    p.add_argument("action", choices=["create", "list", "revoke"])
+    p = sub.add_parser("keys", help="API keys of the rollout and trajectory APIs (create, list, revoke), "
+                                    "and a one-time dashboard sign-in link (sign-in)")
+    p.add_argument("action", choices=["create", "list", "revoke", "sign-in"])
+    p.add_argument("--dashboard-url", default=os.environ.get("ARENA_DASHBOARD_URL") or
+                   f"http://127.0.0.1:{os.environ.get('ARENA_DASHBOARD_PORT', '9091')}",
+                   help="sign-in: the dashboard (default $ARENA_DASHBOARD_URL or %(default)s)")
     p.add_argument("--name", default="", help="create: who or what the key is for")
     p.add_argument("--scope", action="append", choices=["submit", "read", "admin"],
                    help="create: a scope (repeatable): submit (POST), read (GET), admin (both)")
@@ -578,6 +601,11 @@ def cmd_backend(args) -> int:
     from arena_core.bus import Bus
     from arena_core.schemas import BackendReplica
 
+    if args.action == "sign-in":
+        print(asyncio.run(_sign_in_link(_nats_url(args.nats_url), args.dashboard_url)))
+        print(f"one use, within {SIGN_IN_MINUTES} minutes; it signs a browser in read-only", file=sys.stderr)
+        return 0
+
     async def run() -> int:
         bus = await Bus.connect(_nats_url(args.nats_url), "arena-cli")
         try:
@@ -616,6 +644,11 @@ def cmd_keys(args) -> int:
     """Create, list or revoke API keys (stored hashed in NATS; the services pick changes up at once)."""
     from arena_core import apikeys
     from arena_core.bus import Bus
+
+    if args.action == "sign-in":
+        print(asyncio.run(_sign_in_link(_nats_url(args.nats_url), args.dashboard_url)))
+        print(f"one use, within {SIGN_IN_MINUTES} minutes; it signs a browser in read-only", file=sys.stderr)
+        return 0
 
     async def run() -> int:
         bus = await Bus.connect(_nats_url(args.nats_url), "arena-cli")

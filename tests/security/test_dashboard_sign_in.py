@@ -171,7 +171,10 @@ async def test_an_api_key_in_the_address_does_not_sign_in(signed):
 async def test_the_link_signs_in_once_on_the_real_stack(tmp_path):
     """The embedded stack (each service its own NATS user): the token an administrator issues
     signs a browser in once, and the session reads the trajectory API through the dashboard."""
-    from arena_core.bus import Bus
+    import os
+    import subprocess
+    import sys
+
     from arena_stack.natsserver import free_port
     from arena_stack.stack import Stack
 
@@ -183,11 +186,16 @@ async def test_the_link_signs_in_once_on_the_real_stack(tmp_path):
     await stack.start()
     try:
         assert stack.dashboard_started
-        bus = await Bus.connect(stack.settings.nats_url, "test-admin")  # what `arena up` holds
-        try:
-            token = await apikeys.issue_sign_in_token(bus)
-        finally:
-            await bus.close()
+        # `arena keys sign-in`, as a person runs it beside `arena up`: NATS's administrator from the
+        # passwords the stack keeps in its data directory, the link on stdout
+        env = {**os.environ, "ARENA_DATA_DIR": str(stack.data_dir), "ARENA_NATS_URL": stack.nats.url}
+        cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "arena.cli", "keys", "sign-in",
+                                                       "--dashboard-url", stack.dashboard_url],
+                                      env=env, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        link = cli.stdout.strip()
+        assert link.startswith(f"{stack.dashboard_url}/?token=st_") and "one use" in cli.stderr
+        token = link.split("?token=", 1)[1]
         async with httpx.AsyncClient(base_url=stack.dashboard_url, timeout=30) as browser:
             for _ in range(100):
                 first = await browser.get(f"/?token={token}", headers=TYPED)
