@@ -601,11 +601,6 @@ def cmd_backend(args) -> int:
     from arena_core.bus import Bus
     from arena_core.schemas import BackendReplica
 
-    if args.action == "sign-in":
-        print(asyncio.run(_sign_in_link(_nats_url(args.nats_url), args.dashboard_url)))
-        print(f"one use, within {SIGN_IN_MINUTES} minutes; it signs a browser in read-only", file=sys.stderr)
-        return 0
-
     async def run() -> int:
         bus = await Bus.connect(_nats_url(args.nats_url), "arena-cli")
         try:
@@ -641,7 +636,8 @@ def cmd_backend(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    """Create, list or revoke API keys (stored hashed in NATS; the services pick changes up at once)."""
+    """Create, list or revoke API keys (stored hashed in NATS; the services pick changes up at once), or
+    make a one-time dashboard sign-in link."""
     from arena_core import apikeys
     from arena_core.bus import Bus
 
