@@ -15,6 +15,9 @@ Long handlers keep their message alive with ``in_progress`` heartbeats.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import io
 import logging
 import os
 import ssl
@@ -397,12 +400,39 @@ class Bus:
         if name is None:
             return msg.data
         try:
-            store = await self.artifacts()
-            return (await store.get(name)).data or b""
+            return await self.read_object(name)
         except nats.js.errors.ObjectNotFoundError as exc:
             raise BodyMissing(f"the message body {name} is not in {subjects.OBJECT_ARTIFACTS}") from exc
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             raise Unavailable(f"cannot read the message body {name}: {exc}") from exc
+
+    async def read_object(self, name: str) -> bytes:
+        """The object ``name`` of ``arena_artifacts``, its chunks written as they arrive into
+        one buffer that becomes the result (``ObjectStore.get`` joins them as ``bytes``,
+        copying the whole object again for each chunk; with ``writeinto`` it hands each to a
+        thread, and the chunks not written yet queue up). Raises nats-py's errors
+        (``ObjectNotFoundError``, ``DigestMismatchError``, timeouts)."""
+        store = await self.artifacts()
+        info = await store.get_info(name)
+        if info.is_link() or not info.nuid:
+            return (await store.get(name)).data or b""
+        if not info.size:
+            return b""
+        sink = io.BytesIO()
+        digest = hashlib.sha256()
+        sub = await self.js.subscribe(f"$O.{subjects.OBJECT_ARTIFACTS}.C.{info.nuid}", ordered_consumer=True)
+        try:
+            while sink.tell() < info.size:
+                chunk = await sub.next_msg(timeout=self.publish_timeout)
+                sink.write(chunk.data)
+                digest.update(chunk.data)
+                del chunk
+        finally:
+            await sub.unsubscribe()
+        expected = (info.digest or "").replace("SHA-256=", "").replace("sha-256=", "")
+        if sink.tell() != info.size or (expected and base64.urlsafe_b64decode(expected) != digest.digest()):
+            raise nats.js.errors.DigestMismatchError
+        return sink.getvalue()
 
     async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str,
                           packed: tuple[int, Packed] | None = None) -> None:

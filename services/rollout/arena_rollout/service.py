@@ -77,6 +77,18 @@ class _JobRef(msgspec.Struct):
 
 _job_decoder = msgspec.json.Decoder(_JobRef)
 
+
+class SandboxEnded(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a ``SandboxDone`` the rollout plane acts on. Decoding a message into it
+    skips the rest (the agent's diff, up to ``ARENA_MAX_DIFF_BYTES``, its log tail) without
+    making a string of them."""
+
+    rollout_id: str
+    sandbox_id: str
+    outcome: SandboxOutcome
+    reason: str
+
+
 _SANDBOX_TO_STATE = {
     SandboxOutcome.FAILED: S.FAILED,
     SandboxOutcome.TIMED_OUT: S.TIMED_OUT,
@@ -511,7 +523,7 @@ class RolloutService:
             raise Retryable("sandbox started before the rollout left pending", 0.2)
         await self.transition(event.rollout_id, S.RUNNING, reason=f"sandbox {event.sandbox_id} started")
 
-    async def on_sandbox_done(self, event: SandboxDone, delivery: Delivery) -> None:
+    async def on_sandbox_done(self, event: SandboxDone | SandboxEnded, delivery: Delivery) -> None:
         record = await self._current(event.rollout_id, unless=lambda r: False)
         if record.state.is_final:
             return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from arena_core import subjects
 from arena_core.bus import Bus, Consumer
-from arena_core.schemas import DeadLetter, SandboxDone, SandboxStarted, VerificationResult
+from arena_core.schemas import DeadLetter, SandboxStarted, VerificationResult
 
-from arena_rollout.service import RolloutService
+from arena_rollout.service import RolloutService, SandboxEnded
 
 
 def consumers(bus: Bus, service: RolloutService) -> list[Consumer]:
@@ -16,7 +16,7 @@ def consumers(bus: Bus, service: RolloutService) -> list[Consumer]:
                  filter_subjects=["arena.sandbox.started.*"], message_type=SandboxStarted,
                  handler=service.on_sandbox_started, **common),
         Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-sandbox",
-                 filter_subjects=["arena.sandbox.done.*"], message_type=SandboxDone,
+                 filter_subjects=["arena.sandbox.done.*"], message_type=SandboxEnded,
                  handler=service.on_sandbox_done, **common),
         Consumer(bus, durable=f"{subjects.CONSUMER_ROLLOUT_RESULTS}-verify",
                  filter_subjects=["arena.verify.done.*"], message_type=VerificationResult,

@@ -30,7 +30,7 @@ from arena_core.schemas import (
     valid_id,
 )
 from arena_trajectory import analytics, assembler, insights
-from arena_trajectory import duels
+from arena_trajectory import diffs, duels
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import TABLES
@@ -156,7 +156,7 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         trajectory = await store.trajectory(rollout_id)
         if trajectory is None:
             raise NotFound(f"no trajectory for rollout {rollout_id!r}")
-        return _json(trajectory)
+        return _json(await diffs.restored(bus, trajectory))  # a large diff is kept in the object store
 
     @app.get("/v1/trajectories", responses={200: openapi.answer(TrajectoryList)})
     async def list_trajectories(
@@ -205,7 +205,7 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     ) -> Response:
         # a solo rollout's group is "": one half of the keyset alone means the other is ""
         after = (after_group or "", after_rollout or "") if (after_group, after_rollout) != (None, None) else None
-        page = await store.export_page(f, after=after, limit=limit)
+        page = await diffs.restored_all(bus, await store.export_page(f, after=after, limit=limit))
         nxt = [page[-1].group_id or "", page[-1].rollout_id] if len(page) == limit else None
         total = await store.count_filtered(f) if after is None else None
         return _json(ExportPage(trajectories=page, next=nxt, total=total))
@@ -296,6 +296,6 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
 
     @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
     async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
-        return _json(group_view(group_id, await store.group(group_id)))
+        return _json(group_view(group_id, await diffs.restored_all(bus, await store.group(group_id))))
 
     return app

@@ -19,7 +19,7 @@ from arena_core.bus import Bus, Delivery
 from arena_core.errors import Permanent
 from arena_core.runtime import every
 from arena_core.schemas import GroupCompleted, RolloutStateChanged, SandboxDone, Step, Trajectory, VerificationResult
-from arena_trajectory import assembler, duels
+from arena_trajectory import assembler, diffs, duels
 from arena_trajectory.batching import BatchConsumer, Dead, Item, Retry, Verdict
 from arena_trajectory.caches import (
     MemberCache,
@@ -41,7 +41,6 @@ SANDBOX_DONE_PREFIX = "arena.sandbox.done."
 VERIFY_DONE_PREFIX = "arena.verify.done."
 
 _step_decoder = msgspec.json.Decoder(Step)
-_sandbox_decoder = msgspec.json.Decoder(SandboxDone)
 _verification_decoder = msgspec.json.Decoder(VerificationResult)
 
 
@@ -83,6 +82,8 @@ class TrajectoryWorker:
         self._results = ResultCache()
         #: rollouts whose trajectory message this process saw stored (a group refers to them)
         self._on_stream = RecentSet(200_000)
+        #: one trajectory with its large diff read back at a time (``_publish_trajectory``)
+        self._restoring = asyncio.Lock()
         self._progress = asyncio.Event()  # set whenever steps or results were stored
         #: one set per waiting ``_waves``: the rollouts whose steps or results were stored since it last looked
         self._touched: list[set[str]] = []
@@ -141,7 +142,9 @@ class TrajectoryWorker:
             verdict: Verdict = None
             try:
                 if delivery.subject.startswith(SANDBOX_DONE_PREFIX):
-                    sandboxes.append(_sandbox_decoder.decode(raw))
+                    # a large diff goes to the object store as the bytes it has in ``raw``, its
+                    # reference into the rows and the cache (docs/trajectory.md, Large diffs)
+                    sandboxes.append(await diffs.decode_sandbox_done(self.bus, raw))
                 elif delivery.subject.startswith(VERIFY_DONE_PREFIX):
                     verifications.append(_verification_decoder.decode(raw))
                 else:
@@ -321,9 +324,23 @@ class TrajectoryWorker:
     async def _publish_trajectory(self, t: Trajectory, raw: RawSteps | None, *, look_up: bool) -> None:
         """Publish ``t`` (its steps as the JSON they arrived as, where ``raw`` has it). A
         trajectory is published only after it is stored, so one that was not stored before
-        this batch was never published: only redeliveries need the look-up."""
-        await self._publish_once(subjects.trajectory(t.task_id, t.rollout_id), encode_trajectory(t, raw),
-                                 subjects.msg_id(t.rollout_id, "trajectory", 0), look_up=look_up)
+        this batch was never published: only redeliveries need the look-up. A diff kept in
+        the object store (``diffs``) is read back into the message: one such trajectory at a
+        time, its copies freed before the next."""
+        subject = subjects.trajectory(t.task_id, t.rollout_id)
+        if look_up and await self._on_trajectories(subject):
+            self._on_stream.add(t.rollout_id)
+            return
+        msg_id = subjects.msg_id(t.rollout_id, "trajectory", 0)
+        if diffs.spilled(t.sandbox):
+            async with self._restoring:  # the diff's JSON bytes spliced in as they arrived, not decoded
+                whole = msgspec.structs.replace(t, sandbox=await diffs.raw_sandbox(self.bus, t.sandbox))
+                data = encode_trajectory(whole, raw)
+                del whole
+                await self._publish_once(subject, data, msg_id, look_up=False)
+                del data
+        else:
+            await self._publish_once(subject, encode_trajectory(t, raw), msg_id, look_up=False)
         self._on_stream.add(t.rollout_id)
 
     async def _complete_groups(self, group_ids: list[str], *, allow_partial: bool = False,
@@ -385,14 +402,18 @@ class TrajectoryWorker:
         look-up keeps a much later redelivery from putting a second copy on the
         training stream. Returns whether a new message was stored.
         """
-        if look_up:
-            try:
-                await self.bus.js.get_last_msg(TRAJECTORIES_STREAM, subject)
-                return False
-            except NotFoundError:
-                pass
+        if look_up and await self._on_trajectories(subject):
+            return False
         ack = await self.bus.publish(subject, data, msg_id=msg_id)
         return not ack.duplicate
+
+    async def _on_trajectories(self, subject: str) -> bool:
+        """Whether the trainer stream holds a message on ``subject``."""
+        try:
+            await self.bus.js.get_last_msg(TRAJECTORIES_STREAM, subject)
+        except NotFoundError:
+            return False
+        return True
 
 
 def _measure_stored(new: list[Trajectory], finals: dict[str, tuple[RolloutStateChanged, Delivery]], *,

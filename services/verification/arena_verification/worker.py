@@ -15,7 +15,7 @@ from nats.js.errors import NotFoundError
 from arena_core import metrics, private, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Permanent, VerificationError
-from arena_core.schemas import SandboxDone, VerificationResult, VerifyJob
+from arena_core.schemas import VerificationResult, VerifyJob
 from arena_core.sources import SourceCache
 from arena_verification import runner
 from arena_verification.plugins import InvalidPlugin
@@ -29,7 +29,15 @@ MAX_DELIVER = 3
 MSG_KIND = "verify-done"
 RESULTS_STREAM = "ARENA_RESULTS"
 
-_sandbox_done_decoder = msgspec.json.Decoder(SandboxDone)
+
+class _AgentResult(msgspec.Struct):
+    """The one field of a ``SandboxDone`` an answer verifier reads: decoding into it skips
+    the rest (the agent's diff, up to ``ARENA_MAX_DIFF_BYTES``) without making a string of it."""
+
+    result: dict[str, Any] | None = None
+
+
+_sandbox_done_decoder = msgspec.json.Decoder(_AgentResult)
 
 
 class InvalidVerifierRef(InvalidTask):
