@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena_core import sources, subjects
+from arena_core import apikeys, sources, subjects
 from arena_stack.natsserver import free_port
 from arena_core.schemas import (
     BundleSource,
@@ -80,6 +80,7 @@ async def test_two_workers_dead_letters_and_replay(bus, nats_server, tmp_path):
     traj_url = f"http://127.0.0.1:{traj_port}"
     procs = [start_verifier(nats_server.url, tmp_path / f"data-{i}", logs[i]) for i in range(2)]
     procs.append(start_trajectory(nats_server.url, tmp_path / "traj", traj_port, tmp_path / "trajectory.log"))
+    key, _ = await apikeys.issue(bus, "test", ["read"])  # the trajectory API asks for one by default
     try:
         results = await bus.js.pull_subscribe("arena.verify.done.*", durable="t-results", stream="ARENA_RESULTS")
         dead = await bus.js.pull_subscribe("arena.dead.*", durable="t-dead", stream="ARENA_DEAD")
@@ -125,7 +126,7 @@ async def test_two_workers_dead_letters_and_replay(bus, nats_server, tmp_path):
                           RolloutStateChanged(rollout_id="g1", task_id=task.id, from_state=RolloutState.VERIFYING,
                                               to_state=RolloutState.COMPLETED, at=now, steps=0),
                           msg_id=subjects.msg_id("g1", "state", "completed"))
-        r = await wait_for(f"{traj_url}/v1/trajectories/g1", procs[2], timeout=60)
+        r = await wait_for(f"{traj_url}/v1/trajectories/g1", procs[2], timeout=60, key=key)
         assert r.json()["verification"]["verifier"] == "tests"
 
         # ... re-verified by `arena verify` with an exact-answer verifier, through the workers.
@@ -133,7 +134,7 @@ async def test_two_workers_dead_letters_and_replay(bus, nats_server, tmp_path):
             subprocess.run,
             [sys.executable, "-m", "arena.cli", "--trajectory-url", traj_url, "verify", "g1",
              "--verifier", '{"type": "exact", "answers": ["5/2"]}', "--nats-url", nats_server.url, "--timeout", "60"],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=120, env={**os.environ, "ARENA_API_KEY": key})
         assert cli.returncode == 0, cli.stderr
         replayed = msgspec.json.decode(cli.stdout, type=VerificationResult)
         assert replayed.verifier.startswith("replay-exact-") and (replayed.reward, replayed.passed) == (1.0, True)
