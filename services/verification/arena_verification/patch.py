@@ -7,10 +7,24 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterator
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(?P<old>\d+))? \+\d+(?:,(?P<new>\d+))? @@")
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 DEV_NULL = "/dev/null"
+#: every line boundary ``str.splitlines`` knows
+_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def lines(text: str) -> Iterator[str]:
+    """``text.splitlines()`` one line at a time: a diff of up to ``ARENA_MAX_DIFF_BYTES`` is
+    not turned into a list of all its lines (about twice its size again)."""
+    start = 0
+    for brk in _LINE_BREAK.finditer(text):
+        yield text[start:brk.start()]
+        start = brk.end()
+    if start < len(text):
+        yield text[start:]
 
 
 def unquote(name: str) -> str:
@@ -103,7 +117,7 @@ def touched_paths(diff: str) -> set[str]:
     """Every repository path (relative, normalized) the diff creates, changes or deletes."""
     paths: set[str] = set()
     old_left = new_left = 0
-    for line in diff.splitlines():
+    for line in lines(diff):
         if old_left > 0 or new_left > 0:  # inside a hunk body
             tag = line[:1]
             if tag == "\\":

@@ -123,7 +123,7 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
         await sandbox.put_files(_setup_files(job.diff, spec, reset, hidden, canaries))
         # an image source's tests run where the image expects the repository (e.g. /testbed)
         workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
-        if job.diff.strip():
+        if job.diff and not job.diff.isspace():  # (``strip`` would copy the whole diff)
             error = await _apply(sandbox)
             if error is not None:
                 return VerificationResult(
