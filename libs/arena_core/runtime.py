@@ -78,35 +78,41 @@ async def _serve_http(server: uvicorn.Server) -> None:
 
 
 async def serve(stop: asyncio.Event, *, consumers: Sequence[Runner] = (), app=None, host: str = "127.0.0.1",
-                port: int = 0) -> int:
+                port: int = 0, more: Sequence[tuple[Any, int]] = ()) -> int:
     """Run ``consumers`` and, if given, the ASGI ``app`` under uvicorn (httptools, on the
     running loop: uvloop under ``run``) until ``stop`` is set. uvicorn also catches SIGINT
     and SIGTERM while it serves, and sends them on once it has stopped (its documented
     behaviour when run programmatically): the loop's handlers (``stop_on_signals``) see
     them as well, so the consumers stop with the server.
 
-    Returns 0 after a requested stop, 1 when the server or a consumer ended on its own
+    ``more``: further ``(app, port)`` listeners on ``host``, served and stopped with it (the
+    rollout service's proxy-only port).
+
+    Returns 0 after a requested stop, 1 when a server or a consumer ended on its own
     (a failure, logged)."""
     tasks = [asyncio.create_task(c.run(stop), name=getattr(c, "durable", type(c).__name__)) for c in consumers]
-    server = None
-    if app is not None:
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    servers: list[uvicorn.Server] = []
+    listeners = ([(app, port)] if app is not None else []) + list(more)
+    for i, (asgi, at) in enumerate(listeners):
+        server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=at, log_level="warning", access_log=False,
                                                lifespan="off", timeout_keep_alive=30, proxy_headers=False))
-        tasks.append(asyncio.create_task(_serve_http(server), name="http"))
+        servers.append(server)
+        tasks.append(asyncio.create_task(_serve_http(server), name="http" if i == 0 else f"http:{at}"))
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     code = 0 if stop.is_set() else 1
     stop.set()
     waiter.cancel()
     forcing = None
-    if server is not None:
+    for server in servers:
         server.should_exit = True
-        repeated = getattr(stop, "repeated", None)
-        if repeated is not None:
-            async def force() -> None:
-                await repeated.wait()
+    repeated = getattr(stop, "repeated", None)
+    if servers and repeated is not None:
+        async def force() -> None:
+            await repeated.wait()
+            for server in servers:
                 server.force_exit = True  # do not wait for open connections
-            forcing = asyncio.create_task(force())
+        forcing = asyncio.create_task(force())
     for task in tasks:
         try:
             await task

@@ -35,8 +35,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: 0 = none. ``arena up`` picks free ones (docs/reliability.md).
     sandbox_health_port: int = 0
     verification_health_port: int = 0
-    #: Base URL of the rollout service as sandboxes on this host reach it (the proxy).
+    #: Base URL of the rollout service as sandboxes on this host reach it (the proxy), and
+    #: as the verification service reaches its judge route.
     public_url: str = "http://127.0.0.1:9090"
+    #: A second port of the rollout service serving only the agents' proxy routes
+    #: (``/proxy/{rollout_id}/...``, :mod:`arena_core.proxy_routes`), every other path a 404
+    #: that never reaches the API; 0 = none. When set, agents are given ``public_url`` with
+    #: this port (:attr:`agent_url`): what Kubernetes sandbox pods may reach (docs/kubernetes.md).
+    proxy_port: int = 0
     #: OpenAI-compatible LLM backend the proxy forwards to (ends in ``/v1``).
     backend_url: str = "http://127.0.0.1:9093/v1"
     #: Policy version the backend serves, recorded on every step; "" if unknown.
@@ -152,10 +158,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     def validate(self) -> None:
         for name in ("rollout_port", "dashboard_port", "trajectory_port", "sandbox_health_port",
-                     "verification_health_port"):
+                     "verification_health_port", "proxy_port"):
             port = getattr(self, name)
-            if not (0 < port < 65536 or (port == 0 and name.endswith("_health_port"))):
+            if not (0 < port < 65536 or (port == 0 and name.endswith(("_health_port", "proxy_port")))):
                 raise SettingsError(f"ARENA_{name.upper()}={port} is not a TCP port")
+        if self.proxy_port and self.proxy_port == self.rollout_port:
+            raise SettingsError(f"ARENA_PROXY_PORT={self.proxy_port} must differ from ARENA_ROLLOUT_PORT "
+                                "(it serves only the proxy routes)")
         for name, schemes in (
             ("nats_url", {"nats", "tls"}),
             ("public_url", {"http", "https"}),
@@ -215,6 +224,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return {
             "ARENA_" + f.name.upper(): str(getattr(self, f.name)) for f in msgspec.structs.fields(self)
         }
+
+    @property
+    def agent_url(self) -> str:
+        """The rollout service as agents reach it (their proxy base URLs start with it):
+        ``public_url``, on ``proxy_port`` when there is one (the proxy-only listener)."""
+        if not self.proxy_port:
+            return self.public_url.rstrip("/")
+        url = urlparse(self.public_url)
+        host = url.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        return url._replace(netloc=f"{host}:{self.proxy_port}").geturl().rstrip("/")
 
     @property
     def sandbox_slots(self) -> int:

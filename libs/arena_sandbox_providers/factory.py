@@ -35,7 +35,8 @@ def build_provider(name: str, settings: Settings) -> SandboxProvider:
     if name == "kubernetes":
         from arena_sandbox_providers.kubernetes_provider import KubernetesConfig, KubernetesProvider
 
-        config = KubernetesConfig.from_env(os.environ, public_url=settings.public_url)
+        # the pods reach the proxy where agents are sent: the proxy-only port when there is one
+        config = KubernetesConfig.from_env(os.environ, public_url=settings.agent_url)
         return KubernetesProvider(owner=owner, config=config, default_image=settings.sandbox_image,
                                   max_wall_clock_s=settings.max_wall_clock_s)
     if name == "mock":

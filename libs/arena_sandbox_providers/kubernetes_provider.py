@@ -14,7 +14,9 @@ How a sandbox maps onto Kubernetes:
   ``/sandbox`` and ``/run/arena`` are ``emptyDir`` volumes, ``/tmp`` a memory ``emptyDir``;
 - one NetworkPolicy per owner selecting its sandbox pods: no ingress (exec reaches the
   pod through the API server and the kubelet, not the pod network), egress only to the
-  proxy pods (a pod selector in the proxy's namespace, or CIDRs) on the proxy's port;
+  proxy pods (a pod selector in the proxy's namespace, or CIDRs) on the proxy's port: the
+  rollout service's proxy-only port (``ARENA_PROXY_PORT``), which serves only the agents'
+  proxy routes, since a relay in the pod could not confine the agent (docs/kubernetes.md);
   no DNS: the worker resolves the proxy's host and the in-pod relay dials the address;
 - every operation is an exec of ``python3 -I -S -c HELPER`` (stdlib only, inline: no file
   in the pod to tamper with) that reads one JSON header line (plus a payload) from stdin:

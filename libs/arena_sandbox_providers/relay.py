@@ -3,7 +3,8 @@
 Every connection the agent opens to ``127.0.0.1:<port>`` inside its sandbox ends here (through the
 sandbox's network namespace, or the shim's Unix socket). Each request is parsed (h11) and either
 forwarded to the rollout service, when it is one of the proxy routes of *this* rollout
-(``/proxy/{rollout_id}/...``: :data:`ROUTES`), or answered here with the API's 404 error shape
+(``/proxy/{rollout_id}/...``: :data:`arena_core.proxy_routes.ROUTES`, the list the rollout
+service's proxy-only port lets through too), or answered here with the API's 404 error shape
 without reaching the API. Answers stream back as they come (server-sent events included) and a
 connection is kept alive between calls. A call whose connection to the proxy was refused or broke
 before its answer ended (Arena's side died, not the backend's answer) is remembered: ``fault``.
@@ -16,34 +17,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 
 import h11
 import httptools
 import msgspec
 
+from arena_core.proxy_routes import ROUTES as ROUTES  # re-exported: the routes it lets through
+from arena_core.proxy_routes import route_of
+
 log = logging.getLogger("arena.sandbox.relay")
 
-#: The proxy routes an agent may call, below its rollout's prefix (``/proxy/{rollout_id}``):
-#: the three LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize -- the
-#: ``/proxy/{rollout_id}/...`` routes of arena_rollout/app.py. A route added there is refused
-#: to agents until it is added here.
-ROUTES: frozenset[tuple[bytes, str]] = frozenset({
-    (b"POST", "/v1/chat/completions"),
-    (b"POST", "/v1/completions"),
-    (b"POST", "/v1/messages"),
-    (b"POST", "/v1/messages/count_tokens"),
-    (b"GET", "/v1/models"),
-    (b"POST", "/tokenize"),
-    (b"POST", "/v1/tokenize"),
-    (b"POST", "/detokenize"),
-    (b"POST", "/v1/detokenize"),
-})
-
-#: An origin-form target of plain path characters and an optional query: no percent-encoding,
-#: no absolute form, no ``*``, no fragment; ``.`` and ``..`` segments never equal a route.
-_TARGET = re.compile(rb"(/[A-Za-z0-9_./-]*)(?:\?[\x21-\x7e]*)?")
 #: Hop-by-hop headers: each side of the relay frames its own connection (h11 does).
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade", b"expect"})
 _CHUNK = 65536
@@ -54,18 +38,6 @@ _REUSE_S = 2.0
 ANSWERED_BY = (b"x-arena-relay", b"refused")
 #: The most of a refused request's body read (and dropped) to keep its connection alive.
 _DISCARD_MAX = 1024 * 1024
-
-
-def route_of(method: bytes, target: bytes, prefix: str) -> str | None:
-    """The route below ``prefix`` that ``method target`` calls, or None: not one of :data:`ROUTES`."""
-    match = _TARGET.fullmatch(target)
-    if match is None:
-        return None
-    path = match[1].decode("ascii")
-    if not path.startswith(prefix + "/"):
-        return None
-    route = path[len(prefix):]
-    return route if (method, route) in ROUTES else None
 
 
 # --------------------------------------------------------------------------- error answers

@@ -155,6 +155,47 @@ def test_the_sandbox_worker_may_only_manage_pods_and_policies_in_the_sandbox_nam
     assert set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"} and "egress" not in deny["spec"]
 
 
+def test_sandbox_pods_reach_only_the_rollout_services_proxy_only_port():
+    """Agents get the rollout Service on its proxy-only port (ARENA_PROXY_PORT, which serves only
+    /proxy/{rollout_id}/...): the Service maps it to the rollout container's port of that number,
+    and the sandbox pods' NetworkPolicy (as the provider makes it from this config) allows that
+    port of the rollout pods and nothing else: never the API's port."""
+    from urllib.parse import urlsplit
+
+    from arena_core.settings import Settings
+    from arena_sandbox_providers.kubernetes_provider import KubernetesConfig, KubernetesProvider
+
+    docs = all_docs()
+    data = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "arena-config")["data"]
+    settings = Settings.from_env(data)
+    assert settings.proxy_port and settings.proxy_port != settings.rollout_port
+    agents = urlsplit(settings.agent_url)
+    assert agents.hostname == "arena-rollout.arena.svc.cluster.local" and agents.port == settings.proxy_port
+    assert urlsplit(settings.public_url).port == settings.rollout_port  # the judge route: the API's port
+
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "arena-rollout")
+    ports = {p["name"]: p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"http": settings.rollout_port, "proxy": settings.proxy_port}
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "arena-rollout")
+    (to_proxy,) = [p for p in service["spec"]["ports"] if p["port"] == agents.port]
+    assert ports[to_proxy["targetPort"]] == settings.proxy_port
+
+    config = KubernetesConfig.from_env(data, public_url=settings.agent_url)
+    assert config.proxy_port == settings.proxy_port == int(data["ARENA_K8S_PROXY_PORT"])
+    policy = KubernetesProvider(owner="arena-sandbox-0", config=config).policy()
+    assert policy["metadata"]["namespace"] == data["ARENA_K8S_NAMESPACE"]
+    (rule,) = policy["spec"]["egress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": settings.proxy_port}]
+    selector = rule["to"][0]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()  # the rollout pods
+    assert rule["to"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": deployment["metadata"]["namespace"]}
+    # the namespace's backstop denies the rest: the API's port is reachable by no policy
+    deny = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert deny["metadata"]["namespace"] == data["ARENA_K8S_NAMESPACE"] and "egress" not in deny["spec"]
+    assert all(p["port"] != settings.rollout_port for r in policy["spec"]["egress"] for p in r["ports"])
+
+
 def test_nats_is_the_official_chart_clustered_with_jetstream():
     kustomization = yaml.safe_load((K8S / "nats" / "kustomization.yaml").read_text())
     (chart,) = kustomization["helmCharts"]

@@ -247,6 +247,19 @@ def test_factory_builds_it_without_touching_a_cluster(tmp_path, monkeypatch):
     assert provider._core is None  # the client is made on first use
 
 
+def test_with_a_proxy_only_port_the_pods_may_reach_only_it(tmp_path, monkeypatch):
+    """ARENA_PROXY_PORT set: the sandbox pods' policy allows that port of the rollout pods (the
+    rollout service's proxy-only listener), never the API's port of ARENA_PUBLIC_URL."""
+    monkeypatch.delenv("ARENA_K8S_PROXY_PORT", raising=False)
+    settings = Settings(data_dir=str(tmp_path), sandbox_owner="arena-sandbox-1", public_url="http://r.arena.svc:9090",
+                        proxy_port=9096)
+    assert settings.agent_url == "http://r.arena.svc:9096"
+    provider = factory.build_provider("kubernetes", settings)
+    assert provider.config.proxy_port == 9096
+    (rule,) = provider.policy()["spec"]["egress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9096}]
+
+
 # ---------------------------------------------------------------------------- files (tar over exec)
 
 def test_sandbox_paths():

@@ -1,4 +1,5 @@
-"""``python -m arena_rollout``: the rollout API and LLM proxy on ARENA_ROLLOUT_PORT."""
+"""``python -m arena_rollout``: the rollout API and LLM proxy on ARENA_ROLLOUT_PORT, and only the
+agents' proxy routes on ARENA_PROXY_PORT when set (arena_rollout/proxy_only.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from arena_rollout.app import create_app
 from arena_rollout.proxy.backends import BackendRegistry
 from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.upstream import UpstreamClient
+from arena_rollout.proxy_only import ProxyOnly
 from arena_rollout.reaper import Reaper
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RecordCache, RolloutStore
@@ -54,9 +56,13 @@ async def main(settings: Settings) -> int:
         metrics.install("rollout", queues)
         metrics.ROLLOUTS_QUEUED.set_function(service.queued)
         app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
+        # the proxy-only port: the same app (same proxy state) behind a filter; what agents reach
+        more = [(ProxyOnly(app), settings.proxy_port)] if settings.proxy_port else []
+        if more:
+            log.info("proxy routes only on %s:%d", settings.host, settings.proxy_port)
         freeze_startup()
         code = await serve(stop, consumers=[*results, bus.watch(), *keys, service.workers], app=app,
-                           host=settings.host, port=settings.rollout_port)
+                           host=settings.host, port=settings.rollout_port, more=more)
         await asyncio.gather(*background, return_exceptions=True)
         await service.proxy.drain()
         await upstream.aclose()

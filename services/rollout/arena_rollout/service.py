@@ -412,7 +412,7 @@ class RolloutService:
         job = SandboxJob(
             rollout_id=rid,
             task=req.task,
-            proxy_url=f"{self.settings.public_url.rstrip('/')}/proxy/{rid}/v1",
+            proxy_url=f"{self.settings.agent_url}/proxy/{rid}/v1",  # the proxy-only port when set
             api_key=record.api_key,
             verifier_ref=record.verifier_ref,
         )
