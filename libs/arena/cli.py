@@ -112,7 +112,13 @@ def cmd_up(args) -> int:
     settings = Settings.from_env(**({"data_dir": args.data_dir} if args.data_dir else {}))
     if args.cluster is not None and args.cluster < 1:
         raise ArenaError("--cluster takes the number of nats-servers, e.g. --cluster 3")
-    asyncio.run(_up(settings, args.llm_script, args.cluster or 0))
+    from arena_stack.stack import StackError
+
+    try:
+        asyncio.run(_up(settings, args.llm_script, args.cluster or 0))
+    except StackError as exc:  # a port or the data directory another holds, or a child that keeps dying
+        print(f"arena up: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
