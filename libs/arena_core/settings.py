@@ -36,8 +36,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sandbox_health_port: int = 0
     verification_health_port: int = 0
     #: Base URL of the rollout service as sandboxes on this host reach it (the proxy), and
-    #: as the verification service reaches its judge route.
-    public_url: str = "http://127.0.0.1:9090"
+    #: as the verification service reaches its judge route. Unset ("", the default): derived
+    #: at construction from ``host`` and ``rollout_port`` (:meth:`derived_public_url`), so moving
+    #: ``ARENA_ROLLOUT_PORT`` moves it too; an explicit value is kept as given.
+    public_url: str = ""
     #: A second port of the rollout service serving only the agents' proxy routes
     #: (``/proxy/{rollout_id}/...``, :mod:`arena_core.proxy_routes`), every other path a 404
     #: that never reaches the API; 0 = none. When set, agents are given ``public_url`` with
@@ -131,6 +133,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     otlp_endpoint: str = ""
     #: ``http/protobuf`` or ``grpc``.
     otlp_protocol: str = "http/protobuf"
+
+    def __post_init__(self) -> None:
+        if not self.public_url:  # frozen: set once, here (``structs.replace`` keeps it as it is)
+            msgspec.structs.force_setattr(self, "public_url", self.derived_public_url())
+
+    def derived_public_url(self) -> str:
+        """``http://{host}:{rollout_port}``: the rollout service on this host; a wildcard
+        ``host`` (``0.0.0.0``, ``::``, "") is reached on the loopback address."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.rollout_port}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:

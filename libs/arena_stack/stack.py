@@ -8,11 +8,12 @@ unless ``ARENA_AUTH=off``, and everything under the data directory is this user'
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
+import fcntl
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import msgspec
 
 from arena_core import apikeys, subjects
 from arena_core.settings import Settings
-from arena_stack import natsauth
+from arena_stack import natsauth, ports
 from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, private_dir, wait_port
 
 _PR_SET_PDEATHSIG = 1
@@ -47,8 +48,50 @@ SERVICES = (
 )
 
 
+#: A child (nats-server included) that fails again after ``MAX_RESTARTS`` restarts within
+#: ``RESTART_WINDOW_S`` seconds stops the stack (``Stack.supervise`` raises ``StackError`` with
+#: its last log lines; ``arena up`` exits non-zero) instead of restarting forever.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+
+#: Under the data directory: held (``fcntl.flock``) by the stack using it for its lifetime, the
+#: holder's PID written in it; a second stack on the same directory refuses to start.
+LOCK_FILE = "stack.lock"
+
+
 class StackError(RuntimeError):
-    """A component did not start; the message names it and points at its log."""
+    """A component did not start, or this stack cannot own what it needs (a port, the data
+    directory); the message names it and its holder, or points at its log."""
+
+
+def hold_data_dir(data_dir: Path) -> int:
+    """The descriptor of ``<data_dir>/stack.lock``, locked (exclusive, for as long as it stays
+    open) with this process's PID written in it; ``StackError`` naming the holder's PID if
+    another stack holds it. Nothing else under ``data_dir`` is touched."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        cmd = ports.command(int(pid)) if pid.isdigit() else ""
+        raise StackError(f"the data directory {data_dir} is in use by another stack (pid {pid or 'unknown'}"
+                         f"{f', {cmd}' if cmd else ''}; {data_dir / LOCK_FILE}): stop it, or choose another "
+                         "ARENA_DATA_DIR") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the log at ``path`` ("" if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 class Child:
@@ -78,10 +121,7 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return _tail(self.log_path, lines)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         self.terminate()
@@ -136,6 +176,16 @@ class Stack:
                 verification_health_port=settings.verification_health_port or free_port())
         self.data_dir = Path(settings.data_dir).resolve()
         private_dir(self.data_dir)
+        #: ``<data_dir>/stack.lock``, held from here until ``stop`` (before any file is written)
+        self._lock_fd: int | None = hold_data_dir(self.data_dir)
+        try:
+            self._init(settings, llm_script, nats_sync, log, separate_data_dirs, nats_port, nats_cluster)
+        except BaseException:
+            self._release()
+            raise
+
+    def _init(self, settings: Settings, llm_script: str | Path | None, nats_sync: str, log,
+              separate_data_dirs: bool, nats_port: int | None, nats_cluster: int) -> None:
         #: a password per NATS user (``natsauth.PERMISSIONS``, and the cluster's routes)
         self.nats_passwords: dict[str, str] = natsauth.load_or_create(self.data_dir / natsauth.CREDENTIALS_FILE)
         admin = ("admin", self.nats_passwords["admin"])
@@ -210,13 +260,39 @@ class Stack:
     def _no_dashboard(self) -> str | None:
         """Why the dashboard cannot start here, if it cannot: it is the one optional child (the
         stack works without it), so a busy port (another stack on this host) is reported, not fatal."""
-        with socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            try:
-                probe.bind((self.settings.host, self.settings.dashboard_port))
-            except OSError as exc:
-                return f"port {self.settings.dashboard_port} is in use ({exc.strerror}; ARENA_DASHBOARD_PORT)"
+        port = self.settings.dashboard_port
+        if why := ports.busy(self.settings.host, port):
+            return f"port {port} is in use by {ports.describe(port)} ({why}; ARENA_DASHBOARD_PORT)"
         return None
+
+    def ports_needed(self) -> list[tuple[str, int, str]]:
+        """(host, port, what sets it) of every port this stack's children will listen on but
+        the dashboard's (optional: ``_no_dashboard``) and those picked free for the cluster."""
+        host = self.settings.host
+        needed = [(node.host, node.port, "ARENA_NATS_URL") for node in self.nats_nodes]
+        needed += [(host, self.settings.rollout_port, "ARENA_ROLLOUT_PORT"),
+                   (host, self.settings.trajectory_port, "ARENA_TRAJECTORY_PORT"),
+                   (host, self.settings.sandbox_health_port, "ARENA_SANDBOX_HEALTH_PORT"),
+                   (host, self.settings.verification_health_port, "ARENA_VERIFICATION_HEALTH_PORT")]
+        if self.llm_script is not None:
+            backend = urlparse(self.settings.backend_url)
+            needed.append((backend.hostname or "127.0.0.1", backend.port or 80, "ARENA_BACKEND_URL, the scripted LLM"))
+        return needed
+
+    def refuse_busy_ports(self) -> None:
+        """``StackError`` (one line) naming every needed port that is in use and its holder."""
+        busy = [f"port {port} ({what}) is in use by {ports.describe(port)}"
+                for host, port, what in self.ports_needed() if ports.busy(host, port)]
+        if busy:
+            raise StackError("; ".join(busy) + ": stop it, or choose other ports")
+
+    def _check_owner(self, name: str, port: int, pid: int | None) -> None:
+        """``StackError`` if the process listening on ``port`` is visible and is not ``pid``
+        (the child started for ``name``) or one of its descendants: another stack answered."""
+        held_by = ports.holder(port)
+        if held_by is not None and pid is not None and not ports.descends_from(held_by, pid):
+            raise StackError(f"port {port} answers for {name} from {ports.describe(port)}, not from the "
+                             f"{name} this stack started (pid {pid})")
 
     @property
     def dashboard_started(self) -> bool:
@@ -242,7 +318,15 @@ class Stack:
         return env
 
     async def start(self, timeout: float = 60.0) -> Stack:
+        """Start everything, once every port it needs is free (else ``StackError``, nothing started)."""
+        if self._lock_fd is None:  # started again after ``stop``
+            self._lock_fd = hold_data_dir(self.data_dir)
         private_dir(self.data_dir)
+        try:
+            self.refuse_busy_ports()
+        except StackError:
+            self._release()
+            raise
         logs = private_dir(self.data_dir / "logs")
         if self.settings.auth == "off":
             self.log(f"WARNING: ARENA_AUTH=off: the APIs on {self.settings.host} ask for no key; anyone who "
@@ -258,6 +342,7 @@ class Stack:
             else:
                 self.nats.log_file = logs / "nats-server.log"
                 self.nats.start()
+                self._check_owner("nats-server", self.nats.port, self.nats.proc.pid)
                 self.log(f"nats-server     {self.nats.url} (pid {self.nats.proc.pid}, JetStream in {self.nats.store_dir})")
             if self.llm_script is not None:
                 backend = urlparse(self.settings.backend_url)
@@ -269,6 +354,7 @@ class Stack:
                 self.children.append(child)
                 await asyncio.to_thread(self._wait_port, child, backend.hostname or "127.0.0.1", backend.port or 80,
                                         timeout)
+                self._check_owner(child.name, backend.port or 80, child.pid)
                 self.log(f"scripted LLM    {self.settings.backend_url} (pid {child.pid})")
             for name, module in SERVICES:
                 env = self.env()
@@ -300,14 +386,27 @@ class Stack:
                 "verification": f"{host}:{self.settings.verification_health_port}/healthz"}
 
     async def supervise(self, stop: asyncio.Event, *, interval: float = 1.0, unhealthy_after: float = 10.0,
-                        max_backoff: float = 30.0) -> None:
+                        max_backoff: float = 30.0, max_restarts: int = MAX_RESTARTS,
+                        restart_window: float = RESTART_WINDOW_S) -> None:
         """Until ``stop``: restart nats-server (on the same store) or a child that exits, and a
         child whose ``/healthz`` answers 503 for ``unhealthy_after`` seconds; each restart of
         the same child waits twice as long as the one before (up to ``max_backoff``), and a
-        child that stayed up for a minute starts again from one second."""
+        child that stayed up for a minute starts again from one second. One that fails again after
+        ``max_restarts`` restarts within ``restart_window`` seconds raises ``StackError`` with
+        its last log lines (the caller stops the stack)."""
         unhealthy_since: dict[str, float] = {}
         next_try: dict[str, float] = {}
         started: dict[str, float] = {c.name: time.monotonic() for c in self.children}
+        restarted: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+        def count_restart(name: str, why: str, log_path: Path, tail: str) -> None:
+            times = restarted[name]
+            while times and time.monotonic() - times[0] > restart_window:
+                times.popleft()
+            if len(times) >= max_restarts:
+                raise StackError(f"{name} {why} after {len(times)} restarts within {restart_window:.0f} s; "
+                                 f"stopping the stack. Last lines of {log_path}:\n{tail}")
+            times.append(time.monotonic())
         async with httpx.AsyncClient(timeout=2.0) as http:
             while not stop.is_set():
                 now = time.monotonic()
@@ -316,6 +415,8 @@ class Stack:
                     if node.proc is None or node.proc.poll() is None or now < next_try.get(key, 0):
                         continue
                     name = f"nats-server {node.server_name}".rstrip()
+                    count_restart(name, f"exited with code {node.proc.returncode}", node.log_file,
+                                  _tail(node.log_file))
                     self.log(f"{name} exited with code {node.proc.returncode}; restarting on {node.store_dir}")
                     try:
                         if self.nats_cluster is not None:
@@ -344,6 +445,7 @@ class Stack:
                         continue
                     if now - started.get(child.name, now) > 60:
                         child.restarts = 0
+                    count_restart(child.name, reason, child.log_path, child.tail())
                     delay = min(2.0 ** child.restarts, max_backoff)
                     child.restarts += 1
                     self.log(f"{child.name} {reason}; restarting (restart {child.restarts}; next no sooner "
@@ -400,6 +502,8 @@ class Stack:
                         if ok:
                             pending.discard(name)
                             child = next(c for c in self.children if c.name == name)
+                            if name in urls:
+                                self._check_owner(name, urlparse(urls[name]).port or 80, child.pid)
                             where = urls.get(name, f"consumer {durables.get(name, ('', ''))[1]}").replace("/healthz", "")
                             self.log(f"{name:<15} {where} (pid {child.pid})")
                     if time.monotonic() > deadline:
@@ -425,6 +529,16 @@ class Stack:
             self.nats_cluster.stop()
         else:
             self.nats.stop()
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of the data directory (``LOCK_FILE``): another stack may use it now."""
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __del__(self) -> None:
+        self._release()  # a stack dropped without ``stop``: its directory is free again
 
     async def __aenter__(self) -> Stack:
         return await self.start()
