@@ -15,26 +15,30 @@ from pathlib import Path
 
 import msgspec
 
-from arena_core.errors import ArenaError
+from arena import endpoints
+from arena.endpoints import LOCAL_KEY_FILE
+from arena_core.errors import ArenaError, InvalidRequest, Unauthorized
+from arena_core.schemas import RolloutState
 from arena_core.settings import Settings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "examples" / "quickstart"
 
 
-#: Where ``arena up`` leaves the CLI's key (under the data directory).
-LOCAL_KEY_FILE = "api-key"
+def _endpoints(args: argparse.Namespace) -> endpoints.Endpoints:
+    """The APIs and the key for this command (``arena.endpoints.resolve``: ``--url`` /
+    ``--trajectory-url``, then ``ARENA_URL`` / ``ARENA_TRAJECTORY_URL`` / ``ARENA_API_KEY``, then the
+    local stack and ``$ARENA_DATA_DIR/api-key``); kept on ``args`` for main()'s error hints."""
+    found = endpoints.resolve(getattr(args, "url", None), getattr(args, "trajectory_url", None))
+    args.endpoints = found
+    return found
 
 
-def _client(args):
-    """A client with ``ARENA_API_KEY``, else the key ``arena up`` wrote under the data directory."""
+def _client(args: argparse.Namespace):
     from arena.sdk import ArenaClient
 
-    key = os.environ.get("ARENA_API_KEY", "")
-    local = Path(os.environ.get("ARENA_DATA_DIR", ".arena")) / LOCAL_KEY_FILE
-    if not key and local.is_file():
-        key = local.read_text().strip()
-    return ArenaClient(args.url, args.trajectory_url, api_key=key or None)
+    found = _endpoints(args)
+    return ArenaClient(found.url, found.trajectory_url, api_key=found.api_key or "")
 
 
 def _nats_url(url: str) -> str:
@@ -86,7 +90,8 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
     key = stack.api_key
     if key:
         print(f"API key for this machine's CLI (submit, read): {stack.data_dir / LOCAL_KEY_FILE} "
-              "(read by `arena` from ARENA_DATA_DIR; ARENA_API_KEY for the SDK)")
+              "(the CLI, ArenaClient() and exports read it from $ARENA_DATA_DIR, default .arena, "
+              "unless ARENA_API_KEY is set)")
     else:
         print("\nWARNING: ARENA_AUTH=off: the rollout and trajectory APIs ask for no key. Anyone who reaches "
               f"{settings.host} (every local user, at least) may submit, read and change everything.\n")
@@ -108,10 +113,25 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
         print("stopped.")
 
 
+def _check_llm_script(path: str) -> None:
+    """A script the scripted LLM will load, or an ``InvalidRequest`` naming what is wrong with it
+    (before anything starts: the backend runs as a child process, its error only in its log)."""
+    from arena_stack import scripted_llm
+
+    try:
+        scripted_llm.load_script(path)
+    except OSError as exc:
+        raise InvalidRequest(f"--llm-script {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # msgspec's DecodeError and ValidationError are ValueErrors
+        raise InvalidRequest(f"--llm-script {path} is not a script: {exc}") from None
+
+
 def cmd_up(args) -> int:
     settings = Settings.from_env(**({"data_dir": args.data_dir} if args.data_dir else {}))
     if args.cluster is not None and args.cluster < 1:
         raise ArenaError("--cluster takes the number of nats-servers, e.g. --cluster 3")
+    if args.llm_script:
+        _check_llm_script(args.llm_script)
     from arena_stack.stack import StackError
 
     try:
@@ -296,10 +316,43 @@ def cmd_status(args) -> int:
     return 0
 
 
+def trajectory_summary(traj) -> list[str]:
+    """A stored trajectory in a few lines: state, reward, turns, tokens, verification, flags."""
+    prompt = sum(s.usage.prompt_tokens or len(s.prompt_token_ids or []) for s in traj.steps)
+    completion = sum(s.usage.completion_tokens or len(s.completion_token_ids or []) for s in traj.steps)
+    group = f"  group {traj.group_id} member {traj.group_index + 1}/{traj.group_size}" if traj.group_id else ""
+    reward = "- (infrastructure outcome: no reward)" if traj.reward is None else format(traj.reward, "g")
+    lines = [f"rollout      {traj.rollout_id}  task {traj.task_id}{group}",
+             f"state        {traj.final_state.value}" + (f": {traj.reason}" if traj.reason else ""),
+             f"reward       {reward}",
+             f"turns        {len(traj.steps)} LLM call(s), {len(traj.sequences)} training sequence(s)",
+             f"tokens       {prompt} prompt, {completion} completion"]
+    v = traj.verification
+    if v is None:
+        lines.append("verification none")
+    else:
+        c = v.counts
+        tests = (f"{c.f2p_passed}/{c.f2p_passed + c.f2p_failed} FAIL_TO_PASS, "
+                 f"{c.p2p_passed}/{c.p2p_passed + c.p2p_failed} PASS_TO_PASS passed")
+        verdict = "passed" if v.passed else "not passed"
+        lines.append(f"verification {v.verifier}: {verdict}; {tests}" + (f"; {v.reason}" if v.reason else "")
+                     + (f"; error: {v.error}" if v.error else ""))
+    lines.append(f"flags        {', '.join(v.flags) if v is not None and v.flags else 'none'}")
+    if traj.incomplete:
+        lines.append(f"incomplete   {', '.join(traj.incomplete)}")
+    if traj.policy_versions:
+        lines.append(f"policy       {', '.join(traj.policy_versions)}")
+    return lines
+
+
 def cmd_trajectory(args) -> int:
     with _client(args) as client:
         traj = client.trajectory(args.id)
+    if args.json:
         print(msgspec.json.format(msgspec.json.encode(traj), indent=2).decode())
+        return 0
+    print("\n".join(trajectory_summary(traj)))
+    print(f"(the whole trajectory, steps with token ids and logprobs: arena trajectory {traj.rollout_id} --json)")
     return 0
 
 
@@ -331,7 +384,11 @@ def cmd_export(args) -> int:
     from arena.export_io import ExportFilter, HttpSource, Progress, StoreSource, export
 
     f = ExportFilter(task_id=args.task_id, since=args.since, until=args.until, policy_version=args.policy_version)
-    source = StoreSource(args.store, f) if args.store else HttpSource(args.trajectory_url, f)
+    if args.store:
+        source: StoreSource | HttpSource = StoreSource(args.store, f)
+    else:
+        found = _endpoints(args)
+        source = HttpSource(found.trajectory_url, f, api_key=found.api_key or "")
     options = ExportOptions(include_incomplete=args.include_incomplete, include_partial_groups=args.include_partial,
                             sft_threshold=args.sft_threshold, dpo_margin=args.dpo_margin, dpo_pairs=args.dpo_pairs,
                             normalize_std=not args.no_std)
@@ -341,15 +398,60 @@ def cmd_export(args) -> int:
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(stats.skipped.items())) or "nothing"
     print(f"{stats.rows} {args.view} rows from {stats.trajectories} trajectories in {stats.groups} groups "
           f"-> {len(files)} file(s) under {args.out}; skipped: {skipped}")
-    return 0
+    if stats.trajectories:
+        return 0
+    print(_nothing_matched(source, f), file=sys.stderr)
+    return 1
+
+
+def _nothing_matched(source, f) -> str:
+    """The warning for an export that read no trajectory: the filters, and the task ids a
+    ``--task-id`` may have meant (from the trajectory API; a ``--store`` export names none)."""
+    from arena.export import near_matches
+    from arena.export_io import HttpSource
+
+    given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in msgspec.structs.asdict(f).items() if v is not None)
+    where = "the store" if not isinstance(source, HttpSource) else source.url
+    if not given:
+        return f"arena: warning: no trajectory stored in {where} yet: nothing exported"
+    message = f"arena: warning: no trajectory in {where} matches {given}: nothing exported"
+    if f.task_id and isinstance(source, HttpSource):
+        known = asyncio.run(source.task_ids())
+        near = near_matches(f.task_id, known)
+        if f.task_id in known:
+            message += f"; task {f.task_id!r} is stored: the other filters leave none of its trajectories"
+        elif near:
+            message += f"; task ids near {f.task_id!r}: {', '.join(near)}"
+        elif known:
+            message += f"; no task id is near {f.task_id!r} ({len(known)} task(s) stored)"
+    return message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (``arena: ...``, exit 2) rather than the usage text."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"arena: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def _stack_options() -> argparse.ArgumentParser:
+    """``--url`` and ``--trajectory-url``: a parent of the parser and of each subcommand that talks
+    to the APIs, so they go before or after the subcommand (``SUPPRESS``: a subcommand that is not
+    given them keeps what came before it); unset, ``arena.endpoints.resolve`` finds them."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS,
+                        help=f"rollout API (default $ARENA_URL or {endpoints.DEFAULT_URL})")
+    common.add_argument("--trajectory-url", default=argparse.SUPPRESS,
+                        help=f"trajectory API (default $ARENA_TRAJECTORY_URL or {endpoints.DEFAULT_TRAJECTORY_URL})")
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arena", description="Arena: rollouts, sandboxes, verification, "
-                                                               "trajectories for agentic RL.")
-    parser.add_argument("--url", default="http://127.0.0.1:9090", help="rollout API (default %(default)s)")
-    parser.add_argument("--trajectory-url", default="http://127.0.0.1:9092",
-                        help="trajectory API (default %(default)s)")
+    stack = _stack_options()
+    parser = _Parser(prog="arena", parents=[stack],
+                     description="Arena: rollouts, sandboxes, verification, trajectories for agentic RL. The key "
+                                 "sent to the APIs: $ARENA_API_KEY, else the one `arena up` wrote to "
+                                 "$ARENA_DATA_DIR/api-key (default .arena/api-key).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="start the embedded stack until Ctrl-C")
@@ -366,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("submit", help="submit a task file (a rollout, or a group with --n)")
+    p = sub.add_parser("submit", parents=[stack], help="submit a task file (a rollout, or a group with --n)")
     p.add_argument("task", help="task.json or a directory holding one")
     p.add_argument("--n", type=int, default=1)
     p.add_argument("--seed", type=int, default=None)
@@ -374,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0)
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("duel", help="one task (or each task of a dataset) for two policies on the same seeds")
+    p = sub.add_parser("duel", parents=[stack],
+                       help="one task (or each task of a dataset) for two policies on the same seeds")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--task", help="task.json or a directory holding one")
     which.add_argument("--dataset", help="an import's output directory (`arena tasks import`): a duel per task")
@@ -390,10 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tasks", help="task bundles and datasets: push, import, validate")
     tasks = p.add_subparsers(dest="tasks_command", required=True)
-    q = tasks.add_parser("push", help="upload a directory as a content-addressed bundle; prints its digest")
+    q = tasks.add_parser("push", parents=[stack],
+                         help="upload a directory as a content-addressed bundle; prints its digest")
     q.add_argument("dir")
     q.set_defaults(func=cmd_tasks_push)
-    q = tasks.add_parser("import", help="turn a SWE-bench-format dataset into task files")
+    q = tasks.add_parser("import", parents=[stack], help="turn a SWE-bench-format dataset into task files")
     q.add_argument("format", choices=["swebench"])
     q.add_argument("file", help="JSONL, JSON or Parquet rows (instance_id, repo, base_commit, patch, test_patch, "
                                 "FAIL_TO_PASS, PASS_TO_PASS, ...)")
@@ -408,22 +512,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--agent-command", help="the agent (sh -c) every task runs; default: none yet")
     q.add_argument("--test-timeout", type=float, default=900.0)
     q.set_defaults(func=cmd_tasks_import)
-    q = tasks.add_parser("validate", help="gold patch must score 1, empty patch 0 (through the running stack)")
+    q = tasks.add_parser("validate", parents=[stack],
+                         help="gold patch must score 1, empty patch 0 (through the running stack)")
     q.add_argument("path", help="an import's output directory, or one task file")
     q.add_argument("--timeout", type=float, default=900.0)
     q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_tasks_validate)
 
-    p = sub.add_parser("status", help="show one rollout, or list them")
+    p = sub.add_parser("status", parents=[stack], help="show one rollout, or list them")
     p.add_argument("id", nargs="?")
-    p.add_argument("--state")
+    p.add_argument("--state", choices=[state.value for state in RolloutState], help="only rollouts in this state")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("trajectory", help="print a stored trajectory")
+    p = sub.add_parser("trajectory", parents=[stack], help="a stored trajectory: a summary, or --json")
     p.add_argument("id")
+    p.add_argument("--json", action="store_true", help="the whole trajectory as JSON (steps, token ids, logprobs)")
     p.set_defaults(func=cmd_trajectory)
 
-    p = sub.add_parser("export", help="export stored trajectories as training data (Parquet or JSONL)")
+    p = sub.add_parser("export", parents=[stack], help="export stored trajectories as training data (Parquet or JSONL)")
     p.add_argument("--view", choices=["grpo", "dpo", "sft", "tokens"], required=True)
     p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument("--out", required=True, help="a directory for parquet (date=/task= partitions), a file for jsonl")
@@ -442,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("verify", help="re-verify a stored rollout with a new or changed verifier")
+    p = sub.add_parser("verify", parents=[stack], help="re-verify a stored rollout with a new or changed verifier")
     p.add_argument("id")
     p.add_argument("--verifier", required=True, help="verifier JSON, or a file holding it (or a task.json)")
     p.add_argument("--name", help="name the result is stored under (default replay-<type>-<hash>)")
@@ -462,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backend", help="register, list or remove LLM backend replicas (arena_backends)")
     p.add_argument("action", choices=["register", "list", "remove"])
     p.add_argument("--id", help="replica id")
-    p.add_argument("--url", help="OpenAI-compatible base URL, ending in /v1")
+    p.add_argument("--url", dest="replica_url", help="OpenAI-compatible base URL, ending in /v1")
     p.add_argument("--model", action="append", help="a model it serves (repeatable; none = any)")
     p.add_argument("--policy-version", default="", help="policy version it serves (after a weight sync)")
     p.add_argument("--max-inflight", type=int, default=64, help="in-flight calls before queueing")
@@ -612,9 +718,9 @@ def cmd_backend(args) -> int:
         try:
             kv = await bus.kv(subjects.KV_BACKENDS)
             if args.action == "register":
-                if not args.id or not args.url:
+                if not args.id or not args.replica_url:
                     raise ArenaError("backend register needs --id and --url")
-                replica = BackendReplica(replica_id=args.id, url=args.url, models=args.model or [],
+                replica = BackendReplica(replica_id=args.id, url=args.replica_url, models=args.model or [],
                                          policy_version=args.policy_version, max_inflight=args.max_inflight,
                                          registered_at=time.time())
                 await kv.put(replica.replica_id, msgspec.json.encode(replica))
@@ -678,14 +784,48 @@ def cmd_keys(args) -> int:
     return asyncio.run(run())
 
 
+def _key_hint(args: argparse.Namespace) -> str:
+    """Which key was sent, for a 401: where it came from, or where one is looked for."""
+    found: endpoints.Endpoints | None = getattr(args, "endpoints", None)
+    if found is None:
+        return ""
+    if found.key_from:
+        return f" (the key sent came from {found.key_from})"
+    return (f" (no key sent: set ARENA_API_KEY, or run where `arena up` left {endpoints.local_key_file()}, "
+            "or set ARENA_DATA_DIR to its data directory)")
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader has gone (``arena trajectory ID | head``): point stdout at /dev/null so that
+    the interpreter's last flush at exit does not complain again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user error (a bad argument, a missing or malformed file, a stack that is
+    not running, a refused key) ends in one line on stderr, ``arena: ...``, and exit status 2; any
+    other exception keeps its traceback: it is a bug."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except Unauthorized as exc:
+        print(f"arena: {exc.code}: {exc}{_key_hint(args)}", file=sys.stderr)
+        return 2
     except (ArenaError, SettingsError) as exc:
         code = getattr(exc, "code", "settings")
         print(f"arena: {code}: {exc}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        print(f"arena: cannot read {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except msgspec.DecodeError as exc:  # a file or argument that is not the JSON expected (ValidationError too)
+        print(f"arena: invalid_request: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141  # as a process ended by SIGPIPE
     except KeyboardInterrupt:
         return 130
 

@@ -7,6 +7,7 @@ What a view skips is counted in ``ExportStats``. See docs/trajectory.md ("Export
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import itertools
 import json
 from collections.abc import Iterable, Iterator
@@ -230,3 +231,15 @@ def export_rows(trajectories: Iterable[Trajectory], view: View, options: ExportO
         rows = fn(group, options, stats)
         stats.rows += len(rows)
         yield from rows
+
+
+def near_matches(wanted: str, known: Iterable[str], *, limit: int = 5) -> list[str]:
+    """Values of ``known`` a user may have meant by ``wanted`` (a filter that matched nothing):
+    those that start with it, then those that contain it (case-insensitively), then the closest by
+    ``difflib``; at most ``limit``."""
+    known = sorted(set(known))
+    low = wanted.lower()
+    starts = [k for k in known if k.lower().startswith(low)]
+    contains = [k for k in known if low in k.lower() and k not in starts]
+    close = [k for k in difflib.get_close_matches(wanted, known, n=limit, cutoff=0.6) if k not in starts + contains]
+    return (starts + contains + close)[:limit]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
+from arena import endpoints
 from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, InvalidRequest, Unavailable
 from arena.export import ExportOptions, ExportStats, View, export_rows
@@ -53,10 +54,15 @@ class Source(Protocol):
 
 
 class HttpSource:
-    """Pages through ``GET {url}/v1/export/trajectories``."""
+    """Pages through ``GET {url}/v1/export/trajectories``. ``url`` and ``api_key`` unset: as
+    ``arena.endpoints.resolve`` finds them (``ARENA_TRAJECTORY_URL``, ``ARENA_API_KEY``, else the
+    local stack and ``$ARENA_DATA_DIR/api-key``)."""
 
-    def __init__(self, url: str, f: ExportFilter, *, page: int = PAGE, timeout: float = 60.0):
-        self.url = url.rstrip("/")
+    def __init__(self, url: str | None, f: ExportFilter, *, page: int = PAGE, timeout: float = 60.0,
+                 api_key: str | None = None):
+        found = endpoints.resolve(trajectory_url=url, api_key=api_key)
+        self.url = found.trajectory_url
+        self.api_key = found.api_key
         self.filter = f
         self.page = page
         self.timeout = timeout
@@ -65,10 +71,12 @@ class HttpSource:
     async def trajectories(self) -> AsyncIterator[Trajectory]:
         params: dict[str, str] = {**self.filter.params(), "limit": str(self.page)}
         decoder = msgspec.json.Decoder(_Page)
-        async with httpx.AsyncClient(timeout=self.timeout, headers=auth_headers()) as client:
+        async with httpx.AsyncClient(timeout=self.timeout, headers=auth_headers(self.api_key or "")) as client:
             while True:
                 try:
                     r = await client.get(f"{self.url}/v1/export/trajectories", params=params)
+                except httpx.ConnectError as exc:
+                    raise Unavailable(endpoints.not_running(self.url, exc)) from exc
                 except httpx.TransportError as exc:
                     raise Unavailable(f"trajectory service at {self.url} is not reachable: {exc}") from exc
                 if r.status_code != 200:
@@ -86,6 +94,26 @@ class HttpSource:
                 if page.next is None:
                     return
                 params.update(after_group=page.next[0], after_rollout=page.next[1])
+
+
+    async def task_ids(self, *, most: int = 5000) -> list[str]:
+        """The task ids the trajectory API holds trajectories of (``GET /v1/stats/tasks``), A-Z,
+        at most ``most``: where a ``--task-id`` that matched nothing finds its near matches."""
+        ids: list[str] = []
+        async with httpx.AsyncClient(timeout=self.timeout, headers=auth_headers(self.api_key or "")) as client:
+            while len(ids) < most:
+                try:
+                    r = await client.get(f"{self.url}/v1/stats/tasks",
+                                         params={"order": "task_id", "limit": "1000", "offset": str(len(ids))})
+                except httpx.TransportError as exc:
+                    raise Unavailable(f"trajectory service at {self.url} is not reachable: {exc}") from exc
+                if r.status_code != 200:
+                    raise Unavailable(f"{self.url}/v1/stats/tasks answered {r.status_code}: {r.text[:200]}")
+                rows = r.json()["rows"]
+                ids.extend(row["task_id"] for row in rows)
+                if len(rows) < 1000:
+                    break
+        return ids
 
 
 class StoreSource:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
+from arena import endpoints
 from arena_core import sources
 from arena_core.apikeys import auth_headers
 from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
@@ -40,16 +41,21 @@ T = TypeVar("T")
 
 
 class ArenaClient:
-    def __init__(self, url: str = "http://127.0.0.1:9090", trajectory_url: str = "http://127.0.0.1:9092", *,
+    def __init__(self, url: str | None = None, trajectory_url: str | None = None, *,
                  timeout: float = 30.0, transport: httpx.BaseTransport | None = None, overload_wait: float = 600.0,
                  api_key: str | None = None):
-        """``overload_wait``: seconds a submission keeps retrying while the server answers 429
-        ``overloaded`` (after each ``Retry-After``) before raising ``Overloaded``; 0 raises at once.
-        ``api_key``: sent as ``Authorization: Bearer`` (default ``ARENA_API_KEY``; none: no header)."""
+        """``url``, ``trajectory_url``, ``api_key``: the rollout API, the trajectory API and the key
+        sent as ``Authorization: Bearer``; each unset one as ``arena.endpoints.resolve`` finds it
+        (``ARENA_URL``, ``ARENA_TRAJECTORY_URL``, ``ARENA_API_KEY``, else the local stack and the key
+        ``arena up`` left in ``$ARENA_DATA_DIR/api-key``); ``api_key=""`` sends none.
+        ``overload_wait``: seconds a submission keeps retrying while the server answers 429
+        ``overloaded`` (after each ``Retry-After``) before raising ``Overloaded``; 0 raises at once."""
         self.overload_wait = overload_wait
-        headers = auth_headers(api_key)
-        self._http = httpx.Client(base_url=url, timeout=timeout, transport=transport, headers=headers)
-        self._traj = httpx.Client(base_url=trajectory_url, timeout=timeout, transport=transport, headers=headers)
+        self.endpoints = endpoints.resolve(url, trajectory_url, api_key)
+        headers = auth_headers(self.endpoints.api_key or "")
+        self._http = httpx.Client(base_url=self.endpoints.url, timeout=timeout, transport=transport, headers=headers)
+        self._traj = httpx.Client(base_url=self.endpoints.trajectory_url, timeout=timeout, transport=transport,
+                                  headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -82,6 +88,8 @@ class ArenaClient:
     def _call(self, client: httpx.Client, method: str, path: str, type_: type[T] | None = None, **kw) -> Any:
         try:
             resp = client.request(method, path, **kw)
+        except httpx.ConnectError as exc:
+            raise Unavailable(endpoints.not_running(str(client.base_url), exc)) from exc
         except httpx.HTTPError as exc:
             raise Unavailable(f"cannot reach {client.base_url}: {exc}") from exc
         data = self._check(resp)
