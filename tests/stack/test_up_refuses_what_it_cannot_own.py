@@ -18,9 +18,11 @@ import httpx
 import pytest
 
 from arena_core.settings import Settings
+from arena_core.schemas import LlmJudgeVerifier
 from arena_stack import natsauth
 from arena_stack.natsserver import free_port
 from arena_stack.stack import LOCK_FILE, Child, Stack, StackError
+from arena_verification.judge import endpoint_of
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -48,6 +50,10 @@ def test_public_url_follows_the_rollout_port_unless_given():
     assert Settings.from_env({"ARENA_ROLLOUT_PORT": "9290", "ARENA_PUBLIC_URL": "http://arena:9090"}).public_url \
         == "http://arena:9090"
     assert Settings().public_url == "http://127.0.0.1:9090"
+    # and the verification service's judge calls follow it too
+    judge = LlmJudgeVerifier(rubric="Grade it.")
+    assert endpoint_of(judge, "r1", {"ARENA_JUDGE_KEY": "k", "ARENA_ROLLOUT_PORT": "9390"}) \
+        == ("http://127.0.0.1:9390/judge/r1/v1", "k")
 
 
 @needs_bwrap

@@ -63,7 +63,8 @@ def endpoint_of(spec: LlmJudgeVerifier, rollout_id: str = "",
     if not key or not rollout_id:
         raise VerificationError(f"llm_judge: no judge endpoint (set {ENV_JUDGE_KEY} to judge through Arena's "
                                 f"proxy, or the verifier's base_url or {ENV_BASE_URL})")
-    public = env.get(ENV_PUBLIC_URL) or Settings().public_url
+    public = env.get(ENV_PUBLIC_URL) or Settings(  # unset: the rollout service on this host's port
+        host=env.get("ARENA_HOST", "127.0.0.1"), rollout_port=int(env.get("ARENA_ROLLOUT_PORT") or 9090)).public_url
     return f"{public.rstrip('/')}/judge/{rollout_id}/v1", key
 
 
