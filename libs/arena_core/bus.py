@@ -408,9 +408,9 @@ class Bus:
 
     async def read_object(self, name: str) -> bytes:
         """The object ``name`` of ``arena_artifacts``, its chunks written as they arrive into
-        one buffer that becomes the result (``ObjectStore.get`` joins them as ``bytes``,
-        copying the whole object again for each chunk; with ``writeinto`` it hands each to a
-        thread, and the chunks not written yet queue up). Raises nats-py's errors
+        one buffer of its size that becomes the result (``ObjectStore.get`` joins them as
+        ``bytes``, copying the whole object again for each chunk; with ``writeinto`` it hands
+        each to a thread, and the chunks not written yet queue up). Raises nats-py's errors
         (``ObjectNotFoundError``, ``DigestMismatchError``, timeouts)."""
         store = await self.artifacts()
         info = await store.get_info(name)
@@ -419,20 +419,42 @@ class Bus:
         if not info.size:
             return b""
         sink = io.BytesIO()
+        sink.seek(info.size - 1)
+        sink.write(b"\0")  # the whole buffer at once: no reallocation (and copy) as it fills
+        sink.seek(0)
         digest = hashlib.sha256()
+        got = 0
         sub = await self.js.subscribe(f"$O.{subjects.OBJECT_ARTIFACTS}.C.{info.nuid}", ordered_consumer=True)
         try:
-            while sink.tell() < info.size:
-                chunk = await sub.next_msg(timeout=self.publish_timeout)
-                sink.write(chunk.data)
-                digest.update(chunk.data)
+            while got < info.size:
+                chunk = (await sub.next_msg(timeout=self.publish_timeout)).data
+                if got + len(chunk) > info.size:
+                    break
+                sink.write(chunk)
+                digest.update(chunk)
+                got += len(chunk)
                 del chunk
         finally:
             await sub.unsubscribe()
         expected = (info.digest or "").replace("SHA-256=", "").replace("sha-256=", "")
-        if sink.tell() != info.size or (expected and base64.urlsafe_b64decode(expected) != digest.digest()):
+        if got != info.size or (expected and base64.urlsafe_b64decode(expected) != digest.digest()):
             raise nats.js.errors.DigestMismatchError
         return sink.getvalue()
+
+    async def publish_parts(self, subject: str, parts: Sequence[bytes | memoryview], *, msg_id: str) -> PubAck:
+        """``publish`` of the concatenation of ``parts`` (a message's JSON around a large piece
+        held apart, e.g. an agent's diff): over ``max_payload`` the parts are written to the
+        object store one after the other, never joined into one more copy of the whole."""
+        size = sum(len(part) for part in parts)
+        if size <= self.nc.max_payload - BODY_HEADROOM:
+            return await self.publish(subject, b"".join(parts), msg_id=msg_id)
+        name = body_object_name(msg_id)
+        try:
+            store = await self.artifacts()
+            await store.put(name, PartsReader(parts))
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"cannot store a {size}-byte message body as {name}: {exc}") from exc
+        return await self.publish(subject, b"", msg_id=msg_id, headers={BODY_OBJECT_HEADER: name})
 
     async def dead_letter(self, *, stream: str, msg: Msg, consumer: str, error: str,
                           packed: tuple[int, Packed] | None = None) -> None:
@@ -524,6 +546,33 @@ def redact(url: str) -> str:
         host = f"{parsed.hostname}:{parsed.port}" if parsed.port else str(parsed.hostname)
         out.append(parsed._replace(netloc=host).geturl())
     return ",".join(out)
+
+
+class PartsReader(io.RawIOBase):
+    """Buffers read one after the other as one stream (what ``ObjectStore.put`` takes), no
+    copy of them made."""
+
+    def __init__(self, parts: Sequence[bytes | memoryview]):
+        self._parts = [memoryview(part).cast("B") for part in parts]
+        self._index = 0
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(out) and self._index < len(self._parts):
+            part = self._parts[self._index]
+            n = min(len(out) - filled, len(part) - self._at)
+            out[filled:filled + n] = part[self._at:self._at + n]
+            filled += n
+            self._at += n
+            if self._at == len(part):
+                self._index += 1
+                self._at = 0
+        return filled
 
 
 def body_object_name(msg_id: str) -> str:

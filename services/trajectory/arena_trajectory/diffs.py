@@ -14,7 +14,6 @@ sees is unchanged. See docs/trajectory.md (Storage, Large diffs).
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Sequence
 
@@ -22,7 +21,7 @@ import msgspec
 import nats
 from nats.js.errors import ObjectDeletedError, ObjectNotFoundError
 
-from arena_core.bus import Bus
+from arena_core.bus import Bus, PartsReader
 from arena_core.errors import Unavailable
 from arena_core.schemas import SandboxDone, Trajectory
 
@@ -46,21 +45,9 @@ _done_decoder = msgspec.json.Decoder(SandboxDone)
 _FIELDS = tuple(f for f in SandboxDone.__struct_fields__ if f not in ("diff", "artifacts"))
 
 
-class _ViewReader(io.RawIOBase):
-    """A buffer read chunk by chunk (the object store's ``put`` takes a reader), no copy of it made."""
-
-    def __init__(self, data: memoryview):
-        self._view = data.cast("B")
-        self._at = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
-        n = min(len(buffer), len(self._view) - self._at)
-        memoryview(buffer).cast("B")[:n] = self._view[self._at:self._at + n]
-        self._at += n
-        return n
+#: Where a message's diff goes: no JSON encoder writes a raw NUL byte (a string's control
+#: characters are escaped), so this ``msgspec.Raw`` is found in the encoded message exactly once.
+MARK = b"\x00arena:diff\x00"
 
 
 def diff_key(rollout_id: str) -> str:
@@ -83,31 +70,41 @@ async def decode_sandbox_done(bus: Bus, data: bytes) -> SandboxDone:
     key = diff_key(head.rollout_id)
     try:
         store = await bus.artifacts()
-        await store.put(key, _ViewReader(memoryview(head.diff)))
+        await store.put(key, PartsReader([memoryview(head.diff)]))
     except (nats.errors.Error, TimeoutError) as exc:
         raise Unavailable(f"cannot store the diff of rollout {head.rollout_id} as {key}: {exc}") from exc
     return SandboxDone(**{f: getattr(head, f) for f in _FIELDS}, diff="",
                        artifacts={**head.artifacts, DIFF_ARTIFACT: key})
 
 
-async def _read(bus: Bus, done: SandboxDone) -> bytes | None:
+async def diff_json(bus: Bus, done: SandboxDone) -> bytes | None:
     """The JSON string of ``done``'s spilled diff; ``None`` (logged) if it is gone from the store."""
     key = done.artifacts[DIFF_ARTIFACT]
-    sink = io.BytesIO()
     try:
-        store = await bus.artifacts()
-        await store.get(key, writeinto=sink)
+        return await bus.read_object(key)
     except (ObjectNotFoundError, ObjectDeletedError):
         log.warning("rollout %s: its diff %s is not in the object store", done.rollout_id, key,
                     extra={"rollout_id": done.rollout_id})
         return None
     except (nats.errors.Error, TimeoutError) as exc:
         raise Unavailable(f"cannot read the diff of rollout {done.rollout_id} ({key}): {exc}") from exc
-    return sink.getvalue()
 
 
 def _unreferenced(done: SandboxDone) -> dict[str, str]:
     return {k: v for k, v in done.artifacts.items() if k != DIFF_ARTIFACT}
+
+
+def marked(done: SandboxDone) -> SandboxDone:
+    """``done`` for a message whose diff is spliced in at ``MARK`` (``Bus.publish_parts``):
+    its JSON is the ``SandboxDone`` the sandbox sent with ``MARK`` in place of the diff."""
+    return RawDiffDone(**{f: getattr(done, f) for f in _FIELDS}, diff=msgspec.Raw(MARK), artifacts=_unreferenced(done))
+
+
+def split_at_mark(data: bytes) -> tuple[memoryview, memoryview]:
+    """The encoded message ``data`` before and after ``MARK`` (views, no copies)."""
+    at = data.index(MARK)
+    view = memoryview(data)
+    return view[:at], view[at + len(MARK):]
 
 
 async def raw_sandbox(bus: Bus, done: SandboxDone) -> SandboxDone:
@@ -115,7 +112,7 @@ async def raw_sandbox(bus: Bus, done: SandboxDone) -> SandboxDone:
     which encodes as the ``SandboxDone`` the sandbox sent); ``done`` itself if not spilled or gone."""
     if not spilled(done):
         return done
-    data = await _read(bus, done)
+    data = await diff_json(bus, done)
     if data is None:
         return done
     return RawDiffDone(**{f: getattr(done, f) for f in _FIELDS}, diff=msgspec.Raw(data),
@@ -126,7 +123,7 @@ async def restore(bus: Bus, done: SandboxDone) -> SandboxDone:
     """``done`` as the sandbox sent it, its spilled diff decoded (a diff gone stays a reference)."""
     if not spilled(done):
         return done
-    data = await _read(bus, done)
+    data = await diff_json(bus, done)
     if data is None:
         return done
     diff = msgspec.json.decode(data, type=str)

@@ -333,14 +333,16 @@ class TrajectoryWorker:
             return
         msg_id = subjects.msg_id(t.rollout_id, "trajectory", 0)
         if diffs.spilled(t.sandbox):
-            async with self._restoring:  # the diff's JSON bytes spliced in as they arrived, not decoded
-                whole = msgspec.structs.replace(t, sandbox=await diffs.raw_sandbox(self.bus, t.sandbox))
-                data = encode_trajectory(whole, raw)
-                del whole
-                await self._publish_once(subject, data, msg_id, look_up=False)
-                del data
-        else:
-            await self._publish_once(subject, encode_trajectory(t, raw), msg_id, look_up=False)
+            async with self._restoring:  # one such diff in memory at a time
+                diff = await diffs.diff_json(self.bus, t.sandbox)
+                if diff is not None:  # the message around the diff, and the diff's JSON as it arrived: never joined
+                    head, tail = diffs.split_at_mark(encode_trajectory(
+                        msgspec.structs.replace(t, sandbox=diffs.marked(t.sandbox)), raw))
+                    await self.bus.publish_parts(subject, [head, diff, tail], msg_id=msg_id)
+                    del diff, head, tail
+                    self._on_stream.add(t.rollout_id)
+                    return
+        await self._publish_once(subject, encode_trajectory(t, raw), msg_id, look_up=False)
         self._on_stream.add(t.rollout_id)
 
     async def _complete_groups(self, group_ids: list[str], *, allow_partial: bool = False,
