@@ -486,8 +486,12 @@ class Stack:
         try:
             async with httpx.AsyncClient(timeout=1.0) as http:
                 while pending:
-                    for child in self.children:
-                        if not child.alive():
+                    for child in list(self.children):
+                        if not child.alive() and child.name == "dashboard":  # optional: lost its port, say
+                            self._drop_dashboard(child, f"exited with code {child.proc.returncode} (log: "
+                                                        f"{child.log_path})")
+                            pending.discard(child.name)
+                        elif not child.alive():
                             raise StackError(f"{child.name} exited with code {child.proc.returncode}\n"
                                              f"--- {child.log_path} ---\n{child.tail()}")
                     for name in list(pending):
@@ -502,8 +506,14 @@ class Stack:
                         if ok:
                             pending.discard(name)
                             child = next(c for c in self.children if c.name == name)
-                            if name in urls:
-                                self._check_owner(name, urlparse(urls[name]).port or 80, child.pid)
+                            try:
+                                if name in urls:
+                                    self._check_owner(name, urlparse(urls[name]).port or 80, child.pid)
+                            except StackError as exc:
+                                if name != "dashboard":
+                                    raise
+                                self._drop_dashboard(child, str(exc))
+                                continue
                             where = urls.get(name, f"consumer {durables.get(name, ('', ''))[1]}").replace("/healthz", "")
                             self.log(f"{name:<15} {where} (pid {child.pid})")
                     if time.monotonic() > deadline:
@@ -512,6 +522,12 @@ class Stack:
                         await asyncio.sleep(0.1)
         finally:
             await bus.close()
+
+    def _drop_dashboard(self, child: Child, why: str) -> None:
+        """The dashboard (optional) did not come up as this stack's own: stopped, reported, left out."""
+        child.stop(5.0)
+        self.children.remove(child)
+        self.log(f"{child.name:<15} not started: {why}")
 
     def stop(self) -> None:
         """Every child but the trajectory service at once (each drains in parallel), then the

@@ -150,3 +150,22 @@ async def test_a_nats_server_that_cannot_listen_again_stops_the_supervisor_with_
     finally:
         squatter.close()
         stack.stop()
+
+
+def test_a_port_answering_from_another_process_than_the_child_is_not_the_child(tmp_path):
+    stack = Stack(settings_for(tmp_path), log=lambda m: None)
+    other = socket.socket()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(StackError, match=f"port {port} answers for rollout from pid {os.getpid()} .*"
+                                             f"not from the rollout this stack started \\(pid {child.pid}\\)"):
+            stack._check_owner("rollout", port, child.pid)
+        stack._check_owner("rollout", port, os.getpid())  # its own: fine
+    finally:
+        child.kill()
+        child.wait()
+        other.close()
+        stack.stop()
