@@ -416,7 +416,10 @@ def _nothing_matched(source, f) -> str:
         return f"arena: warning: no trajectory stored in {where} yet: nothing exported"
     message = f"arena: warning: no trajectory in {where} matches {given}: nothing exported"
     if f.task_id and isinstance(source, HttpSource):
-        known = asyncio.run(source.task_ids())
+        try:
+            known = asyncio.run(source.task_ids())
+        except ArenaError as exc:  # the warning stands without its suggestions
+            return f"{message} (no task ids to suggest: {exc})"
         near = near_matches(f.task_id, known)
         if f.task_id in known:
             message += f"; task {f.task_id!r} is stored: the other filters leave none of its trajectories"
