@@ -177,6 +177,9 @@ def test_on_the_real_stack_the_rollout_fails_and_memory_stays_flat(tmp_path, cap
             # +12 to +13 in the rollout service; +81 (measured before the trajectory was even
             # published), +46 and +26 before the large diff went to the object store and the
             # bodies were read without copies: docs/trajectory.md, Large diffs)
-            assert after_largest[name] - warm[name] < 3 * CAP, (name, figures)
+            # verification decodes its VerifyJob whole (body, msgspec's buffer, the diff: ~3x the
+            # diff), so its bound has a margin over its measured +27 MiB that allocator noise needs
+            bound = 4 * CAP if name == "verification" else 3 * CAP
+            assert after_largest[name] - warm[name] < bound, (name, figures)
     finally:
         stack.stop()
