@@ -274,6 +274,8 @@ class Stack:
                    (host, self.settings.trajectory_port, "ARENA_TRAJECTORY_PORT"),
                    (host, self.settings.sandbox_health_port, "ARENA_SANDBOX_HEALTH_PORT"),
                    (host, self.settings.verification_health_port, "ARENA_VERIFICATION_HEALTH_PORT")]
+        if self.settings.proxy_port:  # the rollout service's proxy-only listener (sandboxes elsewhere)
+            needed.append((host, self.settings.proxy_port, "ARENA_PROXY_PORT"))
         if self.llm_script is not None:
             backend = urlparse(self.settings.backend_url)
             needed.append((backend.hostname or "127.0.0.1", backend.port or 80, "ARENA_BACKEND_URL, the scripted LLM"))
