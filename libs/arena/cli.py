@@ -248,14 +248,28 @@ def cmd_submit(args) -> int:
         for rid in ids:
             print(rid)
         if args.wait:
-            failed = 0
-            for rid in ids:
-                view = client.wait(rid, timeout=args.timeout)
-                reward = "-" if view.reward is None else f"{view.reward:g}"
-                print(f"{rid}  {view.state.value:<16} reward {reward:<4} {view.reason}")
-                failed += view.state.value != "completed"
-            return 1 if failed else 0
+            return _wait_rollouts(client, ids, args.timeout)
     return 0
+
+
+def _wait_rollouts(client, ids: list[str], timeout: float) -> int:
+    """Wait for every rollout (concurrently), a progress bar on stderr and, on stdout, a line per
+    rollout as it finishes; 1 when any did not complete."""
+    from arena.progress import WaitProgress, as_finished, outcome_of
+
+    failed = 0
+    with WaitProgress(len(ids), "rollouts") as progress:
+        for rid, view in as_finished(ids, lambda rid: client.wait(rid, timeout=timeout)):
+            reward = "-" if view.reward is None else f"{view.reward:g}"
+            if not view.state.is_final:
+                progress.finished(rid, "failed")
+                print(f"{rid}  {view.state.value:<16} reward {reward:<4} (still running after {timeout:g}s)",
+                      flush=True)
+            else:
+                progress.finished(rid, outcome_of(view))
+                print(f"{rid}  {view.state.value:<16} reward {reward:<4} {view.reason}", flush=True)
+            failed += view.state.value != "completed"
+    return 1 if failed else 0
 
 
 def cmd_duel(args) -> int:
@@ -638,7 +652,9 @@ def cmd_tasks_import(args) -> int:
     out = Path(args.out)
     (out / "gold").mkdir(parents=True, exist_ok=True)
     agent = AgentSpec(command=["sh", "-c", args.agent_command]) if args.agent_command else datasets.UNSET_AGENT
-    with _client(args) as client:
+    from arena.progress import WaitProgress
+
+    with _client(args) as client, WaitProgress(len(rows), "import") as progress:
         for i, row in enumerate(rows, 1):
             if args.image or row.image_name:
                 source = datasets.image_source(row, args.image or "", args.image_path)
@@ -657,8 +673,19 @@ def cmd_tasks_import(args) -> int:
             print(f"[{i}/{len(rows)}] {row.instance_id}: {len(task.verifier.fail_to_pass)} FAIL_TO_PASS, "
                   f"{len(task.verifier.pass_to_pass)} PASS_TO_PASS, source {source.__struct_config__.tag}",
                   flush=True)
+            progress.finished(row.instance_id, "completed")
     print(f"wrote {len(rows)} task(s) to {out}")
     return 0
+
+
+def _shown_reward(view) -> str:
+    """A final rollout's reward as a table shows it: the reward, ``?`` for a completed rollout
+    without one, else the state (``(infra)`` when an infrastructure error ended it)."""
+    if view.reward is not None:
+        return f"{view.reward:g}"
+    if view.state.value == "completed":
+        return "?"
+    return view.state.value + (" (infra)" if view.infrastructure else "")
 
 
 def cmd_tasks_validate(args) -> int:
@@ -666,6 +693,7 @@ def cmd_tasks_validate(args) -> int:
     import tempfile
 
     from arena import datasets
+    from arena.progress import WaitProgress, as_finished, outcome_of
     from arena_core.schemas import AgentSpec
     from arena.tasks import load_task
 
@@ -686,17 +714,15 @@ def cmd_tasks_validate(args) -> int:
             for kind, agent in runs.items():
                 view = client.submit(msgspec.structs.replace(task, agent=agent), metadata={"validate": kind})
                 submitted.append((task.id, kind, view.rollout_id))
-        results: dict[str, dict[str, str]] = {}
-        for task_id, kind, rid in submitted:
-            view = client.wait(rid, timeout=args.timeout)
-            if view.reward is not None:
-                shown = f"{view.reward:g}"
-            elif view.state.value == "completed":
-                shown = "?"
-            else:
-                shown = f"{view.state.value}" + (" (infra)" if view.infrastructure else "")
-            results.setdefault(task_id, {})[kind] = shown
-            rows.append((task_id, kind, view))
+        results: dict[str, dict[str, str]] = {task_id: {} for task_id, _, _ in submitted}
+        progress = WaitProgress(len(submitted), "validate")
+        with progress:
+            for (task_id, kind, rid), view in as_finished(submitted, lambda s: client.wait(s[2], timeout=args.timeout)):
+                progress.finished(f"{task_id} {kind} {rid} reward "
+                                  f"{'-' if view.reward is None else format(view.reward, 'g')}",
+                                  outcome_of(view) if view.state.is_final else "failed")
+                results[task_id][kind] = _shown_reward(view)
+                rows.append((task_id, kind, view))
     bad = 0
     print(f"{'instance':<40} {'gold':>8} {'empty':>8}  verdict")
     for task_id, got in results.items():

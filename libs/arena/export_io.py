@@ -273,7 +273,8 @@ class Progress:
         if self.total:
             frac = min(done / self.total, 1.0)
             bar = "#" * int(frac * 30)
-            line = f"[{bar:<30}] {done}/{self.total} trajectories {frac:4.0%}  {rows} rows  {rate:,.0f}/s"
+            eta = f"  ETA {(self.total - done) / rate:,.0f}s" if rate > 0 and done < self.total else ""
+            line = f"[{bar:<30}] {done}/{self.total} trajectories {frac:4.0%}  {rows} rows  {rate:,.0f}/s{eta}"
         else:
             line = f"{done} trajectories  {rows} rows  {rate:,.0f}/s"
         self.stream.write("\r" + line)
