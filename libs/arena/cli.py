@@ -318,16 +318,52 @@ def cmd_duel(args) -> int:
         return 1 if undecided else 0
 
 
+#: What ``arena status`` asks of the API when it filters client-side (the API's most).
+LIST_MAX = 100_000
+
+
 def cmd_status(args) -> int:
+    """One rollout as JSON, or a table of rollouts (oldest first, the newest ``--limit``). The API
+    filters by state and group; the task is filtered here, as is the limit once anything is."""
+    if not 1 <= args.limit <= LIST_MAX:
+        raise InvalidRequest(f"--limit takes 1 to {LIST_MAX}, not {args.limit}")
     with _client(args) as client:
         if args.id:
             print(msgspec.json.format(msgspec.json.encode(client.get(args.id)), indent=2).decode())
             return 0
-        for view in client.list(state=args.state):
-            reward = "-" if view.reward is None else f"{view.reward:g}"
-            print(f"{view.rollout_id}  {view.task_id:<24} {view.state.value:<16} reward {reward:<4} "
-                  f"steps {view.steps:<3} {view.reason}")
+        # the API cuts to its limit before it picks the group: ask for all it has when a filter follows
+        server_limit = args.limit if args.group is None and args.task is None else LIST_MAX
+        views = client.list(state=args.state, group_id=args.group, limit=server_limit)
+    if args.task is not None:
+        views = [v for v in views if v.task_id == args.task]
+    views = views[-args.limit:]
+    if not views:
+        given = ", ".join(f"--{k} {v}" for k, v in (("state", args.state), ("group", args.group),
+                                                    ("task", args.task)) if v is not None)
+        print("no rollouts" + (f" match {given}" if given else " yet"), file=sys.stderr)
+        return 0
+    print("\n".join(status_table(views, now=time.time())))
     return 0
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def status_table(views, *, now: float, width: int | None = None) -> list[str]:
+    """Rollouts as a table: id, task, state, reward, steps, group (member/size), age, reason."""
+    from arena.table import format_table
+
+    rows = [(v.rollout_id, v.task_id, v.state.value + (" (infra)" if v.infrastructure else ""),
+             "-" if v.reward is None else f"{v.reward:g}", v.steps,
+             f"{v.group_id} {v.group_index + 1}/{v.group_size}" if v.group_id else "-",
+             _age(now - v.created_at), v.reason or "-") for v in views]
+    return format_table(["ROLLOUT", "TASK", "STATE", "REWARD", "STEPS", "GROUP", "CREATED", "REASON"], rows,
+                        width=width, right=["REWARD", "STEPS"], drop=["CREATED", "STEPS", "GROUP"])
 
 
 def trajectory_summary(traj) -> list[str]:
@@ -539,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[stack], help="show one rollout, or list them")
     p.add_argument("id", nargs="?")
     p.add_argument("--state", choices=[state.value for state in RolloutState], help="only rollouts in this state")
+    p.add_argument("--group", help="only the members of this group")
+    p.add_argument("--task", help="only rollouts of this task id")
+    p.add_argument("--limit", type=int, default=50, help="the newest that many (default %(default)s)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("trajectory", parents=[stack], help="a stored trajectory: a summary, or --json")

@@ -195,8 +195,13 @@ class ArenaClient:
     def get(self, rollout_id: str) -> RolloutView:
         return self._call(self._http, "GET", f"/v1/rollouts/{rollout_id}", RolloutView)
 
-    def list(self, *, state: str | None = None, group_id: str | None = None) -> list[RolloutView]:
-        params = {k: v for k, v in (("state", state), ("group_id", group_id)) if v is not None}
+    def list(self, *, state: str | None = None, group_id: str | None = None,
+             limit: int | None = None) -> list[RolloutView]:
+        """Rollouts, oldest first; ``limit``: the newest that many (the API's default 1000, at most
+        100000), counted before ``group_id`` is applied (the API filters the group after its limit)."""
+        params: dict[str, str | int] = {k: v for k, v in (("state", state), ("group_id", group_id)) if v is not None}
+        if limit is not None:
+            params["limit_"] = limit
         body = self._call(self._http, "GET", "/v1/rollouts", params=params)
         return msgspec.convert(body["rollouts"], list[RolloutView])
 
