@@ -154,6 +154,14 @@ class ArenaClient:
         return self._call(self._http, "PUT", f"/v1/environments/{name}", EnvironmentView, content=encode(req),
                           headers={"content-type": "application/json"})
 
+    def openenv_url(self, name: str) -> str:
+        """What an OpenEnv client takes as ``base_url`` to play environment ``name`` with this
+        client's key: OpenEnv's clients send no headers, so the key goes in the path
+        (``/openenv/k/{key}/{name}``; docs/openenv.md), or ``/openenv/{name}`` with no key."""
+        base = self.endpoints.url.rstrip("/")
+        key = self.endpoints.api_key
+        return f"{base}/openenv/k/{key}/{name}" if key else f"{base}/openenv/{name}"
+
     def environments(self) -> list[EnvironmentView]:
         answer = self._call(self._http, "GET", "/v1/environments")
         return [msgspec.convert(e, EnvironmentView) for e in answer["environments"]]

@@ -1,0 +1,159 @@
+"""README.md, run as written: every shell command and Python snippet of its code blocks, in
+order, against a stack started the way the README starts it (`arena up --llm-script ...`,
+keys on, the CLI and the SDK finding the stack and its key by themselves), in a fresh working
+directory. A command that exits non-zero, prints a traceback or prints nothing fails the test.
+
+What is not run, and why (each named in ``NOT_RUN``): the `make` targets (they create the
+virtualenv and run whole suites; this test runs inside `make test`, and `make demo` is
+`arena demo`, which tests/e2e/test_stack.py runs). The stack listens on free ports rather
+than the README's 9090/9092 (other stacks may run on this host): the test sets them in the
+environment, as a user moving ports would (``ARENA_URL``, ``ARENA_TRAJECTORY_URL``), and
+rewrites the one literal URL (``127.0.0.1:9090``) a snippet could hold.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from arena_stack.natsserver import free_port
+
+pytestmark = pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+#: Commands the test does not run, by their first words, and why (the module's docstring).
+NOT_RUN = ("make ",)
+#: Placeholders a reader replaces, and what the test puts there.
+PLACEHOLDERS = {"path/to/repo": "examples/quickstart"}
+
+
+def code_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, line number of the opening fence) of each fenced block."""
+    out, lang, body, start = [], None, [], 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if lang is None:
+                lang, body, start = line[3:].strip(), [], number
+            else:
+                out.append((lang, "\n".join(body), start))
+                lang = None
+        elif lang is not None:
+            body.append(line)
+    return out
+
+
+def shell_commands(body: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comment lines dropped."""
+    commands, current = [], ""
+    for line in body.splitlines():
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        current += line
+        if current.strip() and not current.lstrip().startswith("#"):
+            commands.append(current.strip())
+        current = ""
+    return commands
+
+
+def test_the_readme_code_blocks_are_what_this_test_runs():
+    """The parser sees the README's blocks: the stack's start, the CLI, the SDK and OpenEnv snippets."""
+    blocks = code_blocks(README.read_text())
+    commands = [c for lang, body, _ in blocks if lang == "sh" for c in shell_commands(body)]
+    assert any(c.startswith(".venv/bin/arena up ") for c in commands)
+    assert any(c.startswith(".venv/bin/arena submit ") for c in commands)
+    assert sum(lang == "python" for lang, _, _ in blocks) >= 2
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"arena up exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+        if "Arena is up." in log.read_text():
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"arena up not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
+    work = tmp_path / "work"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    (work / ".venv" / "bin" / "arena").symlink_to(Path(sys.executable).parent / "arena")
+    (work / "examples").symlink_to(REPO / "examples")
+    rollout, trajectory = free_port(), free_port()
+    env = {**os.environ,
+           "ARENA_ROLLOUT_PORT": str(rollout), "ARENA_TRAJECTORY_PORT": str(trajectory),
+           "ARENA_DASHBOARD_PORT": str(free_port()), "ARENA_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+           "ARENA_BACKEND_URL": f"http://127.0.0.1:{free_port()}/v1",
+           "ARENA_URL": f"http://127.0.0.1:{rollout}", "ARENA_TRAJECTORY_URL": f"http://127.0.0.1:{trajectory}",
+           "PYTHONUNBUFFERED": "1"}
+    for name in ("ARENA_DATA_DIR", "ARENA_API_KEY", "ARENA_AUTH"):  # as a new user's shell has it
+        env.pop(name, None)
+
+    blocks = code_blocks(README.read_text())
+    up_log = tmp_path / "arena-up.log"
+    up: subprocess.Popen | None = None
+    ran: list[str] = []
+    rollout_ids: list[str] = []
+    try:
+        for lang, body, line in blocks:
+            if lang == "sh":
+                for command in shell_commands(body):
+                    if command.startswith(NOT_RUN):
+                        continue
+                    for placeholder, value in PLACEHOLDERS.items():
+                        command = command.replace(placeholder, value)
+                    if "<rollout-id>" in command:
+                        assert rollout_ids, f"README line {line}: {command!r} before any rollout was submitted"
+                        command = command.replace("<rollout-id>", rollout_ids[0])
+                    argv = shlex.split(command, comments=True)
+                    if argv[:2] == [".venv/bin/arena", "up"]:  # the README's first shell; the rest is "another"
+                        with open(up_log, "wb") as log:
+                            up = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True)
+                        _wait_ready(env["ARENA_URL"], up, up_log)
+                        ran.append(command)
+                        continue
+                    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+                    said = done.stdout + done.stderr
+                    assert done.returncode == 0, f"README line {line}: {command}\n{said[-3000:]}"
+                    assert "Traceback" not in said, f"README line {line}: {command}\n{said[-3000:]}"
+                    assert done.stdout.strip(), f"README line {line}: {command} printed nothing\n{done.stderr}"
+                    rollout_ids += re.findall(r"^(r-[0-9a-f]+)\b", done.stdout, re.M)
+                    ran.append(command)
+            elif lang == "python":
+                assert up is not None, f"README line {line}: a snippet before the stack is started"
+                code = body.replace("http://127.0.0.1:9090", env["ARENA_URL"])
+                done = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
+                                      timeout=600)
+                said = done.stdout + done.stderr
+                assert done.returncode == 0 and "Traceback" not in said, f"README line {line}:\n{said[-3000:]}"
+                assert done.stdout.strip(), f"README line {line}: the snippet printed nothing\n{done.stderr}"
+                ran.append(f"python snippet at line {line}")
+        # what the exports wrote is there
+        assert any((work / "data" / "grpo").rglob("*.parquet"))
+        assert (work / "tokens.jsonl").stat().st_size > 0
+        assert up is not None and ran
+    finally:
+        if up is not None and up.poll() is None:
+            up.send_signal(signal.SIGINT)  # Ctrl-C, as the README says
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+    assert up.returncode == 0, up_log.read_text()[-3000:]
