@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 import msgspec
@@ -27,6 +27,9 @@ from arena_rl.model import PolicyModel, completion_entropy, completion_logprobs,
 from arena_rl.tokenizer import CharTokenizer
 from arena_core.schemas import GroupCompleted, TrainerMetrics, Trajectory
 from arena_core.sequences import sequences_of
+
+if TYPE_CHECKING:
+    from arena.trackers import Tracker
 
 log = logging.getLogger("arena_rl.trainer")
 
@@ -245,13 +248,16 @@ class GRPOTrainer:
     async def run(self, stream, *, steps: int, metrics_path: str | Path | None = None,
                   accept: Callable[[GroupCompleted], bool] = lambda g: True,
                   on_step: Callable[[StepMetrics], None] | None = None,
-                  metrics_url: str | None = None, run_name: str = "grpo") -> list[StepMetrics]:
+                  metrics_url: str | None = None, run_name: str = "grpo",
+                  tracker: Tracker | None = None) -> list[StepMetrics]:
         """Train ``steps`` steps of ``batch_groups`` groups from ``stream`` (a
         :class:`arena.stream.TrajectoryStream`); groups ``accept`` rejects (held-out
         evaluation) are committed without training. Groups are committed after the step
         that used them, so a crash mid-step trains on them again after a restart. With
         ``metrics_url`` (the trajectory service) each step's metrics are posted there, and the
-        trainer's logprobs of every sequence it trained on (``post_logprobs``)."""
+        trainer's logprobs of every sequence it trained on (``post_logprobs``). With ``tracker``
+        (:mod:`arena.trackers`: W&B, MLflow, TensorBoard) each step's metrics are logged to it at the
+        step's number (the same figures as posted); the caller closes it."""
         history: list[StepMetrics] = []
         buffer: list[GroupCompleted] = []
         handles = []
@@ -277,6 +283,8 @@ class GRPOTrainer:
                 if path:
                     with path.open("ab") as f:
                         f.write(msgspec.json.encode(metrics) + b"\n")
+                if tracker is not None:
+                    await asyncio.to_thread(tracker.log, metric_values(metrics), metrics.step)
                 if metrics_url:
                     await post_metrics(http, metrics_url, run_name, metrics)
                     await post_logprobs(http, metrics_url, run_name, computed_by, logprobs)
@@ -296,12 +304,18 @@ _TRAINING_ONLY = frozenset({"loss", "pg_loss", "kl", "clip_fraction", "ratio_mea
                             "tokens_per_s"})
 
 
+def metric_values(metrics: StepMetrics) -> dict[str, float]:
+    """A step's figures by name (``step`` and ``at`` apart); a step that trained on nothing has
+    none of the optimiser's (``_TRAINING_ONLY``)."""
+    return {k: float(v) for k, v in msgspec.structs.asdict(metrics).items()
+            if isinstance(v, (int, float)) and k not in ("step", "at")
+            and not (metrics.samples == 0 and k in _TRAINING_ONLY)}
+
+
 async def post_metrics(http: httpx.AsyncClient, url: str, run: str, metrics: StepMetrics) -> None:
     """Send one step's metrics to the trajectory service. A failure is logged, never
     fatal: the JSONL file is the record, the service feeds the dashboard."""
-    values = {k: float(v) for k, v in msgspec.structs.asdict(metrics).items()
-              if isinstance(v, (int, float)) and k not in ("step", "at")
-              and not (metrics.samples == 0 and k in _TRAINING_ONLY)}
+    values = metric_values(metrics)
     body = TrainerMetrics(run=run, step=metrics.step, at=metrics.at, policy_version=str(metrics.policy_version),
                           metrics=values)
     try:
