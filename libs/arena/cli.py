@@ -12,13 +12,14 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import msgspec
 
 from arena import endpoints
 from arena.endpoints import LOCAL_KEY_FILE
 from arena_core.errors import ArenaError, InvalidRequest, Unauthorized
-from arena_core.schemas import RolloutState
+from arena_core.schemas import RolloutState, ScaffoldName
 from arena_core.settings import Settings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -236,14 +237,17 @@ def cmd_demo(args) -> int:
 def cmd_submit(args) -> int:
     from arena.tasks import load_task
 
-    task = load_task(args.task)
+    from arena.authoring import with_agent
+
+    task = with_agent(load_task(args.task), scaffold=args.scaffold, model=args.model)
+    model = args.model or "default"
     with _client(args) as client:
         if args.n > 1:
-            group = client.submit_group(task, n=args.n, seed=args.seed)
+            group = client.submit_group(task, n=args.n, seed=args.seed, model=model)
             print(f"group {group.group_id}")
             ids = group.rollout_ids
         else:
-            view = client.submit(task)
+            view = client.submit(task, model=model)
             ids = [view.rollout_id]
         for rid in ids:
             print(rid)
@@ -527,6 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--wait", action="store_true", help="wait for every rollout to finish")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--scaffold", choices=list(get_args(ScaffoldName)),
+                   help="run this agent scaffold (its preset, docs/agents.md) instead of the task's agent")
+    p.add_argument("--model", help="the rollout's model (the proxy sends it to the backend); also the model "
+                                   "of the task's scaffold or of --scaffold")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("duel", parents=[stack],
@@ -544,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each duel")
     p.set_defaults(func=cmd_duel)
 
-    p = sub.add_parser("tasks", help="task bundles and datasets: push, import, validate")
+    p = sub.add_parser("tasks", help="tasks: init, check, shell (writing one); push, import, validate "
+                                     "(bundles and datasets)")
     tasks = p.add_subparsers(dest="tasks_command", required=True)
     q = tasks.add_parser("push", parents=[stack],
                          help="upload a directory as a content-addressed bundle; prints its digest")
@@ -571,6 +580,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--timeout", type=float, default=900.0)
     q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_tasks_validate)
+    q = tasks.add_parser("init", help="write a skeleton task (instructions, repository, tests verifier, "
+                                      "oracle solution) to a new directory NAME")
+    q.add_argument("name", help="the directory, named after the task id")
+    q.set_defaults(func=cmd_tasks_init)
+    q = tasks.add_parser("check", parents=[stack],
+                         help="through the running stack: the task's oracle (gold/<id>.patch) scores 1, "
+                              "doing nothing 0")
+    q.add_argument("task", help="task.json or a directory holding one")
+    q.add_argument("--timeout", type=float, default=600.0)
+    q.add_argument("-v", "--verbose", action="store_true")
+    q.set_defaults(func=cmd_tasks_check)
+    q = tasks.add_parser("shell", help="an interactive shell in the task's sandbox, as its agent has it "
+                                       "(bubblewrap, the task's source in /sandbox/workspace)")
+    q.add_argument("task", help="task.json or a directory holding one")
+    q.add_argument("command", nargs=argparse.REMAINDER, help="a command instead of the shell (after --)")
+    q.set_defaults(func=cmd_tasks_shell)
 
     p = sub.add_parser("status", parents=[stack], help="show one rollout, or list them")
     p.add_argument("id", nargs="?")
@@ -729,9 +754,24 @@ def _shown_reward(view) -> str:
 
 def cmd_tasks_validate(args) -> int:
     """Each task's gold patch must score 1 and an empty patch 0, through the running stack."""
+    from arena import datasets
+
+    return _check_tasks(args, list(datasets.iter_task_files(Path(args.path))), oracle_required=False)
+
+
+def cmd_tasks_check(args) -> int:
+    """One task (``arena tasks init``'s layout): its oracle solution (``gold/<id>.patch``) must score
+    1 and doing nothing 0, through the running stack."""
+    path = Path(args.task)
+    return _check_tasks(args, [path / "task.json" if path.is_dir() else path], oracle_required=True)
+
+
+def _check_tasks(args, paths: list[Path], *, oracle_required: bool) -> int:
+    """Submit each task twice, its agent replaced by one that applies ``gold/<id>.patch`` (when
+    there is one) and by one that does nothing; wait (with progress) and print a verdict per task."""
     import tempfile
 
-    from arena import datasets
+    from arena.authoring import oracle_patch
     from arena.progress import WaitProgress, as_finished, outcome_of
     from arena_core.schemas import AgentSpec
     from arena.tasks import load_task
@@ -741,9 +781,9 @@ def cmd_tasks_validate(args) -> int:
     rows = []
     with _client(args) as client, tempfile.TemporaryDirectory(prefix="arena-validate-") as tmp:
         submitted = []
-        for path in datasets.iter_task_files(Path(args.path)):
+        for path in paths:
             task = load_task(path)
-            gold = path.parent / "gold" / f"{task.id}.patch"
+            gold = oracle_patch(path, task) if oracle_required else path.parent / "gold" / f"{task.id}.patch"
             runs = {"empty": AgentSpec(command=["sh", "-c", "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done"])}
             if gold.is_file():
                 agent_dir = Path(tmp) / task.id
@@ -773,6 +813,29 @@ def cmd_tasks_validate(args) -> int:
             print(f"  {task_id} {kind}: {view.state.value}: {view.reason}")
     print(f"{len(results) - bad}/{len(results)} valid")
     return 1 if bad else 0
+
+
+def cmd_tasks_init(args) -> int:
+    from arena.authoring import init_task
+
+    directory = Path(args.name)
+    task = init_task(directory)
+    print(f"wrote task {task.id} to {directory}/: task.json, repo/, gold/{task.id}.patch (the oracle), README.md")
+    print(f"next: arena tasks shell {directory}   arena tasks check {directory}   arena submit {directory} --wait")
+    return 0
+
+
+def cmd_tasks_shell(args) -> int:
+    from arena import authoring
+    from arena.tasks import load_task
+
+    task = load_task(args.task)
+    if sys.stdin.isatty():
+        print(f"arena: a shell in task {task.id}'s sandbox (as its agent has it: no network); the workspace "
+              "is thrown away on exit (`exit` or Ctrl-D)", file=sys.stderr)
+    shell = ["/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"] + (["-i"] if sys.stdin.isatty() else [])
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return authoring.shell(task, command or shell)
 
 
 def cmd_backend(args) -> int:

@@ -611,6 +611,27 @@ async def run(spec: SandboxSpec, *, cancel: asyncio.Event | None = None) -> RunR
         return await _execute(spec, cancel=cancel, stdout=log_file.fileno(), stderr=subprocess.STDOUT)
 
 
+def interactive(spec: SandboxSpec) -> int:
+    """Run ``spec.command`` in a sandbox built as :func:`run` builds it (the same bwrap command line
+    and rlimits, no network: ``spec.proxy`` must be None) with this process's stdin, stdout and
+    stderr, until it exits (``arena tasks shell``); its exit code. No cgroup, no wall clock."""
+    if spec.proxy is not None:
+        raise ValueError("an interactive sandbox has no LLM proxy")
+    run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix, dir=run_tmp()))
+    try:
+        argv = _bwrap_argv(spec, run_dir, shim=None)
+        proc = subprocess.Popen(argv, env=_GATE_ENV, preexec_fn=functools.partial(_limit_process, 0, spec.limits))
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the sandbox goes with it (--die-with-parent as well)
+            proc.kill()
+            proc.wait()
+            raise
+        return 128 - code if code < 0 else code
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- git
 
 

@@ -1,0 +1,186 @@
+"""Writing a task: ``arena tasks init`` (a skeleton), ``arena tasks shell`` (the agent's sandbox,
+interactive), and ``arena submit --scaffold/--model`` (another agent for a task). ``arena tasks
+check`` runs the skeleton's oracle and an empty attempt through the stack (``arena.cli``).
+
+The skeleton (docs/tasks.md, "Write your own task")::
+
+    NAME/task.json            the task: instructions, agent, a tests verifier
+    NAME/repo/                what the agent starts from: greet.py (a bug) and tests/test_greet.py
+    NAME/gold/NAME.patch      the oracle solution (a diff of repo/), as `arena tasks import` lays it out
+    NAME/agent/agent.py       the quickstart's agent (one LLM call, one diff), when this checkout has it
+    NAME/README.md            these files and the loop
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import get_args
+
+import msgspec
+
+from arena_core.errors import InvalidRequest
+from arena_core.schemas import ID_PATTERN, AgentSpec, PathSource, ScaffoldName, ScaffoldSpec, Task
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART_AGENT = REPO_ROOT / "examples" / "quickstart" / "agent" / "agent.py"
+SCAFFOLDS: tuple[str, ...] = get_args(ScaffoldName)
+
+_BUGGY = '''"""Greetings."""
+
+
+def greeting(name: str) -> str:
+    """``Hello, <name>!``; an empty name greets the world."""
+    return f"Hello {name}"
+
+
+def farewell(name: str) -> str:
+    return f"Goodbye, {name}!"
+'''
+
+_FIXED = _BUGGY.replace('    return f"Hello {name}"\n', '''    return f"Hello, {name or 'world'}!"\n''')
+
+_TESTS = '''from greet import farewell, greeting
+
+
+def test_greeting():
+    assert greeting("Ada") == "Hello, Ada!"
+
+
+def test_greeting_the_world():
+    assert greeting("") == "Hello, world!"
+
+
+def test_farewell():
+    assert farewell("Ada") == "Goodbye, Ada!"
+'''
+
+_README = """# Task {name}
+
+| file | what it is |
+|---|---|
+| `task.json` | the task: its id, the instructions the agent reads, the agent, the verifier (the tests that must pass) and budgets |
+| `repo/` | what the agent starts from (a plain directory; each sandbox gets a git repository of it with one base commit) |
+| `gold/{name}.patch` | the oracle solution: a diff of `repo/` that solves the task (`git apply`) |
+| `agent/` | the agent (the quickstart's: one LLM call, one diff), mounted read-only at `/sandbox/agent` |
+
+The loop (docs/tasks.md, "Write your own task"):
+
+    arena tasks shell {name}     # the agent's sandbox: look around, run the tests (exit leaves)
+    arena tasks check {name}     # through the running stack: the oracle scores 1, doing nothing 0
+    arena submit {name} --wait   # one rollout of the agent
+    arena submit {name} --scaffold mini-swe-agent --model MODEL --wait   # another agent
+"""
+
+
+def _patch(path: str, before: str, after: str) -> str:
+    """A ``git apply``-able diff of one file."""
+    body = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                f"a/{path}", f"b/{path}")
+    return f"diff --git a/{path} b/{path}\n" + "".join(body)
+
+
+def init_task(directory: Path) -> Task:
+    """Write the skeleton task into ``directory`` (named after the task id; it must not exist or be
+    empty) and return the task as ``arena.tasks.load_task`` reads it."""
+    from arena.tasks import load_task
+
+    name = directory.name
+    if not re.fullmatch(ID_PATTERN, name) or len(name) > 128:
+        raise InvalidRequest(f"{name!r} cannot be a task id: letters, digits, '-', '_' and '.' between "
+                             "them, starting with a letter or digit")
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise InvalidRequest(f"{directory} exists and is not an empty directory: nothing written")
+    if QUICKSTART_AGENT.is_file():
+        agent = {"command": ["python3", "/sandbox/agent/agent.py"], "path": "agent"}
+    else:  # an installed package without the examples: a scaffold preset (docs/agents.md)
+        agent = {"scaffold": {"name": "mini-swe-agent", "model": "default"}}
+    task = {
+        "id": name,
+        "repo": "repo",
+        "instructions": "`greeting(name)` in greet.py should return 'Hello, <name>!' (and 'Hello, world!' for "
+                        "an empty name) but returns 'Hello <name>'. Fix `greeting`. Do not change the tests.",
+        "agent": agent,
+        "verifier": {
+            "type": "tests",
+            "command": "python -m pytest -rA -p no:cacheprovider tests",
+            "fail_to_pass": ["tests/test_greet.py::test_greeting", "tests/test_greet.py::test_greeting_the_world"],
+            "pass_to_pass": ["tests/test_greet.py::test_farewell"],
+            "test_files": ["tests/test_greet.py"],
+            "timeout_s": 60,
+        },
+        "budget": {"max_turns": 4, "max_total_tokens": 8192, "wall_clock_s": 120},
+    }
+    (directory / "repo" / "tests").mkdir(parents=True, exist_ok=True)
+    (directory / "gold").mkdir()
+    (directory / "task.json").write_bytes(msgspec.json.format(msgspec.json.encode(task), indent=2) + b"\n")
+    (directory / "repo" / "greet.py").write_text(_BUGGY)
+    (directory / "repo" / "tests" / "test_greet.py").write_text(_TESTS)
+    (directory / "gold" / f"{name}.patch").write_text(_patch("greet.py", _BUGGY, _FIXED))
+    (directory / "README.md").write_text(_README.format(name=name))
+    if "command" in agent:
+        (directory / "agent").mkdir()
+        shutil.copyfile(QUICKSTART_AGENT, directory / "agent" / "agent.py")
+    return load_task(directory)
+
+
+def oracle_patch(task_file: Path, task: Task) -> Path:
+    """The task's oracle solution, ``gold/<id>.patch`` beside its task file."""
+    path = task_file.parent / "gold" / f"{task.id}.patch"
+    if not path.is_file():
+        raise InvalidRequest(f"no oracle solution for task {task.id}: {path} (a diff of the repository that "
+                             "solves it; `arena tasks init` writes one)")
+    return path
+
+
+def with_agent(task: Task, *, scaffold: str | None, model: str | None) -> Task:
+    """``task`` with the agent the command line asks for: ``scaffold`` (a preset; with ``model``, or
+    the model of the task's own scaffold) replaces its agent, keeping ``agent.env``; ``model`` alone
+    changes the model of the task's scaffold (a command agent keeps its command: the rollout's
+    model is what the proxy sends to the backend)."""
+    agent = task.agent
+    if scaffold is not None:
+        if scaffold not in SCAFFOLDS:
+            raise InvalidRequest(f"--scaffold {scaffold}: one of {', '.join(SCAFFOLDS)}")
+        own = agent.scaffold
+        model = model or (own.model if own is not None else None)
+        if model is None:
+            raise InvalidRequest(f"--scaffold {scaffold} needs --model (the model name the scaffold sends)")
+        config = own.config if own is not None and own.name == scaffold else {}
+        agent = AgentSpec(scaffold=ScaffoldSpec(name=scaffold, model=model, config=config), env=agent.env)
+    elif model is not None and agent.scaffold is not None:
+        agent = msgspec.structs.replace(agent, scaffold=msgspec.structs.replace(agent.scaffold, model=model))
+    return msgspec.structs.replace(task, agent=agent)
+
+
+def shell(task: Task, command: list[str]) -> int:
+    """Run ``command`` (a shell) in the task's sandbox as its agent would have it: the local
+    provider's bubblewrap sandbox (``arena_sandbox_providers.local``), the task's source as a git
+    repository with one base commit at /sandbox/workspace, its public part at
+    /sandbox/.arena/task.json, its agent's files at /sandbox/agent; no network (no rollout, no LLM
+    proxy). Nothing is kept: the workspace goes when the shell exits."""
+    from arena_core import sources
+    from arena_sandbox_providers import local
+
+    if (problem := local.available()) is not None:
+        raise InvalidRequest(f"no local sandbox on this machine: {problem}")
+    source = task.source_of()
+    if not isinstance(source, PathSource):
+        kind = "none" if source is None else source.__struct_config__.tag
+        raise InvalidRequest(f"task {task.id}: `arena tasks shell` needs a source that is a local directory "
+                             f"(`repo` or a path source), not {kind}")
+    with tempfile.TemporaryDirectory(prefix="arena-shell-") as tmp:
+        root = Path(tmp)
+        workspace, arena_dir = root / "workspace", root / "arena"
+        sources.prepare_workspace(Path(source.path), workspace)
+        arena_dir.mkdir()
+        (arena_dir / "task.json").write_bytes(msgspec.json.encode({"rollout_id": "shell", "task": task.public()}))
+        agent_dir = Path(task.agent.path) if task.agent.path else None
+        spec = local.SandboxSpec(command=command, workspace=workspace, arena_dir=arena_dir, agent_dir=agent_dir,
+                                 env={"ARENA_ROLLOUT_ID": "shell", "PS1": f"[{task.id}] \\w $ ",
+                                      **task.agent.env},
+                                 workdir=task.workdir, run_prefix="arena-shell-run-")
+        return local.interactive(spec)

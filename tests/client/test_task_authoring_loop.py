@@ -1,0 +1,140 @@
+"""Writing a task with the ``arena`` command (run as a process): ``tasks init`` writes a skeleton
+that ``load_task`` reads; ``tasks shell`` runs commands fed on stdin in the task's bubblewrap sandbox
+as its agent would have it; ``tasks check`` runs the oracle (scores 1) and an empty attempt (scores 0)
+through a real stack with keys on, with a progress line per finished rollout on stderr; ``submit
+--scaffold/--model`` runs another agent than the task's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from arena.authoring import with_agent
+from arena.sdk import ArenaClient
+from arena.tasks import load_task
+from arena_core.errors import InvalidRequest
+from arena_core.schemas import AgentSpec, ScaffoldSpec, TestsVerifier
+from arena_core.settings import Settings
+from arena_stack.natsserver import free_port
+from arena_stack.stack import Stack
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def arena(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ARENA_")}
+    return subprocess.run([sys.executable, "-m", "arena.cli", *args], cwd=cwd, env={**base, **(env or {})},
+                          input=stdin, capture_output=True, text=True, timeout=400)
+
+
+def test_init_writes_a_task_load_task_reads_and_refuses_to_overwrite(tmp_path):
+    made = arena("tasks", "init", "hello-task", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    task = load_task(tmp_path / "hello-task")
+    assert task.id == "hello-task" and isinstance(task.verifier, TestsVerifier)
+    assert task.repo == str(tmp_path / "hello-task" / "repo")
+    assert (tmp_path / "hello-task" / "gold" / "hello-task.patch").read_text().startswith("diff --git a/greet.py")
+    assert task.agent.path == str(tmp_path / "hello-task" / "agent")
+    again = arena("tasks", "init", "hello-task", cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.strip().endswith("is not an empty directory: nothing written")
+    bad = arena("tasks", "init", "not an id", cwd=tmp_path)
+    assert bad.returncode == 2 and "cannot be a task id" in bad.stderr
+
+
+@needs_bwrap
+def test_shell_runs_stdin_in_the_agents_sandbox_and_keeps_nothing(tmp_path):
+    assert arena("tasks", "init", "shelled", cwd=tmp_path).returncode == 0
+    script = ("pwd; id -u; git log --format=%s; ls /sandbox/agent; "
+              "python -c \"import json; t = json.load(open('/sandbox/.arena/task.json'))['task']; "
+              "print('verifier', t.get('verifier'))\"; "
+              "python -m pytest -q -p no:cacheprovider tests | tail -1; "
+              "echo changed > greet.py; exit 7\n")
+    ran = arena("tasks", "shell", "shelled", cwd=tmp_path, stdin=script)
+    assert ran.returncode == 7, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[:5] == ["/sandbox/workspace", "1000", "base", "agent.py", "verifier None"]
+    assert lines[5].startswith("2 failed, 1 passed")  # the bug is there: the verifier's FAIL_TO_PASS fail
+    assert "changed" not in (tmp_path / "shelled" / "repo" / "greet.py").read_text()  # the task is untouched
+    # a command after -- instead of the shell
+    one = arena("tasks", "shell", "shelled", "--", "sh", "-c", "cat greet.py | head -1", cwd=tmp_path)
+    assert one.returncode == 0 and one.stdout == '"""Greetings."""\n'
+
+
+def test_the_command_line_agent_replaces_the_tasks_or_only_its_model():
+    task = load_task(QUICKSTART)
+    preset = with_agent(task, scaffold="mini-swe-agent", model="qwen-coder")
+    assert preset.agent == AgentSpec(scaffold=ScaffoldSpec(name="mini-swe-agent", model="qwen-coder"))
+    assert with_agent(task, scaffold=None, model="qwen-coder").agent == task.agent  # a command keeps its command
+    scaffolded = msgspec.structs.replace(task, agent=AgentSpec(
+        scaffold=ScaffoldSpec(name="opencode", model="a", config={"k": 1}), env={"X": "1"}))
+    assert with_agent(scaffolded, scaffold=None, model="b").agent.scaffold == ScaffoldSpec(
+        name="opencode", model="b", config={"k": 1})
+    other = with_agent(scaffolded, scaffold="claude-code", model=None).agent
+    assert other == AgentSpec(scaffold=ScaffoldSpec(name="claude-code", model="a"), env={"X": "1"})
+    with pytest.raises(InvalidRequest, match="needs --model"):
+        with_agent(task, scaffold="opencode", model=None)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("arena-authoring")
+    rp = free_port()
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir), rollout_port=rp,
+                        trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
+                        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
+                        sandbox_concurrency=2, verify_concurrency=1)
+    stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
+    asyncio.run(stack.start())
+    try:
+        assert stack.api_key
+        yield stack
+    finally:
+        stack.stop()
+
+
+def env_of(stack: Stack) -> dict[str, str]:
+    return {"ARENA_URL": stack.settings.rollout_url, "ARENA_TRAJECTORY_URL": stack.settings.trajectory_url,
+            "ARENA_DATA_DIR": str(stack.data_dir)}
+
+
+@needs_bwrap
+@pytest.mark.timeout(600)
+def test_init_then_check_through_the_stack_oracle_scores_one_and_nothing_zero(stack, tmp_path):
+    assert arena("tasks", "init", "greet", cwd=tmp_path).returncode == 0
+    checked = arena("tasks", "check", "greet", "-v", cwd=tmp_path, env=env_of(stack))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.splitlines()[1].split() == ["greet", "1", "0", "ok"]
+    assert "1/1 valid" in checked.stdout
+    # stderr is no terminal: no bar, a line per finished rollout with the counts
+    progress = checked.stderr.splitlines()
+    assert len(progress) == 2 and all(line.startswith("validate [") for line in progress), checked.stderr
+    assert progress[-1].startswith("validate [2/2] greet ") and "2 completed, 0 failed, 0 infrastructure" in progress[-1]
+
+    # a task without its oracle is refused before anything is submitted
+    (tmp_path / "greet" / "gold" / "greet.patch").unlink()
+    missing = arena("tasks", "check", "greet", cwd=tmp_path, env=env_of(stack))
+    assert missing.returncode == 2 and "no oracle solution for task greet" in missing.stderr
+
+
+@needs_bwrap
+@pytest.mark.timeout(600)
+def test_submit_with_a_scaffold_and_model_from_the_command_line(stack, tmp_path):
+    submitted = arena("submit", str(QUICKSTART), "--scaffold", "mini-swe-agent", "--model", "scripted",
+                      "--wait", "--timeout", "300", cwd=tmp_path, env=env_of(stack))
+    assert "Traceback" not in submitted.stderr, submitted.stderr
+    rid = submitted.stdout.split()[0]
+    with ArenaClient(stack.settings.rollout_url, stack.settings.trajectory_url, api_key=stack.api_key) as client:
+        view = client.get(rid)
+    # the scaffold's preset ran instead of the quickstart's agent (mini-swe-agent is not installed here)
+    assert view.state.is_final and "mini-swe-agent" in view.reason, view.reason
+    refused = arena("submit", str(QUICKSTART), "--scaffold", "aider", "--model", "m", cwd=tmp_path,
+                    env=env_of(stack))
+    assert refused.returncode == 2 and "invalid choice: 'aider'" in refused.stderr
