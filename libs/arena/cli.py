@@ -670,6 +670,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_keys)
+    p = sub.add_parser("track", help="follow the trainer stream and log each completed group's rewards, pass rate, "
+                                     "tokens and infrastructure outcomes to W&B, MLflow or TensorBoard")
+    p.add_argument("--to", choices=["wandb", "mlflow", "tensorboard"], required=True)
+    p.add_argument("--group-by", choices=["task"], help="the figures under {task_id}/, one series per task")
+    p.add_argument("--dir", help="wandb: the runs' directory; mlflow: the tracking URI or a local directory; "
+                                 "tensorboard: the event files' directory (default runs)")
+    p.add_argument("--project", default="arena", help="the W&B project or MLflow experiment (default %(default)s)")
+    p.add_argument("--run-name")
+    p.add_argument("--name", default="tracker",
+                   help="the durable consumer is trainer-NAME: a restart goes on where it stopped "
+                        "(default %(default)s)")
+    p.add_argument("--nats-url", help="default $ARENA_NATS_URL or nats://127.0.0.1:4222; without a user, the "
+                                      "local stack's trainer user from $ARENA_DATA_DIR/nats-users.json")
+    p.add_argument("--data-dir", help="the local stack's data directory (default $ARENA_DATA_DIR or .arena)")
+    p.add_argument("--limit", type=int, help="stop after this many groups")
+    p.add_argument("--idle", type=float, help="stop after this many seconds without a group")
+    p.add_argument("--wandb-offline", action="store_true", help="a W&B run on disk only (no login; wandb sync)")
+    p.set_defaults(func=cmd_track)
+
     return parser
 
 
@@ -913,6 +932,32 @@ def cmd_keys(args) -> int:
             await bus.close()
 
     return asyncio.run(run())
+
+
+def cmd_track(args) -> int:
+    """``arena track``: the trainer stream's groups into a tracker (docs/rl.md, Trackers)."""
+    from urllib.parse import urlparse
+
+    from arena.trackers import TrackerUnavailable, open_tracker, track_groups
+    from arena_stack import natsauth
+
+    url = args.nats_url or os.environ.get("ARENA_NATS_URL") or "nats://127.0.0.1:4222"
+    credentials = Path(args.data_dir or os.environ.get("ARENA_DATA_DIR") or ".arena") / natsauth.CREDENTIALS_FILE
+    if not urlparse(url.split(",")[0]).username and credentials.is_file():
+        url = natsauth.with_user(url, "trainer", msgspec.json.decode(credentials.read_bytes())["trainer"])
+    try:
+        tracker = open_tracker(args.to, dir=args.dir, project=args.project, run_name=args.run_name,
+                               wandb_mode="offline" if args.wandb_offline else None)
+    except TrackerUnavailable as exc:
+        print(f"arena: {exc}", file=sys.stderr)
+        return 2
+    try:
+        logged = asyncio.run(track_groups(url, tracker, name=args.name, group_by=args.group_by, limit=args.limit,
+                                          idle_s=args.idle))
+    finally:
+        tracker.close()
+    print(f"{logged} group(s) logged to {args.to}")
+    return 0
 
 
 def _key_hint(args: argparse.Namespace) -> str:

@@ -10,6 +10,7 @@ them per group. The RL trainer logs each step's metrics to a tracker it is given
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import math
 import os
@@ -219,22 +220,24 @@ async def track_groups(nats_url: str, tracker: Tracker, *, name: str = "tracker"
     """Follow the trainer stream (its own durable consumer ``trainer-{name}``: what it logged is
     committed, so a restart goes on where it stopped) and log every completed group to
     ``tracker``; stops after ``limit`` groups or ``idle_s`` seconds without one. Returns the groups
-    logged. The tracker is left open; ``GroupLogger.close`` figures are logged before returning."""
-    import asyncio
-
+    logged. The tracker is left open; ``GroupLogger.close``'s table and summary are logged before
+    returning."""
     from arena.stream import TrajectoryStream
 
     logger = GroupLogger(tracker, group_by=group_by)
-    async with TrajectoryStream(nats_url, name=name, partial_groups="yield") as stream:
-        batches = stream.groups(batch_size=1).__aiter__()
-        while limit is None or logger.step < limit:
-            try:
-                batch = await asyncio.wait_for(batches.__anext__(), idle_s) if idle_s else await batches.__anext__()
-            except (asyncio.TimeoutError, StopAsyncIteration):
-                break
-            for group in batch:
-                logger.log(group)
-            await batch.commit()
-        await batches.aclose()
-    logger.close()
+    try:
+        async with TrajectoryStream(nats_url, name=name, partial_groups="yield") as stream:
+            batches = stream.groups(batch_size=1).__aiter__()
+            while limit is None or logger.step < limit:
+                try:
+                    batch = await (asyncio.wait_for(batches.__anext__(), idle_s) if idle_s else batches.__anext__())
+                except (asyncio.TimeoutError, StopAsyncIteration):
+                    break
+                for group in batch:
+                    await asyncio.to_thread(logger.log, group)
+                await batch.commit()
+            await batches.aclose()
+    finally:  # stopped (Ctrl-C) too: what was logged gets its table and summary
+        if logger.step:
+            logger.close()
     return logger.step

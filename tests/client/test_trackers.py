@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -252,8 +253,15 @@ def test_the_quickstart_groups_rewards_on_a_real_stack_are_what_the_tracker_logg
                                               idle_s=300))
             tracker.close()
             stored = client.group(submitted.group_id)
+        # `arena track` as a process: the NATS URL without a user, the trainer's from the data directory
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("ARENA_")},
+               "ARENA_NATS_URL": stack.services_nats_url, "ARENA_DATA_DIR": str(stack.data_dir)}
+        cli = subprocess.run([sys.executable, "-m", "arena.cli", "track", "--to", "tensorboard", "--dir",
+                              str(tmp_path / "tb"), "--group-by", "task", "--name", "cli", "--limit", "1",
+                              "--idle", "120"], env=env, capture_output=True, text=True, timeout=300)
     finally:
         stack.stop()
+    assert cli.returncode == 0 and cli.stdout.strip() == "1 group(s) logged to tensorboard", cli.stderr
     assert logged == 1
     rewards = [r for r in stored["rewards"] if r is not None]
     client, run = mlflow_run(tmp_path / "mlruns")
@@ -263,3 +271,4 @@ def test_the_quickstart_groups_rewards_on_a_real_stack_are_what_the_tracker_logg
     assert run.data.metrics[f"{task}/members"] == 4
     assert run.data.metrics[f"{task}/infrastructure"] == 4 - len(rewards)
     assert run.data.metrics[f"{task}/tokens"] > 0
+    assert logged_scalars("tensorboard", tmp_path / "tb")[f"{task}/reward_mean"] == [(0, pytest.approx(mean[0].value))]
