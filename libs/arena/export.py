@@ -63,7 +63,7 @@ def _usable(group: list[Trajectory], options: ExportOptions, stats: ExportStats,
     stats.trajectories += len(group)
     members = [t for t in group if t.reward is not None]
     if len(members) < len(group):  # Arena could not run or verify them: no reward to learn from
-        stats.skip("infrastructure outcome (no reward)", len(group) - len(members))
+        stats.skip("no reward (an infrastructure outcome, or ended unverified)", len(group) - len(members))
     if not options.include_incomplete:
         complete = [t for t in members if not (t.incomplete or "incomplete" in t.metadata)]
         if len(complete) < len(members):
@@ -73,7 +73,11 @@ def _usable(group: list[Trajectory], options: ExportOptions, stats: ExportStats,
         if group[0].group_id is None:
             stats.skip("not in a group", len(members))
             return []
-        if len(members) < group[0].group_size and not options.include_partial_groups:
+        # partial: members not stored (or left out as incomplete). Members stored without a
+        # reward are left out above and the rest keep their group, as GroupCompleted.advantages
+        # does (docs/trajectory.md, One meaning of reward)
+        unscored = len(group) - sum(t.reward is not None for t in group)
+        if len(members) + unscored < group[0].group_size and not options.include_partial_groups:
             stats.skip("partial group", len(members))
             return []
         if len(members) < 2:

@@ -1023,8 +1023,9 @@ class Trajectory(Base, kw_only=True):
     group_size: int = 1
     final_state: RolloutState  # always a final state
     reason: str = ""  # why the rollout ended (the final transition's reason)
-    #: verification.reward if completed, 0.0 for a failed agent, ``None`` for an
-    #: infrastructure outcome (Arena could not run or verify it; ``infrastructure``).
+    #: verification.reward whatever the final state; ``None`` when it has none: never
+    #: verified (an agent that failed or timed out first), or an infrastructure outcome
+    #: (Arena could not run or verify it; ``infrastructure``). docs/trajectory.md.
     reward: float | None = 0.0
     steps: list[Step] = []  # every captured LLM call, by step_index, one per index
     sandbox: SandboxDone | None = None  # the agent run's outcome, diff and log tail

@@ -63,10 +63,18 @@ def test_assemble_a_completed_rollout():
     assert t.metadata == {"run": "a"}
 
 
-def test_reward_is_zero_unless_completed_and_verified():
-    assert assembler.assemble(final("r", RolloutState.FAILED), [], sandbox("r"), verified("r", 1.0)).reward == 0.0
-    assert assembler.assemble(final("r"), [], sandbox("r"), None).reward == 0.0
+def test_reward_is_the_verifiers_whatever_the_final_state_and_none_when_never_verified():
     assert assembler.assemble(final("r"), [], sandbox("r"), verified("r", 0.25)).reward == 0.25
+    # an agent that failed or timed out but was verified keeps what its verifier gave
+    assert assembler.assemble(final("r", RolloutState.FAILED), [], sandbox("r"), verified("r", 1.0)).reward == 1.0
+    assert assembler.assemble(final("r", RolloutState.TIMED_OUT), [], sandbox("r"), verified("r", 0.0)).reward == 0.0
+    # never verified: no reward (not a 0), and not an infrastructure outcome either
+    for state in (RolloutState.FAILED, RolloutState.TIMED_OUT, RolloutState.COMPLETED):
+        t = assembler.assemble(final("r", state), [], sandbox("r"), None)
+        assert t.reward is None and not t.infrastructure, state
+    # an infrastructure outcome has none even with a (late) verification
+    infra = msgspec.structs.replace(final("r", RolloutState.FAILED), infrastructure=True)
+    assert assembler.assemble(infra, [], sandbox("r"), verified("r", 1.0)).reward is None
 
 
 def test_assemble_refuses_a_non_final_state():
@@ -151,9 +159,11 @@ def test_an_infrastructure_outcome_has_no_reward_and_stays_out_of_the_advantages
     # the advantages are those of the two members with a reward; the third gets none (0.0)
     assert group.advantages == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
     assert group.excluded_indexes == [2]
-    # an agent that failed is a policy failure, a 0: only infrastructure outcomes have no reward
-    failed = assembler.assemble(final("d", RolloutState.FAILED), [], sandbox("d"), None)
-    assert (failed.reward, failed.infrastructure) == (0.0, False)
+    # an agent that failed before it was verified has no reward either (not a made-up 0), but is
+    # the policy's failure, not an infrastructure outcome; it stays out of the advantages too
+    failed = assembler.assemble(final("d", RolloutState.FAILED, group="g", index=2, size=3), [], sandbox("d"), None)
+    assert (failed.reward, failed.infrastructure) == (None, False)
+    assert assembler.complete_group([a, b, failed]).excluded_indexes == [2]
 
 
 def test_a_rollout_that_expired_in_the_queue_waits_for_nothing():

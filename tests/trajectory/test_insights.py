@@ -132,8 +132,9 @@ async def test_overview(client):
     assert o["by_state"] == {"completed": 6, "failed": 2, "timed_out": 1, "cancelled": 0, "budget_exhausted": 0}
     assert (o["success_rate"], o["error_rate"], o["timeout_rate"], o["budget_exhausted_rate"],
             o["infrastructure_error_rate"]) == approx((3 / 9, 1 / 9, 1 / 9, 0, 1 / 9))  # c2: infrastructure
-    # 3 of the 8 rewarded rollouts passed; the first tenth (100..190 s) holds a*, b*: 1 of 4
-    assert (o["mean_reward"], o["mean_reward_first"], o["reward_change"]) == approx((3 / 8, 1 / 4, 1 / 8))
+    # 3 of the 6 rewarded (verified) rollouts passed: the failed and the timed-out one were never
+    # verified, so they have no reward; the first tenth (100..190 s) holds a*, b*: 1 of 4
+    assert (o["mean_reward"], o["mean_reward_first"], o["reward_change"]) == approx((3 / 6, 1 / 4, 1 / 4))
     lat = o["latency_ms"]
     assert lat["rollout"] == {"p50": 60_000.0, "p95": 60_000.0, "count": 9}
     assert lat["queue"] == {"p50": 2000.0, "p95": 2000.0, "count": 9}
@@ -143,7 +144,8 @@ async def test_overview(client):
 
     windowed = (await client.get("/v1/stats/overview", params={"since": T0 + 800, "until": T0 + 1800})).json()
     assert windowed["since"] == T0 + 800 and windowed["rollouts"] == 5 and windowed["rollouts_per_s"] == approx(0.005)
-    assert windowed["mean_reward"] == approx(0.5) and windowed["mean_reward_first"] is None  # nothing in 800..900
+    # c0, c1 (m0, m1 never verified; c2 an infrastructure outcome): no reward in 800..900
+    assert windowed["mean_reward"] == approx(1.0) and windowed["mean_reward_first"] is None
     empty = (await client.get("/v1/stats/overview", params={"task_id": "nope"})).json()
     assert empty["rollouts"] == 0 and empty["mean_reward"] is None and empty["latency_ms"]["llm"]["count"] == 0
 

@@ -40,7 +40,9 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     #: ``timed_out`` (wall clock) or ``failed`` (verification deadline)
     target: RolloutState = S.TIMED_OUT
-    #: The agent never ran (its time went by in the queue): no reward, never a 0.
+    #: Arena's outcome, not the policy's: no reward, never a 0. The agent never ran (its time
+    #: went by in the queue), or no verification came (a verifier that answers after the
+    #: deadline is not counted: the rollout, its trajectory and exports all keep no reward).
     infrastructure: bool = False
 
 
@@ -102,7 +104,7 @@ def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
                     rollout_id=r.rollout_id, state=r.state, target=S.FAILED,
                     reason=(f"verification deadline passed: no verification result after {now - since:.1f} s in "
                             f"verifying (deadline {allowed:g} s): the verify job was never picked up or every "
-                            f"verification worker is down")))
+                            f"verification worker is down"), infrastructure=True))
     return found
 
 

@@ -11,7 +11,7 @@ import msgspec
 
 from arena_trajectory.listing import TrajectoryFilter
 from arena_trajectory.store import TrajectoryStore
-from arena_trajectory.tables import DATABASE
+from arena_trajectory.tables import DATABASE, SCORED
 
 T = f"{DATABASE}.trajectories FINAL"
 
@@ -26,7 +26,8 @@ class RewardRow(msgspec.Struct, frozen=True, kw_only=True):
     max_reward: float
     pass_rate: float  # share of trajectories whose verification passed (completed only)
     completed_rate: float  # share that ended ``completed``
-    #: Trajectories Arena could not run or verify: no reward, left out of the reward figures.
+    #: Trajectories Arena could not run or verify: no reward, left out of the reward figures
+    #: (as are rollouts that ended unverified: their agent failed or timed out before it).
     infrastructure_errors: int = 0
 
 
@@ -104,9 +105,9 @@ async def rewards(store: TrajectoryStore, f: TrajectoryFilter, *, by: Literal["t
     where, params = f.where()
     key = "task_id" if by == "task" else "arrayJoin(if(empty(policy_versions), [''], policy_versions))"
     sql = (f"SELECT {key} AS key, count() AS trajectories, "
-           "ifNotFinite(avgIf(reward, NOT infrastructure), 0) AS mean_reward, "
-           "if(countIf(NOT infrastructure) = 0, 0, minIf(reward, NOT infrastructure)) AS min_reward, "
-           "if(countIf(NOT infrastructure) = 0, 0, maxIf(reward, NOT infrastructure)) AS max_reward, "
+           f"ifNotFinite(avgIf(reward, {SCORED}), 0) AS mean_reward, "
+           f"if(countIf({SCORED}) = 0, 0, minIf(reward, {SCORED})) AS min_reward, "
+           f"if(countIf({SCORED}) = 0, 0, maxIf(reward, {SCORED})) AS max_reward, "
            "avg(passed) AS pass_rate, avg(final_state = 'completed') AS completed_rate, "
            "countIf(infrastructure) AS infrastructure_errors "
            f"FROM {T}{where} GROUP BY key ORDER BY key")

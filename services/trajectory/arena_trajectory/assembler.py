@@ -42,13 +42,14 @@ def policy_versions(steps: Sequence[Step]) -> list[str]:
 
 def trajectory_reward(final_state: RolloutState, verification: VerificationResult | None,
                       infrastructure: bool = False) -> float | None:
-    """The verifier's reward for a completed rollout; ``None`` when Arena could not run or
-    verify it (an infrastructure outcome, never a 0); 0.0 for any other ending."""
-    if infrastructure:
+    """The verifier's reward, whatever the final state (a failed or timed-out rollout that was
+    verified keeps what its verifier gave); ``None`` when it has none: an infrastructure outcome
+    (Arena could not run or verify it) or a rollout that ended without being verified (its
+    agent failed, timed out or was cancelled). Never a made-up 0 (docs/trajectory.md)."""
+    del final_state  # one meaning whatever the ending: the verifier's, or none
+    if infrastructure or verification is None:
         return None
-    if final_state is RolloutState.COMPLETED and verification is not None:
-        return verification.reward
-    return 0.0
+    return verification.reward
 
 
 def missing_parts(

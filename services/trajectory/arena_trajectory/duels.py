@@ -27,6 +27,7 @@ _ROUNDS = (
     "countIf(duel_side = 'a') > 0 AS has_a, countIf(duel_side = 'b') > 0 AS has_b, "
     "anyIf(reward, duel_side = 'a') AS reward_a, anyIf(reward, duel_side = 'b') AS reward_b, "
     "anyIf(infrastructure, duel_side = 'a') AS infra_a, anyIf(infrastructure, duel_side = 'b') AS infra_b, "
+    "anyIf(verified, duel_side = 'a') AS verified_a, anyIf(verified, duel_side = 'b') AS verified_b, "
     "anyIf(final_state = 'cancelled', duel_side = 'a') AS cancelled_a, "
     "anyIf(final_state = 'cancelled', duel_side = 'b') AS cancelled_b, "
     "multiIf(NOT (has_a AND has_b), 'pending', infra_a OR infra_b OR cancelled_a OR cancelled_b, 'void', "
@@ -39,8 +40,9 @@ _ROUNDS = (
 
 
 class Round(msgspec.Struct, frozen=True, kw_only=True):
-    """One seed of a duel: each side's rollout and reward (``None``: not stored yet, or an
-    infrastructure outcome) and who won it."""
+    """One seed of a duel: each side's rollout and reward (``None``: not stored yet, an
+    infrastructure outcome, or ended unverified: it then ranks as a 0 in the round) and who
+    won it."""
 
     seed: int
     rollout_ids: list[str | None]
@@ -99,6 +101,8 @@ class _RoundRow(msgspec.Struct, kw_only=True):
     reward_b: float
     infra_a: bool
     infra_b: bool
+    verified_a: bool = True
+    verified_b: bool = True
     winner: Winner
     started_at: float
     completed_at: float
@@ -144,8 +148,8 @@ def _summary(rows: list[_RoundRow]) -> DuelSummary:
 
 def _round(r: _RoundRow) -> Round:
     return Round(seed=r.seed, rollout_ids=[r.rollout_a if r.has_a else None, r.rollout_b if r.has_b else None],
-                 rewards=[r.reward_a if r.has_a and not r.infra_a else None,
-                          r.reward_b if r.has_b and not r.infra_b else None],
+                 rewards=[r.reward_a if r.has_a and r.verified_a and not r.infra_a else None,
+                          r.reward_b if r.has_b and r.verified_b and not r.infra_b else None],
                  winner=r.winner)
 
 

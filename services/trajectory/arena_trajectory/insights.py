@@ -15,7 +15,7 @@ from arena_core.errors import Conflict, NotFound
 from arena_core.schemas import Id
 from arena_trajectory.listing import TrajectoryFilter
 from arena_trajectory.store import TrajectoryStore
-from arena_trajectory.tables import DATABASE, trainer_logprobs_row
+from arena_trajectory.tables import DATABASE, SCORED, trainer_logprobs_row
 
 T = f"{DATABASE}.trajectories FINAL"
 S = f"{DATABASE}.steps FINAL"
@@ -111,7 +111,7 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     timeout_rate: float  # likewise: the policy's, infrastructure outcomes left out
     budget_exhausted_rate: float
     infrastructure_error_rate: float  # no reward: Arena could not run or verify
-    mean_reward: float | None  # over rollouts with a reward (infrastructure outcomes left out)
+    mean_reward: float | None  # over rollouts with a reward (the verified; infrastructure outcomes left out)
     mean_reward_first: float | None  # the same over the first tenth of the window
     reward_change: float | None  # mean_reward - mean_reward_first
     latency_ms: OverviewLatency
@@ -144,7 +144,7 @@ async def overview(store: TrajectoryStore, f: TrajectoryFilter) -> Overview:
     cutoff = f"{start} + greatest(round(({end} - {start}) / 10), 1)"
     row = await _row(store, _joined(
         f"SELECT count() AS rollouts, {states}, countIf(passed) AS n_passed, countIf(infrastructure) AS infra, "
-        "countIf(NOT infrastructure) AS scored, avgIf(reward, NOT infrastructure) AS mean_reward, "
+        f"countIf({SCORED}) AS scored, avgIf(reward, {SCORED}) AS mean_reward, "
         f"{_MS}(min(completed_at)) AS first_ms, {_MS}(max(completed_at)) AS last_ms, "
         + ", ".join((_quantiles(f"{_MS}(completed_at) - {_MS}(started_at)", "true", "rollout"),
                      _quantiles("queue_ms", "queue_ms >= 0", "queue"),
@@ -152,7 +152,7 @@ async def overview(store: TrajectoryStore, f: TrajectoryFilter) -> Overview:
                      _quantiles("verification_ms", "verification_ms >= 0", "verification")))
         + f" FROM {T}{where}",
         f"SELECT {_quantiles('total_ms', 'true', 'llm')} FROM {S}{sub}",
-        "SELECT countIf(NOT infrastructure) AS first_n, avgIf(reward, NOT infrastructure) AS first_mean "
+        f"SELECT countIf({SCORED}) AS first_n, avgIf(reward, {SCORED}) AS first_mean "
         f"FROM {T}{_and(where, f'{_MS}(completed_at) < {cutoff}')}"), params)
     rollouts, scored = int(row["rollouts"]), int(row["scored"])
     start_s = f.since if f.since is not None else (row["first_ms"] / 1000 if rollouts else None)
@@ -321,7 +321,8 @@ async def tasks(store: TrajectoryStore, f: TrajectoryFilter, *, limit: int = 100
     where = _and(where, "NOT infrastructure")
     rows = await _rows(store, (
         "SELECT task_id, count() AS attempts, toUInt64(countIf(passed)) AS n_passed, n_passed / attempts AS "
-        "success_rate, avg(reward) AS mean_reward, varPop(reward) AS reward_variance, "
+        f"success_rate, ifNotFinite(avgIf(reward, {SCORED}), 0) AS mean_reward, "
+        f"ifNotFinite(varPopIf(reward, {SCORED}), 0) AS reward_variance, "
         f"{_MS}(max(completed_at)) AS last_ms, count() OVER () AS total FROM {T}{where} GROUP BY task_id "
         f"ORDER BY {TASK_ORDERS[order]}, task_id LIMIT {{limit:UInt32}} OFFSET {{offset:UInt32}}"),
         {**params, "limit": int(limit), "offset": int(offset)})
@@ -498,14 +499,14 @@ async def training(store: TrajectoryStore, f: TrajectoryFilter, *, run: str | No
                    trainer_limit: int = 10_000) -> Training:
     where, params = f.where()
     row = await _row(store, _joined(
-        _collected(f"SELECT {FIRST_VERSION} AS policy_version, task_set, count() AS rollouts, avg(reward) AS "
-                   f"mean_reward, avg(passed) AS pass_rate, {_MS}(min(completed_at)) AS first_ms "
+        _collected(f"SELECT {FIRST_VERSION} AS policy_version, task_set, count() AS rollouts, "
+                   f"ifNotFinite(avgIf(reward, {SCORED}), 0) AS mean_reward, avg(passed) AS pass_rate, {_MS}(min(completed_at)) AS first_ms "
                    f"FROM {T}{_and(where, 'NOT infrastructure')} GROUP BY policy_version, task_set",
                    "policy_version, task_set, rollouts, mean_reward, pass_rate, first_ms", "curve"),
         _collected("SELECT policy_version, count() AS groups, countIf(zero) AS zero_groups, min(first_ms) AS first "
                    f"FROM (SELECT group_id, argMin({FIRST_VERSION}, group_index) AS policy_version, "
-                   "countIf(NOT infrastructure) AS scored, "
-                   "minIf(reward, NOT infrastructure) = maxIf(reward, NOT infrastructure) AS zero, "
+                   f"countIf({SCORED}) AS scored, "
+                   f"minIf(reward, {SCORED}) = maxIf(reward, {SCORED}) AS zero, "
                    f"{_MS}(min(completed_at)) AS first_ms FROM {T}{_and(where, IN_GROUP)} GROUP BY group_id "
                    "HAVING count() >= any(group_size) AND scored > 0) GROUP BY policy_version",
                    "policy_version, groups, zero_groups, first", "zero"),

@@ -8,6 +8,7 @@ import msgspec
 
 from arena_core.schemas import RolloutState
 from arena_trajectory.clickhouse import Param
+from arena_trajectory.tables import SCORED
 
 
 class TrajectorySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -19,18 +20,22 @@ class TrajectorySummary(msgspec.Struct, frozen=True, kw_only=True):
     group_index: int
     group_size: int
     final_state: RolloutState
-    reward: float
+    reward: float | None  # the verifier's; None: not verified, or an infrastructure outcome
     num_steps: int
     prompt_tokens: int
     completion_tokens: int
     completed_at: float  # unix seconds
     policy_versions: list[str] = []
     passed: bool = False
+    infrastructure: bool = False  # Arena could not run or verify it: no reward
+    verified: bool = False  # a verification is stored (false with no reward: ended unverified)
 
 
 SUMMARY_COLUMNS = (
-    "rollout_id, task_id, group_id, group_index, group_size, final_state, reward, num_steps, "
-    "prompt_tokens, completion_tokens, toUnixTimestamp64Milli(completed_at) AS completed_ms, policy_versions, passed"
+    "rollout_id, task_id, group_id, group_index, group_size, final_state, "
+    f"if({SCORED}, reward, NULL) AS reward, num_steps, "
+    "prompt_tokens, completion_tokens, toUnixTimestamp64Milli(completed_at) AS completed_ms, policy_versions, passed, "
+    "infrastructure, verified"
 )
 
 
@@ -41,13 +46,15 @@ class _SummaryRow(msgspec.Struct, frozen=True, kw_only=True):
     group_index: int
     group_size: int
     final_state: RolloutState
-    reward: float
+    reward: float | None  # the verifier's; None: not verified, or an infrastructure outcome
     num_steps: int
     prompt_tokens: int
     completion_tokens: int
     completed_ms: int
     policy_versions: list[str] = []
     passed: bool = False
+    infrastructure: bool = False
+    verified: bool = False
 
     def summary(self) -> TrajectorySummary:
         return TrajectorySummary(
@@ -56,6 +63,7 @@ class _SummaryRow(msgspec.Struct, frozen=True, kw_only=True):
             reward=self.reward, num_steps=self.num_steps, prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, completed_at=self.completed_ms / 1000,
             policy_versions=self.policy_versions, passed=self.passed,
+            infrastructure=self.infrastructure, verified=self.verified,
         )
 
 
@@ -92,10 +100,10 @@ class TrajectoryFilter(msgspec.Struct, frozen=True, kw_only=True):
             where.append("has(policy_versions, {pv:String})")
             params["pv"] = self.policy_version
         if self.min_reward is not None:
-            where.append("reward >= {min_reward:Float64}")
+            where.append(f"{SCORED} AND reward >= {{min_reward:Float64}}")
             params["min_reward"] = float(self.min_reward)
         if self.max_reward is not None:
-            where.append("reward <= {max_reward:Float64}")
+            where.append(f"{SCORED} AND reward <= {{max_reward:Float64}}")
             params["max_reward"] = float(self.max_reward)
         if self.since is not None:
             where.append("completed_at >= fromUnixTimestamp64Milli(toInt64({since_ms:Int64}))")

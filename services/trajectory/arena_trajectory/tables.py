@@ -117,6 +117,10 @@ DDL: tuple[str, ...] = (
     ORDER BY (rollout_id, sequence_index, run)""",
 )
 
+#: SQL over ``trajectories``: the row has a reward (the verifier's): verified, and not an
+#: infrastructure outcome. The ``reward`` column of any other row is a stored 0 that means none.
+SCORED = "(verified AND NOT infrastructure)"
+
 #: Columns added after the first release of a table (idempotent).
 MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS min_logprob Nullable(Float64) AFTER mean_logprob",
@@ -329,8 +333,10 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "group_index": t.group_index,
         "group_size": t.group_size,
         "final_state": t.final_state.value,
-        "reward": 0.0 if t.reward is None else t.reward,  # None: an infrastructure outcome (column below)
-        "infrastructure": t.infrastructure or t.reward is None,
+        # None (stored 0, read back as none): an infrastructure outcome (column below) or a rollout
+        # never verified (``verified`` false); ``SCORED`` is the SQL of "has a reward"
+        "reward": 0.0 if t.reward is None else t.reward,
+        "infrastructure": t.infrastructure or (t.reward is None and t.verification is not None),
         "policy_versions": list(t.policy_versions),
         "passed": bool(t.verification and t.verification.passed and t.final_state.value == "completed"),
         "num_steps": len(t.steps),

@@ -21,6 +21,14 @@ function matches(f, c) {
   return true;
 }
 
+// Why a row has no reward (docs/trajectory.md "One meaning of reward"): Arena's outcome, or
+// the rollout ended before it was verified. Live rows carry the event's reason instead.
+function outcomeFlags(t) {
+  if (t.infrastructure) return "infrastructure";
+  if (t.verified === false && (t.reward === null || t.reward === undefined)) return "unverified";
+  return t.reason || "";
+}
+
 function row(t, fresh = false) {
   return el("tr", { class: fresh ? "new" : "", "data-rollout": t.rollout_id },
     el("td", {}, rolloutLink(t.rollout_id)),
@@ -29,6 +37,7 @@ function row(t, fresh = false) {
       `${t.group_id} #${t.group_index ?? 0}`) : el("span", { class: "muted" }, "–")),
     el("td", {}, stateBadge(t.final_state || t.to)),
     el("td", { class: "num" }, t.reward === null || t.reward === undefined ? "–" : num(t.reward, 3)),
+    el("td", { class: "muted" }, outcomeFlags(t)),
     el("td", { class: "num" }, t.num_steps ?? t.steps ?? "–"),
     el("td", { class: "num" }, t.completion_tokens !== undefined ? num(t.completion_tokens, 0) : "–"),
     el("td", {}, (t.policy_versions || []).join(", ") || el("span", { class: "muted" }, "–")),
@@ -88,8 +97,8 @@ export async function render(ctx) {
       params.get("before_completed_at") ? "older page" : "newest first · live")),
     filterForm(params),
     card(null,
-      el("table", {}, el("thead", {}, el("tr", {}, ["rollout", "task", "group", "state", "reward", "steps",
-        "completion tokens", "policy", "ended"].map((h, i) => el("th", { class: [4, 5, 6].includes(i) ? "num" : "" }, h)))), body),
+      el("table", {}, el("thead", {}, el("tr", {}, ["rollout", "task", "group", "state", "reward", "flags", "steps",
+        "completion tokens", "policy", "ended"].map((h, i) => el("th", { class: [4, 6, 7].includes(i) ? "num" : "" }, h)))), body),
       trajectories.length ? null : el("div", { class: "empty", id: "rollouts-empty" }, "No rollouts match yet; new ones appear here as they end."),
       el("div", { class: "pager" }, newest, older)));
 }
