@@ -300,6 +300,9 @@ async def test_a_duel_whose_second_side_cannot_be_submitted_leaves_no_side_runni
         return group
 
     service._submit_members = second_side_fails
+    # the backend serves both policies by name (one listing no models would be refused: same_backend)
+    default = service.router.replicas["default"].replica
+    service.router.upsert(msgspec.structs.replace(default, models=["pa", "pb"]))
     resp = await api.post("/v1/duels", json={"task": task_json(tmp_path), "policies": ["pa", "pb"], "n": 2})
     assert resp.status_code == 503, resp.text
     [side_a] = submitted

@@ -13,7 +13,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 import msgspec
@@ -27,6 +27,7 @@ from arena_core.schemas import (
     LABEL_DUEL_POLICY,
     LABEL_DUEL_SEED,
     LABEL_DUEL_SIDE,
+    BackendReplica,
     BundleSource,
     DeadLetter,
     EnvRewardVerifier,
@@ -187,13 +188,16 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         raise InvalidRequest("; ".join(problems))
 
 
-def duel_problems(req: SubmitDuelRequest, *, serves) -> list[str]:
+def duel_problems(req: SubmitDuelRequest, *, serves, replicas: Sequence[BackendReplica] = ()) -> list[str]:
     """What makes a duel unrunnable beyond its task (checked as a group's): ``serves(model)``
-    says whether a backend replica serves a model name."""
+    says whether a backend replica serves a model name; ``replicas``, the registered ones, show
+    whether the two names reach two models at all (``same_backend``)."""
     problems = []
     a, b = req.policies
     if a == b:
         problems.append(f"policies must be two distinct model names, got {a!r} twice")
+    elif (same := same_backend(a, b, replicas)) is not None:
+        problems.append(same)
     for name in dict.fromkeys(req.policies):
         if name == "default":
             problems.append("a policy must name a model: 'default' leaves the choice to the agent")
@@ -205,6 +209,24 @@ def duel_problems(req: SubmitDuelRequest, *, serves) -> list[str]:
     if len(req.metadata) > 64 - 4:
         problems.append("a duel's metadata holds at most 60 labels (the duel adds 4)")
     return problems
+
+
+def same_backend(a: str, b: str, replicas: Sequence[BackendReplica]) -> str | None:
+    """Why policies ``a`` and ``b`` would be one model (``None``: they reach different ones).
+
+    A replica that lists no models serves any name, so a name does not pick a model there: when
+    neither name is listed by a replica and both would go to the same such replicas, both sides
+    of the duel ask the same server, which answers with whatever model it runs, and the duel
+    compares that model with itself."""
+    if any(a in r.models or b in r.models for r in replicas):
+        return None  # at least one name is a model a replica says it serves by name
+    wildcards = sorted(r.replica_id for r in replicas if not r.models)
+    if not wildcards:
+        return None  # nothing serves either: the "no backend replica serves" problem says so
+    return (f"policies {a!r} and {b!r} both resolve to backend replica(s) {', '.join(wildcards)}, which list no "
+            "models (they serve any name with the one model they run): the duel would compare a model with "
+            "itself. Register each policy on the replica that serves it by name, e.g. "
+            f"`arena backend register --id {a} --url URL_A --model {a}` and the same for {b!r}")
 
 
 def _bundles_of(task) -> list[str]:
@@ -280,7 +302,8 @@ class RolloutService:
         """Two groups of one task, one per policy, on the same seeds; every member labelled
         with the duel, its side, its policy and its seed."""
         problems = duel_problems(req, serves=lambda model: any(
-            s.serves(model) for s in self.router.replicas.values()))
+            s.serves(model) for s in self.router.replicas.values()),
+            replicas=[s.replica for s in self.router.replicas.values()])
         if problems:
             raise InvalidRequest("; ".join(problems))
         with self.admit(2 * req.n, req.task.budget.wall_clock_s) as held:
