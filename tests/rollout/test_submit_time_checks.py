@@ -1,15 +1,26 @@
 """What would fail at run time is refused at submission, naming what exists: a bad enum value in
-a request lists the valid names (arena_core.bodies), ..."""
+a request lists the valid names (arena_core.bodies); an unknown OpenEnv environment is a 404
+naming the registered ones, over HTTP and on the WebSocket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import httpx
 import pytest
+import websockets
 
+from arena_core import subjects
 from arena_core.bodies import decode_body
 from arena_core.errors import InvalidRequest
+from arena_core.runtime import serve
 from arena_core.schemas import SubmitGroupRequest, SubmitRolloutRequest
+from arena_core.settings import Settings
+from arena_rollout.app import create_app
+from arena_rollout.service import RolloutService
+from arena_rollout.store import RolloutStore
+from arena_stack.natsserver import free_port
 
 
 def body(**task_changes) -> dict:
@@ -37,3 +48,41 @@ def test_other_problems_keep_their_message():
     with pytest.raises(InvalidRequest) as err:
         decode_body(json.dumps({**body(), "provider": 3}).encode(), SubmitRolloutRequest)
     assert "valid:" not in str(err.value) and "$.provider" in str(err.value)
+
+
+@pytest.fixture
+async def rollout_server(bus):
+    """The rollout service's app served by uvicorn (a WebSocket refusal needs a real server)."""
+    port, stop = free_port(), asyncio.Event()
+    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url="http://127.0.0.1:1/v1")
+    service = RolloutService(bus=bus, store=RolloutStore(await bus.kv(subjects.KV_ROLLOUTS)), settings=settings,
+                             http=httpx.AsyncClient())
+    server = asyncio.create_task(serve(stop, app=create_app(service), port=port))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        for _ in range(200):
+            try:
+                await http.get("/healthz")
+                break
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+        try:
+            yield port, http, service
+        finally:
+            stop.set()
+            await server
+            await service.upstream.aclose()
+
+
+async def test_an_unknown_environment_is_a_404_naming_the_registered_ones(rollout_server):
+    port, http, service = rollout_server
+    kv = await service.bus.kv(subjects.KV_ENVIRONMENTS)
+    await kv.put("calc", b"{}")  # only its name is read here
+    health = await http.get("/openenv/calcc/health")
+    assert health.status_code == 404, health.text
+    assert "no environment 'calcc' (registered: calc;" in health.json()["error"]["message"]
+    # the WebSocket an OpenEnv client opens: a 404 with the same answer, not a bare 403
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/openenv/calcc/ws"):
+            pass
+    assert refused.value.response.status_code == 404
+    assert b"registered: calc" in refused.value.response.body

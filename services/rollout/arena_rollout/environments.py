@@ -83,7 +83,7 @@ class Environments:
 
     async def get(self, name: str) -> EnvironmentRecord:
         if not valid_id(name):
-            raise NotFound(f"no environment {name!r}")
+            raise NotFound(await self.not_found(name))
         hit = self._cache.get(name)
         if hit is not None and time.monotonic() - hit[0] < CACHE_S:
             return hit[1]
@@ -93,10 +93,24 @@ class Environments:
             entry = None
         if entry is None or entry.value is None:
             self._cache.pop(name, None)
-            raise NotFound(f"no environment {name!r} (PUT /v1/environments/{name} registers one)")
+            raise NotFound(await self.not_found(name))
         record = _decoder.decode(entry.value)
         self._cache[name] = (time.monotonic(), record)
         return record
+
+    async def names(self) -> list[str]:
+        """The registered environments' names, sorted."""
+        try:
+            return sorted(await (await self._kv()).keys())
+        except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+            return []
+
+    async def not_found(self, name: str) -> str:
+        """Why ``name`` is not served, naming the environments that are (at most 20)."""
+        names = await self.names()
+        shown = ", ".join(names[:20]) + (f", … ({len(names)} in all)" if len(names) > 20 else "")
+        return (f"no environment {name!r} (registered: {shown or 'none'}; "
+                f"PUT /v1/environments/{name} registers one)")
 
     async def list(self) -> list[EnvironmentRecord]:
         kv = await self._kv()

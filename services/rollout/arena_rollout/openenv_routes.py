@@ -173,7 +173,11 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         try:
             env = await environments.get(name)
         except NotFound as exc:
-            await websocket.close(code=1008, reason=exc.message[:120])
+            # a 404 naming the environments that exist (closing before accepting reads as a 403)
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(_json({"error": {"code": exc.code, "message": exc.message}}, 404))
+            else:
+                await websocket.close(code=1008, reason=exc.message[:120])
             return
         await websocket.accept()
         if not capacity.take(name, env.request.max_concurrent):
