@@ -331,9 +331,11 @@ async def test_upstream_errors_reach_clients_as_clear_errors_and_no_step(stack, 
         assert record.steps == 0 and record.state == RolloutState.RUNNING
 
     s = await stack()
+    # submitted while a replica served any name; narrowed after (a submission for a model no
+    # replica serves is refused before it runs: tests/rollout/test_submit_time_checks.py)
+    rid, key = await s.rollout(tmp_path, model="llama")
     s.service.router.upsert(BackendReplica(replica_id="default", url=s.service.router.replicas["default"].replica.url,
                                            models=["qwen"]))
-    rid, key = await s.rollout(tmp_path, model="llama")
     with pytest.raises(openai.InternalServerError) as err:
         await s.openai(rid, key).chat.completions.create(model="llama", messages=MSGS)
     assert err.value.status_code == 503 and err.value.body["code"] == "unavailable"

@@ -1,6 +1,7 @@
 """What would fail at run time is refused at submission, naming what exists: a bad enum value in
 a request lists the valid names (arena_core.bodies); an unknown OpenEnv environment is a 404
-naming the registered ones, over HTTP and on the WebSocket."""
+naming the registered ones, over HTTP and on the WebSocket; a model no backend replica serves is
+a 422 naming the served ones."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 
 import httpx
+import msgspec
 import pytest
 import websockets
 
@@ -15,10 +17,10 @@ from arena_core import subjects
 from arena_core.bodies import decode_body
 from arena_core.errors import InvalidRequest
 from arena_core.runtime import serve
-from arena_core.schemas import SubmitGroupRequest, SubmitRolloutRequest
+from arena_core.schemas import BackendReplica, SubmitGroupRequest, SubmitRolloutRequest
 from arena_core.settings import Settings
 from arena_rollout.app import create_app
-from arena_rollout.service import RolloutService
+from arena_rollout.service import RolloutService, model_problem
 from arena_rollout.store import RolloutStore
 from arena_stack.natsserver import free_port
 
@@ -54,7 +56,7 @@ def test_other_problems_keep_their_message():
 async def rollout_server(bus):
     """The rollout service's app served by uvicorn (a WebSocket refusal needs a real server)."""
     port, stop = free_port(), asyncio.Event()
-    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url="http://127.0.0.1:1/v1")
+    settings = Settings(nats_url="nats://127.0.0.1:1", backend_url="http://127.0.0.1:1/v1", allow_host_paths=True)
     service = RolloutService(bus=bus, store=RolloutStore(await bus.kv(subjects.KV_ROLLOUTS)), settings=settings,
                              http=httpx.AsyncClient())
     server = asyncio.create_task(serve(stop, app=create_app(service), port=port))
@@ -86,3 +88,32 @@ async def test_an_unknown_environment_is_a_404_naming_the_registered_ones(rollou
             pass
     assert refused.value.response.status_code == 404
     assert b"registered: calc" in refused.value.response.body
+
+
+def submission(model: str = "default", scaffold_model: str | None = None) -> SubmitRolloutRequest:
+    agent = {"scaffold": {"name": "mini-swe-agent", "model": scaffold_model}} if scaffold_model else {"command": ["true"]}
+    return msgspec.convert({**body(agent=agent), "model": model}, SubmitRolloutRequest)
+
+
+def test_a_model_no_replica_serves_is_named_with_what_is_served():
+    listing = [BackendReplica(replica_id="a", url="http://a/v1", models=["qwen-7b", "qwen-7b-lora"])]
+    problem = model_problem(submission("llama"), listing)
+    assert problem is not None and "no backend replica serves model 'llama' (served: qwen-7b, qwen-7b-lora)" in problem
+    assert "arena backend register" in problem
+    # the scaffold's model is what the calls are routed by when the rollout's is "default"
+    assert "'gpt-x'" in model_problem(submission(scaffold_model="gpt-x"), listing)
+    assert model_problem(submission("qwen-7b"), listing) is None
+    # a replica listing no models serves any name; a raw command's model is unknown before it runs
+    wildcard = [*listing, BackendReplica(replica_id="b", url="http://b/v1")]
+    assert model_problem(submission("llama"), wildcard) is None
+    assert model_problem(submission(), listing) is None
+
+
+async def test_a_submission_for_a_model_no_replica_serves_is_a_422(rollout_server, tmp_path):
+    _, http, service = rollout_server
+    service.router.upsert(BackendReplica(replica_id="default", url="http://127.0.0.1:1/v1", models=["qwen-7b"]))
+    (tmp_path / "repo").mkdir()
+    task = {**body(repo=str(tmp_path / "repo"), verifier={"type": "tests", "fail_to_pass": ["t.py::t"]})["task"]}
+    resp = await http.post("/v1/rollouts", json={"task": task, "model": "llama"})
+    assert resp.status_code == 422, resp.text
+    assert "no backend replica serves model 'llama' (served: qwen-7b)" in resp.json()["error"]["message"]

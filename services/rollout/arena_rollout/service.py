@@ -211,6 +211,22 @@ def duel_problems(req: SubmitDuelRequest, *, serves, replicas: Sequence[BackendR
     return problems
 
 
+def model_problem(req: SubmitRolloutRequest | SubmitGroupRequest, replicas: Sequence[BackendReplica]) -> str | None:
+    """Why no registered replica would answer the model the agent's calls are routed by (the
+    rollout's ``model``, else its scaffold's), or ``None``. Only replicas that list their models
+    can refuse a name (one listing none serves any), so this is only ever a problem when every
+    replica lists its models; a raw command's model (unknown before it runs) is not checked."""
+    model = req.model
+    if model == "default" and req.task.agent.scaffold is not None:
+        model = req.task.agent.scaffold.model
+    if model in ("", "default") or not replicas or any(not r.models or model in r.models for r in replicas):
+        return None
+    served = sorted({m for r in replicas for m in r.models})
+    return (f"no backend replica serves model {model!r} (served: {', '.join(served)}); submit with one of "
+            "them as `model`, or register a replica for it (`arena backend register --id ID --url URL "
+            f"--model {model}`)")
+
+
 def same_backend(a: str, b: str, replicas: Sequence[BackendReplica]) -> str | None:
     """Why policies ``a`` and ``b`` would be one model (``None``: they reach different ones).
 
@@ -376,6 +392,9 @@ class RolloutService:
                             git=sources.git_policy(self.settings))
         if self.workers is not None:
             await self.workers.check(req.provider)
+        problem = model_problem(req, [s.replica for s in self.router.replicas.values()])
+        if problem is not None:
+            raise InvalidRequest(problem)
         task = req.task
         for digest in _bundles_of(task):
             if not await sources.bundle_exists(self.bus, digest):
