@@ -834,6 +834,9 @@ class WorkerInfo(Base, kw_only=True):
     worker: str
     slots: int
     at: float
+    #: The scaffold presets its sandboxes can launch (installed for the local provider, or
+    #: shipping no install); ``None``: not known here (an image ships its own; an older worker).
+    scaffolds: list[str] | None = None
 
 
 class EnvironmentView(Base, kw_only=True):

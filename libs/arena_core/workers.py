@@ -12,12 +12,13 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import msgspec
 
 from arena_core import subjects
 from arena_core.bus import follow_kv
-from arena_core.errors import ProviderUnserved
+from arena_core.errors import InvalidRequest, ProviderUnserved
 from arena_core.schemas import WorkerInfo
 
 log = logging.getLogger("arena.workers")
@@ -30,15 +31,20 @@ STALE_S = 20.0
 class Advertiser:
     """A sandbox worker's entries, one per provider it serves; removed when it stops."""
 
-    def __init__(self, bus, providers: list[str], *, owner: str, slots: int):
+    def __init__(self, bus, providers: list[str], *, owner: str, slots: int,
+                 scaffolds: Callable[[str], list[str] | None] | None = None):
+        """``scaffolds(provider)``: the presets its sandboxes can launch now (``None``: not known);
+        asked at every refresh, so a scaffold installed while the worker runs is soon advertised."""
         self.bus, self.providers, self.slots = bus, providers, slots
+        self.scaffolds = scaffolds or (lambda provider: None)
         self.worker = f"{subjects.token(owner)}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.durable = "advertiser"
 
     async def announce(self) -> None:
         kv = await self.bus.kv(subjects.KV_WORKERS)
         for provider in self.providers:
-            info = WorkerInfo(provider=provider, worker=self.worker, slots=self.slots, at=time.time())
+            info = WorkerInfo(provider=provider, worker=self.worker, slots=self.slots, at=time.time(),
+                              scaffolds=self.scaffolds(provider))
             await kv.put(f"{provider}.{self.worker}", msgspec.json.encode(info))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -89,6 +95,21 @@ class Workers:
             if now - self.seen.get(key, -1e9) < STALE_S:
                 per_worker[info.worker] = max(per_worker.get(info.worker, 0), info.slots)
         return sum(per_worker.values()) or None
+
+    def check_scaffold(self, provider: str, scaffold: str) -> None:
+        """Raise :class:`InvalidRequest` when every live worker of ``provider`` advertises the
+        scaffolds it can launch and none lists ``scaffold`` (a worker that does not say is
+        trusted: its image may ship it). Call after :meth:`check`."""
+        now = time.monotonic()
+        live = [i for k, i in self.entries.items() if i.provider == provider and now - self.seen.get(k, -1e9) < STALE_S]
+        if not live or any(i.scaffolds is None or scaffold in i.scaffolds for i in live):
+            return
+        ready = sorted({name for i in live for name in i.scaffolds or ()})
+        raise InvalidRequest(
+            f"scaffold {scaffold!r} is not installed on any {provider!r} sandbox worker (they can launch: "
+            f"{', '.join(ready) or 'none'}); install it where the workers run: `make scaffolds-venv` "
+            f"(mini-swe-agent) or `python -m arena_core.scaffolds.install {scaffold}` (into ARENA_SCAFFOLDS_DIR, "
+            "default <data dir>/scaffolds); workers advertise it within a few seconds")
 
     async def check(self, provider: str) -> None:
         """Raise :class:`ProviderUnserved` unless a live worker serves ``provider`` (an entry

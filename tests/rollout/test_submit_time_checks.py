@@ -1,7 +1,8 @@
 """What would fail at run time is refused at submission, naming what exists: a bad enum value in
 a request lists the valid names (arena_core.bodies); an unknown OpenEnv environment is a 404
 naming the registered ones, over HTTP and on the WebSocket; a model no backend replica serves is
-a 422 naming the served ones."""
+a 422 naming the served ones; a scaffold preset no sandbox worker can launch is a 422 naming
+those it can and how to install it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from arena_core import subjects
 from arena_core.bodies import decode_body
 from arena_core.errors import InvalidRequest
 from arena_core.runtime import serve
+from arena_core.scaffolds.install import launchable
 from arena_core.schemas import BackendReplica, SubmitGroupRequest, SubmitRolloutRequest
 from arena_core.settings import Settings
+from arena_core.workers import Advertiser, Workers
 from arena_rollout.app import create_app
 from arena_rollout.service import RolloutService, model_problem
 from arena_rollout.store import RolloutStore
@@ -117,3 +120,41 @@ async def test_a_submission_for_a_model_no_replica_serves_is_a_422(rollout_serve
     resp = await http.post("/v1/rollouts", json={"task": task, "model": "llama"})
     assert resp.status_code == 422, resp.text
     assert "no backend replica serves model 'llama' (served: qwen-7b)" in resp.json()["error"]["message"]
+
+
+def test_the_local_provider_can_launch_the_scaffolds_installed_and_those_that_need_no_install(tmp_path):
+    assert launchable(None) == ["claude-code", "opencode"]  # nothing installed: only those shipping no install
+    (tmp_path / "mini-swe-agent" / "bin").mkdir(parents=True)
+    assert launchable(tmp_path) == ["mini-swe-agent", "claude-code", "opencode"]
+
+
+async def test_a_scaffold_no_sandbox_worker_can_launch_is_refused_at_submission(bus, rollout_server, tmp_path):
+    """Workers advertise the scaffolds their sandboxes can launch in ``arena_workers``; a preset
+    none of them has installed is a 422 naming what is, and how to install it."""
+    _, http, service = rollout_server
+    service.workers = workers = Workers(bus)
+    installed: list[str] = ["claude-code", "opencode"]
+    advertiser = Advertiser(bus, ["local"], owner="t", slots=2, scaffolds=lambda provider: list(installed))
+    await advertiser.announce()
+    (tmp_path / "repo").mkdir()
+    verifier = {"type": "tests", "fail_to_pass": ["t.py::t"]}
+    task = body(repo=str(tmp_path / "repo"), verifier=verifier,
+                agent={"scaffold": {"name": "mini-swe-agent", "model": "m"}})["task"]
+    resp = await http.post("/v1/rollouts", json={"task": task})
+    assert resp.status_code == 422, resp.text
+    message = resp.json()["error"]["message"]
+    assert "scaffold 'mini-swe-agent' is not installed on any 'local' sandbox worker" in message
+    assert "(they can launch: claude-code, opencode)" in message
+    assert "make scaffolds-venv" in message and "python -m arena_core.scaffolds.install mini-swe-agent" in message
+
+    # once a worker advertises it, the same submission passes this check (and any after it)
+    installed.append("mini-swe-agent")
+    await advertiser.announce()
+    workers.entries.clear()  # read the bucket afresh, as a watching service would have
+    await workers.check("local")
+    workers.check_scaffold("local", "mini-swe-agent")
+    # a worker that does not say (an image ships its scaffolds) is trusted
+    quiet = Advertiser(bus, ["docker"], owner="t", slots=1)
+    await quiet.announce()
+    await workers.check("docker")
+    workers.check_scaffold("docker", "openhands")

@@ -46,6 +46,24 @@ def installed(name: str, base: Path) -> bool:
     return stamp.is_file() and stamp.read_text() == "\n".join(requirements(name))
 
 
+def launchable(base: str | Path | None) -> list[str]:
+    """The scaffold presets a sandbox whose scaffolds directory is ``base`` (``None``: none, so
+    nothing installed) can launch: those installed there (``<base>/<name>/bin``, where the runner
+    looks), and those with no pip requirements (they ship in the image or on the host's ``PATH``)."""
+    out = []
+    for name in SCAFFOLDS:
+        try:
+            requirements(name)
+        except ValueError:
+            out.append(name)  # nothing to install here
+            continue
+        except ImportError:
+            continue
+        if base is not None and (Path(base) / name / "bin").is_dir():
+            out.append(name)
+    return out
+
+
 def host_python(version: str) -> str:
     """The base installation (``sys.base_prefix``) of a working ``python<version>`` on this host:
     on ``PATH`` (a pyenv shim of a version not selected fails, and is passed over), else pyenv's."""

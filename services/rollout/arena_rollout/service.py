@@ -392,6 +392,8 @@ class RolloutService:
                             git=sources.git_policy(self.settings))
         if self.workers is not None:
             await self.workers.check(req.provider)
+            if req.task.agent.scaffold is not None:
+                self.workers.check_scaffold(req.provider, req.task.agent.scaffold.name)
         problem = model_problem(req, [s.replica for s in self.router.replicas.values()])
         if problem is not None:
             raise InvalidRequest(problem)

@@ -12,6 +12,7 @@ from arena_core.bus import Bus
 from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 
+from arena_core.scaffolds.install import launchable
 from arena_core.workers import Advertiser
 from arena_sandbox_providers.factory import build_providers, owner_of
 from arena_sandbox.pool import WarmPool
@@ -58,7 +59,19 @@ async def main(settings: Settings) -> int:
     # no sandbox lives longer than the longest wall clock a task may ask for
     bases = [p.base for p in providers if getattr(p, "base", None) is not None]
     sweeper = Sweeper(bases, older_than_s=settings.max_wall_clock_s + 3600, what="sandbox directories")
-    advertiser = Advertiser(bus, [p.name for p in providers], owner=owner_of(settings), slots=settings.sandbox_slots)
+    # the scaffold presets each provider's sandboxes can launch, read at each refresh: a provider
+    # with a scaffolds directory (local; None when it does not exist yet: nothing installed), or
+    # None when its images decide (docker, mock), so it does not say
+    by_name = {p.name: p for p in providers}
+
+    def scaffolds(provider: str) -> list[str] | None:
+        p = by_name.get(provider)
+        if p is None or not hasattr(type(p), "scaffolds_dir"):
+            return None
+        return launchable(p.scaffolds_dir)
+
+    advertiser = Advertiser(bus, [p.name for p in providers], owner=owner_of(settings), slots=settings.sandbox_slots,
+                            scaffolds=scaffolds)
     await advertiser.announce()  # before the consumers: a submission to these providers is accepted from now
     freeze_startup()
     code = await serve(stop, consumers=[*(w.consumer() for w in workers), sweeper, bus.watch(), advertiser],
