@@ -485,11 +485,42 @@ class TrainerPoint(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, float]
 
 
+class TimePoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Rollouts with a reward that ended in ``[at, at + width_s)``."""
+
+    at: float
+    width_s: float
+    rollouts: int
+    mean_reward: float
+
+
 class Training(msgspec.Struct, frozen=True, kw_only=True):
     reward_curve: list[RewardPoint]  # by first_completed_at
     zero_variance: list[ZeroVariance]  # by the first completion of the version's groups
     trainer: list[TrainerPoint]  # the run's stored TrainerMetrics, by step
     run: str | None = None  # the trainer run shown (the latest one unless asked for)
+    #: Mean reward over time (up to TIME_BUCKETS even buckets of completed_at), filled only when
+    #: no rollout has a policy version (the backends report none): the curve to draw then.
+    reward_over_time: list[TimePoint] = []
+
+
+TIME_BUCKETS = 50
+
+
+async def reward_over_time(store: TrajectoryStore, where: str, params: dict) -> list[TimePoint]:
+    """Mean reward of the rollouts with one, in up to ``TIME_BUCKETS`` even buckets of ``completed_at``."""
+    scored = _and(where, SCORED)
+    span = await _row(store, f"SELECT count() AS n, {_MS}(min(completed_at)) AS lo, {_MS}(max(completed_at)) AS hi "
+                             f"FROM {T}{scored}", params)
+    if not int(span["n"]):
+        return []
+    lo, hi = int(span["lo"]), int(span["hi"])
+    width = max(-(-(hi - lo + 1) // TIME_BUCKETS), 1000)  # ms, at least a second
+    rows = await _rows(store, (
+        f"SELECT intDiv({_MS}(completed_at) - {lo}, {width}) AS bucket, count() AS rollouts, avg(reward) AS mean_reward "
+        f"FROM {T}{scored} GROUP BY bucket ORDER BY bucket"), params)
+    return [TimePoint(at=(lo + int(r["bucket"]) * width) / 1000, width_s=width / 1000, rollouts=int(r["rollouts"]),
+                      mean_reward=float(r["mean_reward"])) for r in rows]
 
 
 FIRST_VERSION = "if(empty(policy_versions), '', policy_versions[1])"
@@ -517,7 +548,9 @@ async def training(store: TrajectoryStore, f: TrajectoryFilter, *, run: str | No
     if run is None and row["latest"]:
         run = row["latest"][0]
     trainer = await store.trainer_metrics(run, limit=trainer_limit) if run is not None else []
+    over_time = [] if any(version for version, *_ in curve) else await reward_over_time(store, where, params)
     return Training(
+        reward_over_time=over_time,
         reward_curve=[RewardPoint(policy_version=version, task_set=task_set, rollouts=int(n), mean_reward=float(mean),
                                   pass_rate=float(rate), first_completed_at=int(first_ms) / 1000)
                       for version, task_set, n, mean, rate, first_ms in curve],

@@ -82,7 +82,7 @@ export async function render(ctx) {
             el("td", { class: "num" }, `${num(r.ci_low, 0)} – ${num(r.ci_high, 0)}`), el("td", { class: "num" }, num(r.games, 0)),
             el("td", { class: "num" }, num(r.wins, 0)), el("td", { class: "num" }, num(r.losses, 0)), el("td", { class: "num" }, num(r.draws, 0))))))]
         : empty("No duels decided yet: `arena duel` plays two policies on the same seeds.")),
-      card("GRPO reward curve", training && (training.reward_curve || []).length ? rewardCurve(training.reward_curve) : empty("No policy versions yet."))),
+      card("GRPO reward curve", training ? rewardCurve(training.reward_curve || [], training.reward_over_time || []) : empty("No policy versions yet."))),
     el("div", { style: "height:14px" }),
     card("Recent duels", (duels.duels || []).length || detail ? el("table", { id: "duels" }, el("thead", {}, el("tr", {},
       ["duel", "task", "policies", "wins", "draws", "void", "winner", "when"].map((h, i) => el("th", { class: [3, 4, 5].includes(i) ? "num" : "" }, h)))),

@@ -25,9 +25,18 @@ function tick(v) {
   return a && (a < 1e-3 || a >= 1e6) ? Number(v).toExponential(1) : num(v, 4);
 }
 
-export function rewardCurve(all) {
+// No policy version known (the backends report none): the mean reward over time instead.
+function rewardOverTime(points) {
+  if (!(points || []).length) return empty("No rollouts with a reward yet.");
+  const labels = points.map(p => new Date(p.at * 1000).toLocaleString());
+  return chart("line", { labels, datasets: [dataset("mean reward", points.map(p => p.mean_reward), 0, { spanGaps: true })] },
+    { scales: { x: { title: { display: true, text: "time (no policy version reported)" } },
+                y: { title: { display: true, text: "mean reward" } } } });
+}
+
+export function rewardCurve(all, overTime = []) {
   const curve = all.filter(r => r.policy_version);  // no policy version: no LLM call was served, no point on a curve
-  if (!curve.length) return empty("No rollouts with a policy version yet.");
+  if (!curve.length) return rewardOverTime(overTime);
   const versions = [...new Map(curve.slice().sort((a, b) => (a.first_completed_at || 0) - (b.first_completed_at || 0))
     .map(r => [r.policy_version, 1])).keys()];
   const sets = [...new Set(curve.map(r => r.task_set))];
@@ -55,7 +64,8 @@ export async function render(ctx) {
     el("div", { class: "bar" }, el("h1", {}, "Training"), el("span", { class: "muted" }, run ? `run ${run}` : "latest run"),
       el("span", { class: "spacer" }), form),
     el("div", { class: "grid cols2" },
-      card("Reward per policy version and task set", (d.reward_curve || []).length ? rewardCurve(d.reward_curve) : empty("No rollouts with a policy version yet.")),
+      card((d.reward_over_time || []).length ? "Reward over time" : "Reward per policy version and task set",
+        rewardCurve(d.reward_curve || [], d.reward_over_time || [])),
       card("Zero-variance groups (no GRPO signal)", zv.length ? chart("line", { labels: zv.map(z => z.policy_version || "(unknown)"),
         datasets: [dataset("share of groups", zv.map(z => z.rate), 0)] },
         { plugins: { legend: { display: false } }, scales: { y: { max: 1, title: { display: true, text: "rate" } } } })
