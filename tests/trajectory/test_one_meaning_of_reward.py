@@ -23,10 +23,11 @@ def member(rid: str, index: int, state: RolloutState, verified: float | None, *,
            ) -> Trajectory:
     event = RolloutStateChanged(rollout_id=rid, task_id="calc.add", from_state=S.RUNNING, to_state=state,
                                 at=100.0 + index, steps=1, group_id="g", group_index=index, group_size=4,
-                                infrastructure=infrastructure)
+                                infrastructure=infrastructure, reason=f"{rid} ended")
     steps = [Step(rollout_id=rid, step_index=0, model="m", backend="b", policy_version="1", completion_text="x")]
     verification = None if verified is None else VerificationResult(
-        rollout_id=rid, verifier="tests", reward=verified, passed=verified == 1.0, started_at=1.0, finished_at=2.0)
+        rollout_id=rid, verifier="tests", reward=verified, passed=verified == 1.0, started_at=1.0, finished_at=2.0,
+        flags=["parse_failed"] if verified == 0.5 else [])
     return assembler.assemble(event, steps, None, verification)
 
 
@@ -45,6 +46,10 @@ async def client(tmp_path):
     await store.init()
     for t, _ in GROUP.values():
         await store.insert_trajectory(t)
+        await store.insert_states([RolloutStateChanged(rollout_id=t.rollout_id, task_id=t.task_id, from_state=h.from_state,
+                                                       to_state=h.to_state, at=h.at, reason=h.reason) for h in t.history])
+        if t.verification is not None:
+            await store.insert_verification(t.verification)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(store)), base_url="http://t") as c:
         yield c
     await store.close()
@@ -59,6 +64,10 @@ async def test_the_listing_each_trajectory_the_group_the_overview_and_the_grpo_e
     assert {t["rollout_id"]: t["reward"] for t in listed} == expected
     flags = {t["rollout_id"]: (t["infrastructure"], t["verified"]) for t in listed}
     assert flags["timed-out"] == (False, False) and flags["infra"][0] is True
+    # the dashboard's rollout list: state, reason and flags
+    assert {t["rollout_id"]: (t["final_state"], t["reason"], t["flags"]) for t in listed} == {
+        "done": ("completed", "done ended", []), "failed-verified": ("failed", "failed-verified ended", ["parse_failed"]),
+        "timed-out": ("timed_out", "timed-out ended", []), "infra": ("failed", "infra ended", [])}
 
     stored = [msgspec.convert((await client.get(f"/v1/trajectories/{rid}")).json(), Trajectory) for rid in GROUP]
     assert {t.rollout_id: t.reward for t in stored} == expected

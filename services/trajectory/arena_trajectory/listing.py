@@ -29,6 +29,8 @@ class TrajectorySummary(msgspec.Struct, frozen=True, kw_only=True):
     passed: bool = False
     infrastructure: bool = False  # Arena could not run or verify it: no reward
     verified: bool = False  # a verification is stored (false with no reward: ended unverified)
+    reason: str = ""  # why it ended: its final transition's reason ("" if that row is not stored)
+    flags: list[str] = []  # its verification's flags (tests_tampered, parse_failed, …)
 
 
 SUMMARY_COLUMNS = (

@@ -404,7 +404,24 @@ class TrajectoryStore:
             f"SELECT {SUMMARY_COLUMNS} FROM {DATABASE}.trajectories FINAL{where}"
             " ORDER BY completed_at DESC, rollout_id LIMIT {limit:UInt32} OFFSET {offset:UInt32}"
         )
-        return [summary_decoder.decode(line).summary() for line in await self.select(sql, params)]
+        summaries = [summary_decoder.decode(line).summary() for line in await self.select(sql, params)]
+        return await self._with_reasons_and_flags(summaries)
+
+    async def _with_reasons_and_flags(self, summaries: list[TrajectorySummary]) -> list[TrajectorySummary]:
+        """The summaries with why each ended (its final transition's reason, from ``rollout_states``)
+        and its verification flags: two look-ups by the page's rollout ids (the tables' keys)."""
+        if not summaries:
+            return summaries
+        ids = {"ids": [t.rollout_id for t in summaries]}
+        finals = ", ".join(f"'{s.value}'" for s in RolloutState if s.is_final)
+        reasons = {row["rollout_id"]: row["reason"] for row in map(msgspec.json.decode, await self.select(
+            f"SELECT rollout_id, argMax(reason, at) AS reason FROM {DATABASE}.rollout_states "
+            f"WHERE rollout_id IN {{ids:Array(String)}} AND to_state IN ({finals}) GROUP BY rollout_id", ids))}
+        flags = {row["rollout_id"]: sorted(row["flags"]) for row in map(msgspec.json.decode, await self.select(
+            f"SELECT rollout_id, groupUniqArrayArray(flags) AS flags FROM {DATABASE}.verifications FINAL "
+            "WHERE rollout_id IN {ids:Array(String)} GROUP BY rollout_id", ids))}
+        return [msgspec.structs.replace(t, reason=reasons.get(t.rollout_id, ""), flags=flags.get(t.rollout_id, []))
+                for t in summaries]
 
     async def export_page(self, f: TrajectoryFilter, *, after: tuple[str, str] | None, limit: int
                           ) -> list[Trajectory]:

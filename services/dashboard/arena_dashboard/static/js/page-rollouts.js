@@ -21,12 +21,18 @@ function matches(f, c) {
   return true;
 }
 
-// Why a row has no reward (docs/trajectory.md "One meaning of reward"): Arena's outcome, or
-// the rollout ended before it was verified. Live rows carry the event's reason instead.
+// Why a row has no reward (docs/trajectory.md "One meaning of reward": Arena's outcome, or the
+// rollout ended before it was verified), then its verification's flags.
 function outcomeFlags(t) {
-  if (t.infrastructure) return "infrastructure";
-  if (t.verified === false && (t.reward === null || t.reward === undefined)) return "unverified";
-  return t.reason || "";
+  const flags = [];
+  if (t.infrastructure) flags.push("infrastructure");
+  else if (t.verified === false && (t.reward === null || t.reward === undefined)) flags.push("unverified");
+  return [...flags, ...(t.flags || [])].join(", ");
+}
+
+function reasonCell(reason) {
+  const text = (reason || "").split("\n")[0];
+  return el("td", { class: "muted", title: reason || "" }, text.length > 80 ? text.slice(0, 79) + "…" : text || "–");
 }
 
 function row(t, fresh = false) {
@@ -37,6 +43,7 @@ function row(t, fresh = false) {
       `${t.group_id} #${t.group_index ?? 0}`) : el("span", { class: "muted" }, "–")),
     el("td", {}, stateBadge(t.final_state || t.to)),
     el("td", { class: "num" }, t.reward === null || t.reward === undefined ? "–" : num(t.reward, 3)),
+    reasonCell(t.reason),
     el("td", { class: "muted" }, outcomeFlags(t)),
     el("td", { class: "num" }, t.num_steps ?? t.steps ?? "–"),
     el("td", { class: "num" }, t.completion_tokens !== undefined ? num(t.completion_tokens, 0) : "–"),
@@ -97,8 +104,8 @@ export async function render(ctx) {
       params.get("before_completed_at") ? "older page" : "newest first · live")),
     filterForm(params),
     card(null,
-      el("table", {}, el("thead", {}, el("tr", {}, ["rollout", "task", "group", "state", "reward", "flags", "steps",
-        "completion tokens", "policy", "ended"].map((h, i) => el("th", { class: [4, 6, 7].includes(i) ? "num" : "" }, h)))), body),
+      el("table", {}, el("thead", {}, el("tr", {}, ["rollout", "task", "group", "state", "reward", "reason", "flags", "steps",
+        "completion tokens", "policy", "ended"].map((h, i) => el("th", { class: [4, 7, 8].includes(i) ? "num" : "" }, h)))), body),
       trajectories.length ? null : el("div", { class: "empty", id: "rollouts-empty" }, "No rollouts match yet; new ones appear here as they end."),
       el("div", { class: "pager" }, newest, older)));
 }
