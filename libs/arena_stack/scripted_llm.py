@@ -79,8 +79,15 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
     error_status: int | None = None  # answer every completion with this status
 
 
-def load_script(path: str | Path) -> Script:
+def load_script(path: str | Path, only: str | None = None) -> Script:
+    """The script at ``path``; with ``only``, just its responses and plays labelled ``only``
+    (e.g. the quickstart's ``correct`` or ``wrong``: a backend that always answers one way)."""
     script = msgspec.json.decode(Path(path).read_bytes(), type=Script)
+    if only is not None:
+        script = Script(responses=[r for r in script.responses if r.label == only],
+                        plays=[p for p in script.plays if p.label == only])
+        if not (script.responses or script.plays):
+            raise ValueError(f"{path}: no response or play is labelled {only!r}")
     if not (script.responses or script.plays) or any(r.weight < 0 for r in [*script.responses, *script.plays]):
         raise ValueError(f"{path}: need at least one response or play, with non-negative weights")
     if any(not p.turns for p in script.plays):
@@ -456,6 +463,8 @@ def create_app(llm: ScriptedLLM) -> FastAPI:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m arena_stack.scripted_llm", description=__doc__.splitlines()[0])
     parser.add_argument("--script", required=True, help="script JSON file")
+    parser.add_argument("--only", metavar="LABEL", help="answer only with the script's responses (or plays) "
+                        "labelled LABEL")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9093)
     parser.add_argument("--model", default="scripted")
@@ -467,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404 (like Ollama)")
     args = parser.parse_args(argv)
     try:
-        script = load_script(args.script)
+        script = load_script(args.script, args.only)
     except (OSError, ValueError, msgspec.DecodeError) as exc:
         raise SystemExit(f"scripted_llm: cannot load script {args.script}: {exc}") from None
     import uvicorn

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from arena_stack.natsserver import free_port
+from arena_stack.natsserver import free_port, wait_port
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -35,6 +35,8 @@ README = REPO / "README.md"
 NOT_RUN = ("make ",)
 #: Placeholders a reader replaces, and what the test puts there.
 PLACEHOLDERS = {"path/to/repo": "examples/quickstart"}
+#: Ports the README names for processes of its own (the duel's two scripted LLMs): free ones here.
+README_PORTS = (9095, 9096)
 
 
 def code_blocks(text: str) -> list[tuple[str, str, int]]:
@@ -91,8 +93,8 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 18
 
 def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
     work = tmp_path / "work"
-    (work / ".venv" / "bin").mkdir(parents=True)
-    (work / ".venv" / "bin" / "arena").symlink_to(Path(sys.executable).parent / "arena")
+    work.mkdir()
+    (work / ".venv").symlink_to(Path(sys.executable).parent.parent)  # this suite's virtualenv
     (work / "examples").symlink_to(REPO / "examples")
     rollout, trajectory = free_port(), free_port()
     env = {**os.environ,
@@ -107,6 +109,8 @@ def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
     blocks = code_blocks(README.read_text())
     up_log = tmp_path / "arena-up.log"
     up: subprocess.Popen | None = None
+    background: list[subprocess.Popen] = []  # the README's `command &`, stopped by PID at the end
+    ports = {str(p): str(free_port()) for p in README_PORTS}
     ran: list[str] = []
     rollout_ids: list[str] = []
     try:
@@ -120,7 +124,16 @@ def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
                     if "<rollout-id>" in command:
                         assert rollout_ids, f"README line {line}: {command!r} before any rollout was submitted"
                         command = command.replace("<rollout-id>", rollout_ids[0])
+                    for readme_port, port in ports.items():
+                        command = re.sub(rf"\b{readme_port}\b", port, command)
                     argv = shlex.split(command, comments=True)
+                    if argv[-1] == "&":  # a process the README leaves running: listening before the next line
+                        proc = subprocess.Popen(argv[:-1], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+                        background.append(proc)
+                        wait_port("127.0.0.1", int(argv[argv.index("--port") + 1]), 60, proc)
+                        ran.append(command)
+                        continue
                     if argv[:2] == [".venv/bin/arena", "up"]:  # the README's first shell; the rest is "another"
                         with open(up_log, "wb") as log:
                             up = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -149,6 +162,10 @@ def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
         assert (work / "tokens.jsonl").stat().st_size > 0
         assert up is not None and ran
     finally:
+        for proc in background:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
         if up is not None and up.poll() is None:
             up.send_signal(signal.SIGINT)  # Ctrl-C, as the README says
             try:
