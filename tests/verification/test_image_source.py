@@ -66,5 +66,5 @@ async def test_an_image_source_is_verified_in_its_image_at_its_path(swe_image, d
     assert (gold.reward, gold.flags) == (1.0, []), gold.reason + gold.log_tail
     assert (empty.reward, empty.counts.f2p_failed) == (0.0, 2)
     # the source came out of the image without its .git
-    [tree] = [p for p in (tmp_path / "sources").iterdir() if p.name.startswith("image-")]
+    [tree] = [p for p in (tmp_path / "sources").iterdir() if p.name.startswith("image-") and p.is_dir()]
     assert (tree / "textstats" / "core.py").is_file() and not (tree / ".git").exists()
