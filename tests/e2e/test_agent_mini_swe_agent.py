@@ -205,4 +205,4 @@ def test_an_exhausted_turn_budget_ends_mini_at_once_without_retries(stack):
     assert view.steps == 2 and "turn budget exhausted: 2 of 2" in view.reason
     assert elapsed < 60, f"mini took {elapsed:.1f} s to stop: it retried the refusal"
     traj = client.wait_trajectory(view.rollout_id, timeout=60)
-    assert traj.reward == 0.0 and not traj.infrastructure and len(traj.steps) == 2
+    assert traj.reward is None and not traj.infrastructure and len(traj.steps) == 2  # never verified: no reward

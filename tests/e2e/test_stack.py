@@ -111,7 +111,10 @@ def test_an_agent_that_never_writes_done_times_out(stack, tmp_path):
     assert view.state.value == "timed_out"
     assert "wall clock" in view.reason
     traj = client.wait_trajectory(view.rollout_id, timeout=30)
-    assert traj.final_state.value == "timed_out" and traj.reward == 0.0 and traj.verification is None
+    # never verified: no reward, the same in the rollout view (`arena status` shows "-") and the
+    # stored trajectory, and not an infrastructure outcome (docs/trajectory.md, One meaning of reward)
+    assert traj.final_state.value == "timed_out" and traj.reward is None and traj.verification is None
+    assert view.reward is None and not traj.infrastructure and not view.infrastructure
 
 
 def test_an_agent_that_crashes_fails_with_its_exit_code_and_log(stack, tmp_path):
@@ -125,6 +128,21 @@ def test_an_agent_that_crashes_fails_with_its_exit_code_and_log(stack, tmp_path)
     assert traj.final_state.value == "failed" and traj.sandbox.exit_code == 3
 
 
+def test_an_agent_that_writes_done_then_crashes_has_its_verifiers_reward_everywhere(stack, tmp_path):
+    """One meaning of reward on the real stack: verified despite its exit code, the rollout view,
+    the stored trajectory, the trajectory listing and the GRPO export all hold the verifier's."""
+    _, client = stack
+    task = _task_with_agent(tmp_path, "done-then-crash", "import pathlib\n"
+                            "pathlib.Path('/sandbox/.arena/done').write_text('')\nraise SystemExit(3)\n",
+                            wall_clock_s=30)
+    view = client.wait(client.submit(task).rollout_id, timeout=120)
+    assert view.state.value == "completed" and "exited with code 3" in view.history[-2].reason
+    traj = client.wait_trajectory(view.rollout_id, timeout=30)
+    assert traj.verification is not None and traj.reward == traj.verification.reward == view.reward
+    listed = client._traj.get("/v1/trajectories", params={"task_id": task.id}).json()["trajectories"]
+    assert [(t["rollout_id"], t["reward"]) for t in listed] == [(view.rollout_id, view.reward)]
+
+
 def test_cancel_stops_a_running_sandbox(stack, tmp_path):
     _, client = stack
     task = _task_with_agent(tmp_path, "waiter", "import time\ntime.sleep(60)\n", wall_clock_s=60)
@@ -135,7 +153,7 @@ def test_cancel_stops_a_running_sandbox(stack, tmp_path):
         asyncio.run(asyncio.sleep(0.05))
     assert client.cancel(rid).state.value == "cancelled"
     traj = client.wait_trajectory(rid, timeout=30)
-    assert traj.final_state.value == "cancelled" and traj.reward == 0.0
+    assert traj.final_state.value == "cancelled" and traj.reward is None  # never verified: no reward
 
 
 def test_a_submission_to_a_provider_nobody_serves_is_refused_at_once(stack):
