@@ -72,6 +72,13 @@ async def _sign_in_link(nats_url: str, dashboard_url: str) -> str:
     return f"{dashboard_url.rstrip('/')}/?token={token}"
 
 
+def _reward_text(traj) -> str:
+    """A trajectory's reward as the CLI shows it: the verifier's, or why there is none."""
+    if traj.reward is not None:
+        return format(traj.reward, "g")
+    return "- (infrastructure outcome)" if traj.infrastructure else "- (not verified)"
+
+
 def _fmt_time(ts: float, t0: float) -> str:
     return f"+{ts - t0:6.2f}s"
 
@@ -167,7 +174,7 @@ def print_rollout(client, view, t0: float) -> None:
         print(f"  verification: {v.counts.f2p_passed}/{v.counts.f2p_passed + v.counts.f2p_failed} FAIL_TO_PASS, "
               f"{v.counts.p2p_passed}/{v.counts.p2p_passed + v.counts.p2p_failed} PASS_TO_PASS passed"
               + (f", flags: {', '.join(v.flags)}" if v.flags else ""))
-    print(f"  reward: {'- (infrastructure outcome)' if traj.reward is None else format(traj.reward, 'g')}")
+    print(f"  reward: {_reward_text(traj)}")
 
 
 async def _demo(settings: Settings, n: int, seed: int) -> int:
@@ -375,7 +382,7 @@ def trajectory_summary(traj) -> list[str]:
     prompt = sum(s.usage.prompt_tokens or len(s.prompt_token_ids or []) for s in traj.steps)
     completion = sum(s.usage.completion_tokens or len(s.completion_token_ids or []) for s in traj.steps)
     group = f"  group {traj.group_id} member {traj.group_index + 1}/{traj.group_size}" if traj.group_id else ""
-    reward = "- (infrastructure outcome: no reward)" if traj.reward is None else format(traj.reward, "g")
+    reward = _reward_text(traj)
     lines = [f"rollout      {traj.rollout_id}  task {traj.task_id}{group}",
              f"state        {traj.final_state.value}" + (f": {traj.reason}" if traj.reason else ""),
              f"reward       {reward}",
