@@ -42,7 +42,8 @@ class EvalResult(msgspec.Struct, kw_only=True):
 def evaluate(client: ArenaClient, items: list[str], *, repeats: int = 1, seed: int = 12345,
              timeout: float = 600.0) -> EvalResult:
     """``repeats`` rollouts per held-out item (temperature 1, fixed seeds) through the
-    stack; the mean verified reward. Blocking: call it with ``asyncio.to_thread``."""
+    stack; the mean reward (an attempt that ended unverified counts 0, an infrastructure outcome
+    not at all). Blocking: call it with ``asyncio.to_thread``."""
     sampling = SamplingParams(temperature=1.0)
     ids = []
     for i, digits in enumerate([item for item in items for _ in range(repeats)]):
@@ -52,7 +53,8 @@ def evaluate(client: ArenaClient, items: list[str], *, repeats: int = 1, seed: i
     for rid in ids:
         view = client.wait(rid, timeout=timeout)
         states[view.state.value] = states.get(view.state.value, 0) + 1
-        rewards.append(view.reward or 0.0)
+        if not view.infrastructure:  # Arena's fault: not the policy's score
+            rewards.append(view.reward if view.reward is not None else 0.0)  # unverified: a failed attempt
     for rid in ids[:3]:
         try:
             versions.update(client.wait_trajectory(rid, timeout=30).policy_versions)
