@@ -23,6 +23,7 @@ import h11
 import httptools
 import msgspec
 
+from arena_core import llm_errors
 from arena_core.proxy_routes import ROUTES as ROUTES  # re-exported: the routes it lets through
 from arena_core.proxy_routes import route_of
 
@@ -43,26 +44,6 @@ _DISCARD_MAX = 1024 * 1024
 # --------------------------------------------------------------------------- error answers
 
 
-class _OpenAIBody(msgspec.Struct):
-    message: str
-    type: str
-    param: None
-    code: str
-
-
-class _OpenAIError(msgspec.Struct):
-    error: _OpenAIBody
-
-
-class _AnthropicBody(msgspec.Struct):
-    type: str
-    message: str
-
-
-class _AnthropicError(msgspec.Struct, tag_field="type", tag="error"):
-    error: _AnthropicBody
-
-
 class _ArenaBody(msgspec.Struct):
     code: str
     message: str
@@ -79,11 +60,8 @@ def error_body(status: int, code: str, message: str, target: bytes, anthropic_ve
     path = target.split(b"?", 1)[0]
     if b"/proxy/" not in path:
         return msgspec.json.encode(_ArenaError(error=_ArenaBody(code=code, message=message)))
-    if anthropic_version or b"/v1/messages" in path:
-        kind = {404: "not_found_error", 400: "invalid_request_error"}.get(status, "api_error")
-        return msgspec.json.encode(_AnthropicError(error=_AnthropicBody(type=kind, message=message)))
-    kind = {404: "not_found_error", 400: "invalid_request_error"}.get(status, "server_error")
-    return msgspec.json.encode(_OpenAIError(error=_OpenAIBody(message=message, type=kind, param=None, code=code)))
+    text = path.decode("latin-1")
+    return llm_errors.body(llm_errors.flavor_of(text, anthropic_version), status, code, message)
 
 
 def _request_id() -> bytes:
