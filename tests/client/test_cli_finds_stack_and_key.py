@@ -21,7 +21,6 @@ from arena import endpoints
 from arena.export_io import ExportFilter, HttpSource, run_export
 from arena.sdk import ArenaClient
 from arena_core.schemas import Trajectory
-from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
@@ -30,22 +29,6 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.timeout(600)]
 
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("arena-cli")
-    rp = free_port()
-    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir), rollout_port=rp,
-                        trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
-                        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
-                        sandbox_concurrency=2, verify_concurrency=1)
-    stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
-    asyncio.run(stack.start())
-    try:
-        assert stack.api_key and (stack.data_dir / endpoints.LOCAL_KEY_FILE).is_file()
-        yield stack
-    finally:
-        stack.stop()
 
 
 def arena(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ rollout API's), ``--task`` and ``--limit`` (here, once another filter is on), ag
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -15,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from arena.table import format_table
-from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
@@ -41,21 +38,6 @@ def test_a_table_too_wide_leaves_out_the_columns_it_may_drop_before_it_wraps():
                                                    [rows[0][0], "some-task", "completed", "the"]]
     assert all(len(line) <= 60 for line in narrow)
 
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("arena-status")
-    rp = free_port()
-    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir), rollout_port=rp,
-                        trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
-                        backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
-                        sandbox_concurrency=2, verify_concurrency=1)
-    stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
-    asyncio.run(stack.start())
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 def arena(stack: Stack, *args: str, cwd: Path, columns: str = "160") -> subprocess.CompletedProcess[str]:
