@@ -70,7 +70,9 @@ def shell_commands(body: str) -> list[str]:
 
 def test_the_readme_code_blocks_are_what_this_test_runs():
     """The parser sees the README's blocks: the stack's start, the CLI, the SDK and OpenEnv snippets."""
-    blocks = code_blocks(README.read_text())
+    text = README.read_text()
+    assert "## The first hour" in text and "tests/e2e/test_readme_runs_as_written.py" in text
+    blocks = code_blocks(text)
     commands = [c for lang, body, _ in blocks if lang == "sh" for c in shell_commands(body)]
     assert any(c.startswith(".venv/bin/arena up ") for c in commands)
     assert any(c.startswith(".venv/bin/arena submit ") for c in commands)
