@@ -250,15 +250,22 @@ class JsonlWriter:
 
 
 class Progress:
-    """A one-line progress bar on stderr (only when it is a terminal, unless forced)."""
+    """Progress on stderr: on a terminal a one-line bar redrawn in place; elsewhere (a log, a pipe,
+    CI: ``enabled=None`` and no terminal) a plain line every ``log_every_s`` and at the end, so logs
+    stay readable; ``enabled=False``: nothing."""
 
-    def __init__(self, total: int | None, *, enabled: bool | None = None, stream=None):
+    def __init__(self, total: int | None, *, enabled: bool | None = None, stream=None, log_every_s: float = 5.0):
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        self.enabled = True if enabled is None else enabled
+        #: a bar redrawn in place (a terminal, or forced), else lines
+        self.redraw = tty or enabled is True
+        self.interval = 0.1 if self.redraw else log_every_s
         self.total = total
         self.done = 0
         self.rows = 0
-        self._last = 0.0
+        self._last = 0.0 if self.redraw else time.monotonic()
+        self._printed = False
         self._start = time.monotonic()
 
     def update(self, done: int, rows: int, total: int | None = None, *, force: bool = False) -> None:
@@ -266,7 +273,7 @@ class Progress:
         if total is not None:
             self.total = total
         now = time.monotonic()
-        if not self.enabled or (now - self._last < 0.1 and not force):
+        if not self.enabled or (now - self._last < self.interval and not force):
             return
         self._last = now
         rate = done / max(now - self._start, 1e-9)
@@ -277,12 +284,15 @@ class Progress:
             line = f"[{bar:<30}] {done}/{self.total} trajectories {frac:4.0%}  {rows} rows  {rate:,.0f}/s{eta}"
         else:
             line = f"{done} trajectories  {rows} rows  {rate:,.0f}/s"
-        self.stream.write("\r" + line)
+        self.stream.write("\r" + line if self.redraw else "export: " + line + "\n")
         self.stream.flush()
+        self._printed = True
 
     def finish(self) -> None:
+        if not self.redraw and not self._printed:
+            return  # a short export in a log: its summary line says it all
         self.update(self.done, self.rows, force=True)
-        if self.enabled:
+        if self.enabled and self.redraw:
             self.stream.write("\n")
             self.stream.flush()
 

@@ -93,3 +93,24 @@ def test_waits_are_reported_in_the_order_they_finish():
 
     assert list(as_finished(delays, wait)) == [("fast", "FAST"), ("middle", "MIDDLE"), ("slow", "SLOW")]
     assert list(as_finished([], wait)) == []
+
+
+def test_an_export_in_a_log_prints_plain_lines_not_a_redrawn_bar():
+    """Exports: stderr that is no terminal gets a plain line now and then (here every update) and a
+    last one, never carriage returns; a terminal gets the bar redrawn in place."""
+    import io
+
+    from arena.export_io import Progress
+
+    log = io.StringIO()
+    progress = Progress(4, stream=log, log_every_s=0.0)
+    for done in range(1, 5):
+        progress.update(done, done * 3)
+    progress.finish()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 5
+    assert lines[0].startswith("export: [") and "1/4 trajectories" in lines[0]
+    assert "4/4 trajectories" in lines[-1] and "12 rows" in lines[-1]
+    quiet = io.StringIO()  # a short export in a log: no line at all, its summary says it
+    Progress(4, stream=quiet).finish()
+    assert quiet.getvalue() == ""
