@@ -42,18 +42,24 @@ def test_compose_requires_every_password_and_gives_each_service_its_own_user():
 def compose_nats(tmp_path):
     """nats-server on deploy/images/nats/nats-server.conf (its port and store moved here), with
     the passwords in its environment as compose gives them; (port, passwords)."""
-    port = free_port()
-    text = (CONF.read_text().replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
-            .replace("http: 0.0.0.0:8222\n", "").replace('store_dir: "/data"', f'store_dir: "{tmp_path / "js"}"'))
-    assert f"127.0.0.1:{port}" in text and str(tmp_path) in text
-    conf = tmp_path / "nats-server.conf"
-    conf.write_text(text)
     passwords = {user: pw for user, pw in natsauth.passwords().items() if user in natsauth.PERMISSIONS}
     env = {natsauth.env_name(user): pw for user, pw in passwords.items()}
-    with open(tmp_path / "nats.log", "wb") as log:
-        proc = subprocess.Popen([binary(), "-c", str(conf)], env=env, stdout=log, stderr=log)
+    for attempt in range(3):  # a free port can be taken by another process before nats-server binds it
+        port = free_port()
+        text = (CONF.read_text().replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
+                .replace("http: 0.0.0.0:8222\n", "").replace('store_dir: "/data"', f'store_dir: "{tmp_path / "js"}"'))
+        assert f"127.0.0.1:{port}" in text and "http: " not in text and str(tmp_path) in text
+        conf = tmp_path / "nats-server.conf"
+        conf.write_text(text)
+        with open(tmp_path / "nats.log", "wb") as log:
+            proc = subprocess.Popen([binary(), "-c", str(conf)], env=env, stdout=log, stderr=log)
+        try:
+            wait_port("127.0.0.1", port, 15, proc)
+            break
+        except RuntimeError:
+            if attempt == 2:
+                raise AssertionError((tmp_path / "nats.log").read_text()[-2000:]) from None
     try:
-        wait_port("127.0.0.1", port, 15, proc)
         yield port, passwords
     finally:
         proc.terminate()
