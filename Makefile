@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SHELL  := /bin/bash
 
-.PHONY: test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv
+.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -102,8 +102,21 @@ demo-openenv: venv
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
+## Two pytest processes side by side: most tests wait on processes and sockets, so one process leaves a
+## core idle. The stack-heavy directories in one (its log printed after), the rest (where the docker engine
+## and its images are set up) in the other; `make test-serial` runs them as one process.
+TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
+TEST_STACKS  := tests/e2e tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl
+TEST_REST    := tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory tests/rollout
 test: venv
-	$(VENV)/bin/pytest -q $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
+	@mkdir -p .arena && log=.arena/test-stacks.log; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(TEST_IGNORES) $(TEST_STACKS) > $$log 2>&1 & stacks=$$!; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(TEST_IGNORES) $(TEST_REST); rest=$$?; \
+	wait $$stacks; code=$$?; echo "== $(TEST_STACKS)"; cat $$log; \
+	test $$rest -eq 0 && test $$code -eq 0
+
+test-serial: venv
+	$(VENV)/bin/pytest -q $(TEST_IGNORES)
 
 ## one package's tests, e.g. `make test-pkg fuzz test-chaos PKG=rollout` (tests/ mirrors the packages)
 test-pkg: venv
