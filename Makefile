@@ -103,12 +103,11 @@ demo-openenv: venv
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
 ## Two pytest processes side by side: most tests wait on processes and sockets, so one process leaves a
-## core idle. End-to-end and client directories in one (its log printed after), the rest (where the docker
-## engine and its images are set up) in the other, about as long; `make test-serial` runs them as one process.
+## core idle. The stack-heavy directories in one (its log printed after), the rest (where the docker engine
+## and its images are set up) in the other; `make test-serial` runs them as one process.
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
-TEST_STACKS  := tests/e2e tests/client tests/stack tests/deploy tests/dashboard tests/rl
-TEST_REST    := tests/security tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory \
-	tests/rollout
+TEST_STACKS  := tests/e2e tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl
+TEST_REST    := tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory tests/rollout
 test: venv
 	@mkdir -p .arena && log=.arena/test-stacks.log; \
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(TEST_IGNORES) $(TEST_STACKS) > $$log 2>&1 & stacks=$$!; \
