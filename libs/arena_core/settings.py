@@ -11,6 +11,9 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from arena_core import capacity
+from arena_core.capacity import Capacity
+
 
 class SettingsError(ValueError):
     """A setting is missing or invalid; the message names the variable."""
@@ -58,9 +61,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     trajectory_group_timeout_s: int = 1800
     #: Providers this sandbox service runs, comma-separated: local, docker, mock.
     sandbox_provider: str = "local"
-    #: Sandboxes a worker runs at once; 0 (the default) sizes it from the machine: 4 per core
-    #: this process may use (an agent mostly waits on its LLM), at least 4.
+    #: Sandboxes a worker runs at once; 0 (the default) sizes it from memory (an agent mostly
+    #: waits on its LLM, costing memory, not CPU): the memory free less ``sandbox_memory_reserve_mb``,
+    #: over ``sandbox_memory_mb`` per sandbox, bounded by file descriptors (:mod:`arena_core.capacity`).
     sandbox_concurrency: int = 0
+    #: The memory budget of one waiting sandbox, MiB, for sizing ``sandbox_concurrency`` (a trivial
+    #: agent waiting on its LLM takes about that; docs/performance.md). Not a limit on a sandbox:
+    #: heavier agents are held back at run time by ``sandbox_memory_reserve_mb``.
+    sandbox_memory_mb: int = 20
+    #: Memory kept free on a sandbox host, MiB: no sandbox starts while less is available.
+    sandbox_memory_reserve_mb: int = 1024
+    #: The nice level sandboxes run at (0-19), and the matching lower CPU weight of their cgroup
+    #: (local) or container (docker): Arena's own services keep the CPU when agents saturate it.
+    #: 0 = the same priority as the services.
+    sandbox_nice: int = 10
     #: Owner label of this worker's sandboxes ("" = the host name): reaped at start-up.
     sandbox_owner: str = ""
     #: Warm sandboxes kept ready per image (0 = none).
@@ -195,6 +209,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_BACKEND_MAX_INFLIGHT must be >= 1")
         if self.sandbox_pool_size < 0:
             raise SettingsError("ARENA_SANDBOX_POOL_SIZE must be >= 0")
+        if self.sandbox_memory_mb < 1 or self.sandbox_memory_reserve_mb < 0:
+            raise SettingsError("ARENA_SANDBOX_MEMORY_MB must be >= 1 and ARENA_SANDBOX_MEMORY_RESERVE_MB >= 0")
+        if not 0 <= self.sandbox_nice <= 19:
+            raise SettingsError("ARENA_SANDBOX_NICE must be between 0 and 19")
         if self.sandbox_concurrency < 0 or self.verify_concurrency < 1:
             raise SettingsError("ARENA_SANDBOX_CONCURRENCY must be >= 0 (0: sized from the machine) and "
                                 "ARENA_VERIFY_CONCURRENCY >= 1")
@@ -250,14 +268,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def sandbox_slots(self) -> int:
-        """``sandbox_concurrency``, or (0) 4 per core this process may run on, at least 4."""
+        """``sandbox_concurrency``, or (0) what this host's memory holds (:meth:`sandbox_capacity`)."""
+        return self.sandbox_capacity().slots
+
+    def sandbox_capacity(self) -> Capacity:
+        """The sandboxes a worker runs at once and why: ``sandbox_concurrency`` if set, else sized
+        from memory and file descriptors (:func:`arena_core.capacity.size`)."""
         if self.sandbox_concurrency:
-            return self.sandbox_concurrency
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        return max(4, 4 * cores)
+            return Capacity(slots=self.sandbox_concurrency, reason="ARENA_SANDBOX_CONCURRENCY")
+        return capacity.size(budget_mb=self.sandbox_memory_mb, reserve_mb=self.sandbox_memory_reserve_mb)
 
     @property
     def trajectory_url(self) -> str:
