@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+from arena_sandbox_providers import priority
+
 ROOT = Path("/sys/fs/cgroup")
 
 
@@ -61,7 +63,9 @@ class SandboxCgroup:
             self.dirs = [ROOT / c / rel for c in ("pids", "memory", "cpu") if (ROOT / c).is_dir()]
             self._memory = ROOT / "memory" / rel
 
-    def create(self, *, pids: int, memory_bytes: int, cpus: float) -> None:
+    def create(self, *, pids: int, memory_bytes: int, cpus: float, nice: int = 0) -> None:
+        """Make the group with its limits; with ``nice``, the group every sandbox shares (``arena/``)
+        gets the lower CPU weight of that nice level against the services' own (:mod:`.priority`)."""
         for d in self.dirs:
             for attempt in range(3):  # a sibling's destroy may remove the empty owner group meanwhile
                 try:
@@ -72,6 +76,8 @@ class SandboxCgroup:
                         raise
         if mode() == "v2":
             d = self.dirs[0]
+            if nice > 0:
+                _write(ROOT / "arena" / "cpu.weight", str(priority.cgroup_v2_weight(nice)))
             _write(d / "pids.max", str(pids))
             _write(d / "memory.max", str(memory_bytes))
             _write(d / "memory.swap.max", "0")
@@ -84,6 +90,8 @@ class SandboxCgroup:
                 _write(d / "memory.limit_in_bytes", str(memory_bytes))
                 _write(d / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap, if accounted
             elif d.parts[4] == "cpu":
+                if nice > 0:
+                    _write(ROOT / "cpu" / "arena" / "cpu.shares", str(priority.cpu_shares(nice)))
                 _write(d / "cpu.cfs_period_us", "100000")
                 _write(d / "cpu.cfs_quota_us", str(int(cpus * 100_000)))
 

@@ -24,7 +24,7 @@ import requests
 from docker.utils import version_lt
 
 from arena_core import sources
-from arena_sandbox_providers import local
+from arena_sandbox_providers import local, priority
 from arena_sandbox_providers.channel import Channel, ChannelClosed, listen
 from arena_sandbox_providers.hostdir import SANDBOX_UID, HostDirSandbox, make_layout
 from arena_sandbox_providers.local import GIT_IDENTITY, ProxyForward
@@ -312,8 +312,11 @@ class DockerProvider:
 
     name = "docker"
 
-    def __init__(self, *, data_dir: Path, owner: str, base_url: str = "", default_image: str = DEFAULT_IMAGE):
+    def __init__(self, *, data_dir: Path, owner: str, base_url: str = "", default_image: str = DEFAULT_IMAGE,
+                 nice: int = 0):
         self.base = Path(data_dir) / "docker" / owner
+        #: the containers' CPU weight below the service's (:mod:`.priority`, ``ARENA_SANDBOX_NICE``)
+        self.nice = nice
         self.owner = owner
         self.base_url = base_url
         self.default_image = default_image
@@ -352,6 +355,7 @@ class DockerProvider:
             mem_limit=lim.memory_bytes,
             memswap_limit=lim.memory_bytes,
             nano_cpus=int(lim.cpus * 1e9),
+            cpu_shares=priority.cpu_shares(self.nice) if self.nice > 0 else None,
             pids_limit=lim.pids,
             ulimits=[
                 docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),

@@ -26,12 +26,12 @@ def build_provider(name: str, settings: Settings) -> SandboxProvider:
     if name == "local":
         from arena_sandbox_providers.local_provider import LocalProvider
 
-        return LocalProvider(data_dir=data_dir, owner=owner)
+        return LocalProvider(data_dir=data_dir, owner=owner, nice=settings.sandbox_nice)
     if name == "docker":
         from arena_sandbox_providers.docker_provider import DockerProvider
 
         return DockerProvider(data_dir=data_dir, owner=owner, base_url=settings.docker_url,
-                              default_image=settings.sandbox_image)
+                              default_image=settings.sandbox_image, nice=settings.sandbox_nice)
     if name == "kubernetes":
         from arena_sandbox_providers.kubernetes_provider import KubernetesConfig, KubernetesProvider
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from arena_core import sources
-from arena_sandbox_providers import netns, overlay, relay
+from arena_sandbox_providers import netns, overlay, priority, relay
 
 log = logging.getLogger("arena.sandbox.local")
 
@@ -104,6 +104,8 @@ class ResourceLimits(msgspec.Struct, frozen=True, kw_only=True):
     address_space_bytes: int = 16 * 1024**3  # generous: JITs reserve a lot of virtual memory
     file_size_bytes: int = 2 * 1024**3  # largest file (and log) a sandbox can write
     tmp_size_bytes: int = 1024**3
+    #: The sandbox's nice level (:mod:`.priority`); 0 = the service's own.
+    nice: int = 0
 
 
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -205,7 +207,9 @@ def _base_env() -> dict[str, str]:
         "USER": "sandbox",
         "LOGNAME": "sandbox",
         "LANG": "C.UTF-8",
-        "PYTHONPYCACHEPREFIX": "/tmp/pycache",  # keep bytecode out of the workspace
+        # keep bytecode out of the workspace, while every program still reads the bytecode installed
+        # beside its sources (a cache prefix would recompile every module each Python program imports)
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
 
 
@@ -317,7 +321,18 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
         port, socket_path = shim
         argv += [os.path.join(_venv_bin(), "python3"), "-I", "-S", f"{RUN_DIR}/shim.py",
                  str(port), socket_path, "--"]
+    if spec.limits.nice > 0 and not spec.cgroup_procs:
+        # No cgroup of its own: the scheduler weighs the sandbox's session (``--new-session``: an
+        # autogroup of its own) against the service's as equals unless the session's nice is set too
+        # (in a cgroup, autogroups do not apply: the cgroup's weight does). :mod:`.priority`
+        argv += ["/bin/sh", "-c", _AUTOGROUP_NICE.format(nice=int(spec.limits.nice)), "sh"]
     return argv + list(spec.command)
+
+
+#: The kernel takes one autogroup change per 100 ms from an unprivileged writer (EAGAIN otherwise):
+#: a few tries, 0.3 s at most, then the sandbox runs with its nice level only.
+_AUTOGROUP_NICE = ('for _ in 1 2 3 4; do {{ echo {nice} > /proc/self/autogroup; }} 2>/dev/null && break; '
+                   'sleep 0.1; done; exec "$@"')
 
 
 #: The sandbox's first process: waits on stdin until the service has put it in the sandbox's
@@ -385,6 +400,7 @@ def _limit_process(pid: int, limits: ResourceLimits, cgroup_procs: tuple[str, ..
             os.write(fd, str(pid).encode())
         finally:
             os.close(fd)
+    priority.lower(pid, limits.nice)
     for which, value in (
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_NOFILE, limits.open_files),

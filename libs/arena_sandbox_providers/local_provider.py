@@ -30,8 +30,10 @@ class LocalSandbox(HostDirSandbox):
     provider = "local"
 
     def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
-                 run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = (), overlays: _Overlays | None = None):
+                 run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = (), overlays: _Overlays | None = None,
+                 *, nice: int = 0):
         self.id = sandbox_id
+        self.nice = nice
         self.root = root
         self.limits = limits
         self.cgroup = cgroup
@@ -95,6 +97,7 @@ class LocalSandbox(HostDirSandbox):
                 open_files=self.limits.open_files,
                 file_size_bytes=self.limits.file_size_bytes,
                 tmp_size_bytes=self.limits.tmp_bytes,
+                nice=self.nice,
             ),
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
             run_prefix=self.run_prefix,
@@ -171,10 +174,13 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True, scaffolds_dir=_DEFAULT):
+    def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True, scaffolds_dir=_DEFAULT,
+                 nice: int = 0):
         """``scaffolds_dir``: installed agent scaffolds (``<dir>/<scaffold name>/bin/...``), bound
         read-only into every sandbox at their host path; default ``ARENA_SCAFFOLDS_DIR``, else
-        ``<data_dir>/scaffolds``; ``None`` or a missing directory: none (docs/agents.md)."""
+        ``<data_dir>/scaffolds``; ``None`` or a missing directory: none (docs/agents.md). ``nice``:
+        the sandboxes' CPU priority below the service's (:mod:`.priority`, ``ARENA_SANDBOX_NICE``)."""
+        self.nice = nice
         if scaffolds_dir is _DEFAULT:
             scaffolds_dir = os.environ.get("ARENA_SCAFFOLDS_DIR") or Path(data_dir) / "scaffolds"
         self._scaffolds = Path(scaffolds_dir).resolve() if scaffolds_dir is not None else None
@@ -215,12 +221,14 @@ class LocalProvider:
         def make() -> None:
             make_layout(root, owner_uid=None, relay_files=False)  # a run's own directory has them
             if cgroup is not None:
-                cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus)
+                cgroup.create(pids=spec.limits.pids, memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
+                              nice=self.nice)
 
         await asyncio.to_thread(make)
         scaffolds = self.scaffolds_dir
         binds = (str(scaffolds),) if scaffolds is not None else ()
-        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds, self.overlays)
+        return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds, self.overlays,
+                            nice=self.nice)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:

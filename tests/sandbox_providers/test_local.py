@@ -68,6 +68,19 @@ async def test_python_with_pytest_is_the_venv(tmp_path):
     assert _log(tmp_path).strip() == sys.prefix
 
 
+async def test_python_reads_installed_bytecode_and_writes_none_into_the_workspace(tmp_path):
+    # no cache prefix: a Python program in a sandbox loads the bytecode installed beside the modules
+    # it imports instead of recompiling them, and writes none (the workspace stays the agent's)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "helper.py").write_text("VALUE = 7\n")
+    code = ("import sys, os, json, helper; print(sys.pycache_prefix, helper.VALUE); "
+            "print(os.path.exists(json.__cached__), json.__cached__.startswith(os.path.dirname(json.__file__)))")
+    result = await local.run(_spec(tmp_path, _py(code)))
+    assert result.exit_code == 0, _log(tmp_path)
+    assert _log(tmp_path).split() == ["None", "7", "True", "True"]
+    assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["helper.py"]  # no __pycache__
+
+
 async def test_host_filesystem_is_read_only_and_hidden(tmp_path):
     secret = Path.home() / f".arena-test-secret-{uuid.uuid4().hex}"
     secret.write_text("secret")
