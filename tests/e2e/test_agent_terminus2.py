@@ -157,7 +157,7 @@ def test_terminus2_solves_the_quickstart_task_and_a_wrong_play_scores_zero(stack
         assert len(agent_steps) == TURNS
         first, *later = (json.dumps(s["observation"]) for s in agent_steps)
         assert "return (ordered[mid] + ordered[mid + 1]) / 2" in first  # grep, before the fix
-        # pytest in the sandbox's tmux: the play waits 20 s for it (a cold start compiles into /tmp/pycache)
+        # pytest in the sandbox's tmux: the play waits 20 s for it (a slow start under load)
         assert ("7 passed" if view.reward == 1.0 else "failed") in "".join(later)
         # the second call carried the pane back to the model
         assert "return (ordered[mid] + ordered[mid + 1]) / 2" in json.dumps(traj.steps[1].request_messages)

@@ -47,7 +47,7 @@ def test_it_is_registered_and_installs_from_pypi_on_python_3_12():
 def test_openhands_runs_headless_with_its_llm_settings_from_the_environment():
     out = launch()
     argv = spec_of(out)[0]
-    # its own interpreter, isolated (-I): the sandbox's PYTHONPYCACHEPREFIX stays for the commands it runs
+    # its own interpreter, isolated (-I): the task's environment does not change how OpenHands imports
     assert argv == ["/opt/scaffolds/openhands/bin/python", "-I", "/opt/scaffolds/openhands/bin/openhands",
                     "--headless", "--json", "--override-with-envs"]
     assert out.env["LLM_MODEL"] == "openai/qwen-7b" and out.env["LLM_BASE_URL"] == CONTEXT.openai_base_url

@@ -80,10 +80,11 @@ def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
             # the key stays in OPENAI_API_KEY (litellm reads it): never in the trajectory file
             "model_kwargs": {"api_base": context.openai_base_url, "custom_llm_provider": "openai"},
         },
-        # the commands it runs keep their bytecode out of the workspace, in the sandbox's /tmp;
-        # a sandbox has one CPU: mini's 30 s per command is short for a test suite there
+        # the commands it runs keep their bytecode out of the workspace (the sandbox's own setting,
+        # repeated in case a task's environment drops it); a sandbox has one CPU: mini's 30 s per
+        # command is short for a test suite there
         "environment": {"environment_class": "local", "cwd": context.workdir, "timeout": COMMAND_TIMEOUT_S,
-                        "env": {"PYTHONPYCACHEPREFIX": "/tmp/pycache"}},
+                        "env": {"PYTHONDONTWRITEBYTECODE": "1"}},
     }
     own = {k: v for k, v in scaffold.config.items() if k != "config_files"}
     return merge(preset, own)
@@ -107,8 +108,6 @@ def launch(scaffold: ScaffoldSpec, context: Context) -> Launch:
     wrapper = (
         "#!/bin/sh\n"
         "# mini-swe-agent under Arena's sandbox contract (arena_core.scaffolds.mini_swe_agent)\n"
-        "# its own imports use the bytecode installed beside them (a cache prefix would recompile all)\n"
-        "unset PYTHONPYCACHEPREFIX\n"
         f"{shlex.quote(mini)} -y --exit-immediately {specs} -o {shlex.quote(TRAJECTORY)} </dev/null\n"
         "rc=$?\n"
         f"{shlex.quote(python)} {shlex.quote(FINISH)} {shlex.quote(TRAJECTORY)}\n"

@@ -124,8 +124,8 @@ def _args(config: dict[str, Any]) -> list[str]:
 def command(scaffold: ScaffoldSpec, context: Context) -> list[str]:
     """The ``openhands`` command line, without the task (the wrapper adds ``-t``/``-f``)."""
     args = _args(scaffold.config)
-    # Its own interpreter with -I: the sandbox's PYTHONPYCACHEPREFIX (kept for the commands it
-    # runs, so their bytecode stays out of the workspace) would recompile all of OpenHands.
+    # Its own interpreter, isolated (-I): nothing in the task's environment changes how OpenHands
+    # itself imports (it reads the bytecode installed beside its sources).
     home = (context.home or IMAGE_HOME).rstrip("/")
     return [f"{home}/bin/python", "-I", f"{home}/bin/openhands", "--headless", "--json", "--override-with-envs", *args]
 

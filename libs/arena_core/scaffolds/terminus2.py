@@ -73,7 +73,7 @@ def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
 _DRIVER = '''\
 """Terminus-2 in Arena's sandbox (arena_core.scaffolds.terminus2): a local harbor environment."""
 import asyncio, json, os, shutil, subprocess, sys, tempfile
-sys.pycache_prefix = None  # harbor's imports use the bytecode installed beside them
+sys.pycache_prefix = None  # harbor's imports use the bytecode installed beside them, whatever the task sets
 from pathlib import Path
 
 from harbor.agents.terminus_2 import Terminus2

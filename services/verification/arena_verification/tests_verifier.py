@@ -53,10 +53,10 @@ MAX_REPORT_FILES = 1_000
 DIFF_FILE = "agent.diff"
 
 #: The test command's environment on top of the sandbox's: unbuffered (a killed run keeps
-#: what it printed), no colours, and Python's ordinary bytecode cache instead of the
-#: sandbox's empty ``/tmp/pycache`` -- importing pytest from a cold cache costs seconds;
+#: what it printed), no colours, and Python's ordinary bytecode cache, written too (the
+#: sandbox's ``PYTHONDONTWRITEBYTECODE`` undone: a suite's processes share what one compiled);
 #: the workspace's own bytecode was scrubbed before (:func:`restore.scrub_bytecode`).
-TEST_ENV = {"PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "CI": "1", "PYTHONPYCACHEPREFIX": ""}
+TEST_ENV = {"PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "CI": "1", "PYTHONDONTWRITEBYTECODE": ""}
 #: A task without an image runs on the host's Python environment, which is Arena's own: its
 #: pytest plug-ins (asyncio, timeout, ...) are not the task's, so none is loaded by itself there
 #: (a task that needs one names it with ``-p``, or runs in its own image).
