@@ -49,9 +49,35 @@ def test_proto_check_detects_drift(tmp_path):
     assert proto.drift(tmp_path) == ["stale schemas/Step.json"]
 
 
-def test_sandbox_slots_are_sized_from_the_machine_unless_set():
-    import os
+def test_sandbox_slots_are_sized_from_memory_unless_set():
+    from arena_core import capacity
 
     assert Settings(sandbox_concurrency=3).sandbox_slots == 3
-    cores = len(os.sched_getaffinity(0))
-    assert Settings().sandbox_slots == max(4, 4 * cores)
+    assert Settings(sandbox_concurrency=3).sandbox_capacity().reason == "ARENA_SANDBOX_CONCURRENCY"
+    gib, mib = 1024**3, 1024**2
+    # 24 GiB free, a 1 GiB reserve, 20 MiB per waiting sandbox: 1,177 agents, not 4 per core
+    sized = capacity.size(budget_mb=20, reserve_mb=1024, memory_bytes=24 * gib, fds=1 << 20)
+    assert sized.slots == (23 * gib) // (20 * mib) == 1177
+    assert "GiB free" in sized.reason and "20 MiB per waiting sandbox" in sized.reason
+    # a heavier budget holds fewer; a small host still runs a few
+    assert capacity.size(budget_mb=512, reserve_mb=1024, memory_bytes=24 * gib, fds=1 << 20).slots == 46
+    assert capacity.size(budget_mb=20, reserve_mb=1024, memory_bytes=gib, fds=1 << 20).slots == capacity.MIN_SLOTS
+    # file descriptors bound it, and the reason says how to lift it
+    by_fds = capacity.size(budget_mb=20, reserve_mb=1024, memory_bytes=24 * gib, fds=1024)
+    assert by_fds.slots == (1024 - capacity.FDS_RESERVED) // capacity.FDS_PER_SANDBOX == 32
+    assert "ulimit -n" in by_fds.reason
+    # a huge host stops at the cap (a setting goes past it)
+    assert capacity.size(budget_mb=1, reserve_mb=0, memory_bytes=1024 * gib, fds=1 << 30).slots == capacity.MAX_SLOTS
+    # the default sizes from this machine's memory, not its cores
+    here = Settings().sandbox_capacity()
+    assert here.slots == capacity.size(budget_mb=20, reserve_mb=1024, memory_bytes=here.memory_bytes).slots
+    with pytest.raises(SettingsError, match="ARENA_SANDBOX_MEMORY_MB"):
+        Settings.from_env({"ARENA_SANDBOX_MEMORY_MB": "0"})
+
+
+def test_a_sandbox_waits_while_the_host_is_short_of_memory():
+    from arena_core import capacity
+
+    assert capacity.memory_free_for_sandboxes(0)  # some memory is free
+    assert not capacity.memory_free_for_sandboxes(1 << 30)  # a reserve of 1 PiB is never free
+    assert capacity.memory_available() > 0

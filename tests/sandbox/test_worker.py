@@ -128,6 +128,25 @@ async def test_job_runs_and_publishes_started_done_and_verify_job(bus, tmp_path)
     assert list((tmp_path / "data" / "sandboxes" / "w").iterdir()) == []
 
 
+async def test_a_sandbox_waits_for_memory_before_it_starts(bus, tmp_path, monkeypatch):
+    # the host short of its reserve: the job is taken but its sandbox does not start (nothing is
+    # refused, nothing fails) until memory is free again
+    from arena_core import capacity
+
+    free = {"now": False}
+    monkeypatch.setattr(capacity, "memory_free_for_sandboxes", lambda reserve_mb: free["now"])
+    job = make_job(tmp_path, DONE_AGENT)
+    await _put_record(bus, job, RolloutState.PROVISIONING)
+    async with running_worker(bus, tmp_path):
+        await bus.publish(subjects.sandbox_run("local"), job, msg_id=subjects.msg_id("r1", "sandbox-job"))
+        await asyncio.sleep(1.5)
+        assert await _absent(bus, "ARENA_RESULTS", subjects.sandbox_started("r1"))
+        assert list((tmp_path / "data" / "sandboxes").glob("w/*")) == []
+        free["now"] = True
+        done = await _last(bus, "ARENA_RESULTS", subjects.sandbox_done("r1"), SandboxDone)
+    assert done.outcome is SandboxOutcome.COMPLETED, done.reason
+
+
 async def test_rollout_cancel_kills_the_sandbox(bus, tmp_path):
     job = make_job(tmp_path, "import time\nprint('sleeping', flush=True)\ntime.sleep(1000)\n")
     await _put_record(bus, job, RolloutState.PROVISIONING)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from arena_core import logs, metrics, subjects, telemetry
+import msgspec
+
+from arena_core import capacity, logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
 from arena_core.bus import Bus
@@ -23,6 +25,10 @@ from arena_sandbox.worker import SandboxWorker, reap_orphans
 async def main(settings: Settings) -> int:
     log = logs.setup("sandbox", settings.log_level)
     telemetry.setup("sandbox", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
+    capacity.raise_fd_limit()  # each live sandbox holds a few descriptors
+    # sized once, here: the consumer, the advertiser and the environment servers see one number
+    slots = settings.sandbox_capacity()
+    settings = msgspec.structs.replace(settings, sandbox_concurrency=slots.slots)
     providers = build_providers(settings)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "sandbox")
@@ -42,8 +48,8 @@ async def main(settings: Settings) -> int:
                 await pool.prefill(CreateSpec())
             pools.append(pool)
         workers.append(SandboxWorker(bus, settings, provider, pool=pool, stop=stop, reap_pending=not reaped))
-        log.info("sandbox worker running (provider %s, concurrency %d, warm pool %d)",
-                 provider.name, settings.sandbox_slots, settings.sandbox_pool_size)
+        log.info("sandbox worker running (provider %s, concurrency %d: %s; warm pool %d)",
+                 provider.name, slots.slots, slots.reason, settings.sandbox_pool_size)
     async def providers_work() -> str | None:
         for provider in providers:
             reason = await provider.health()

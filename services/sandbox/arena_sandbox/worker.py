@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
-from arena_core import metrics, subjects, telemetry
+from arena_core import capacity, metrics, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Retryable
 from arena_core.schemas import (
@@ -43,6 +43,8 @@ log = logging.getLogger("arena.sandbox.worker")
 
 STREAM = "ARENA_SANDBOX_JOBS"
 ACK_WAIT_S = 30.0
+#: Seconds between looks at the free memory while a sandbox waits for it.
+MEMORY_RECHECK_S = 0.5
 
 _record_decoder = msgspec.json.Decoder(RolloutRecord)
 _state_decoder = msgspec.json.Decoder(RolloutStateChanged)
@@ -132,11 +134,30 @@ class SandboxWorker:
                 telemetry.record_span("queue", parent=delivery.headers, start=record.created_at, end=_now(),
                                       attributes={"arena.rollout_id": rid, "arena.provider": self.name,
                                                   "arena.delivery": delivery.num_delivered})
+            if not await self._memory_room(cancel, rid):
+                raise Retryable("sandbox worker shutting down; the job goes back to the queue", 1.0)
             await self._run(job, cancel, cancel_reason)
         finally:
             stopper.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _memory_room(self, cancel: asyncio.Event, rid: str) -> bool:
+        """Wait until the host has more than ``ARENA_SANDBOX_MEMORY_RESERVE_MB`` free, so agents heavier
+        than the slots' budget are held back by memory (docs/performance.md); false if the worker stops
+        meanwhile. A rollout cancelled meanwhile goes on to its (skipped) run."""
+        if self.name == "mock" or capacity.memory_free_for_sandboxes(self.settings.sandbox_memory_reserve_mb):
+            return True
+        log.warning("less than %d MiB of memory free: the sandbox waits for memory",
+                    self.settings.sandbox_memory_reserve_mb, extra={"rollout_id": rid})
+        while not capacity.memory_free_for_sandboxes(self.settings.sandbox_memory_reserve_mb):
+            if self.stop.is_set():
+                return False
+            if cancel.is_set():
+                return True
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(cancel.wait(), MEMORY_RECHECK_S)
+        return True
 
     async def _run(self, job: SandboxJob, cancel: asyncio.Event, cancel_reason: list[str]) -> None:
         rid = job.rollout_id
