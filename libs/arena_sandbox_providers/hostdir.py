@@ -148,12 +148,20 @@ class HostDirSandbox:
         return os.path.lexists(self._host(path))
 
 
-async def tail_file(path: Path, on_output: OutputCallback, finished: asyncio.Event, interval_s: float = 0.1) -> None:
-    """Stream what is appended to ``path`` to ``on_output`` every ``interval_s`` until
-    ``finished`` is set, then the rest at once (the caller does not wait out an interval)."""
-    offset = 0
+#: The longest a quiet log goes unread while its command runs (``tail_file``).
+TAIL_MAX_INTERVAL_S = 2.0
+
+
+async def tail_file(path: Path, on_output: OutputCallback, finished: asyncio.Event, interval_s: float = 0.1,
+                    max_interval_s: float = TAIL_MAX_INTERVAL_S) -> None:
+    """Stream what is appended to ``path`` to ``on_output`` until ``finished`` is set, then the
+    rest at once (the caller does not wait out an interval). It looks every ``interval_s`` while
+    output comes, and backs off to ``max_interval_s`` while none does: an agent waiting on its LLM
+    prints nothing, and a thousand of them must not keep the service busy reading empty logs."""
+    offset, wait = 0, interval_s
     while True:
         done = finished.is_set()
+        before = offset
         with contextlib.suppress(FileNotFoundError):
             with open(path, "rb") as fh:
                 fh.seek(offset)
@@ -162,5 +170,6 @@ async def tail_file(path: Path, on_output: OutputCallback, finished: asyncio.Eve
                     on_output(chunk)
         if done:
             return
+        wait = interval_s if offset > before else min(wait * 2, max_interval_s)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(finished.wait(), interval_s)
+            await asyncio.wait_for(finished.wait(), wait)
