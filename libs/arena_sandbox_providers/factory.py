@@ -38,7 +38,7 @@ def build_provider(name: str, settings: Settings) -> SandboxProvider:
         # the pods reach the proxy where agents are sent: the proxy-only port when there is one
         config = KubernetesConfig.from_env(os.environ, public_url=settings.agent_url)
         return KubernetesProvider(owner=owner, config=config, default_image=settings.sandbox_image,
-                                  max_wall_clock_s=settings.max_wall_clock_s)
+                                  max_wall_clock_s=settings.max_wall_clock_s, nice=settings.sandbox_nice)
     if name == "mock":
         from arena_sandbox_providers.mock_provider import MockProvider
 

@@ -49,7 +49,7 @@ import msgspec
 
 from arena_core import sources
 from arena_core.settings import SettingsError
-from arena_sandbox_providers import local
+from arena_sandbox_providers import local, priority
 from arena_sandbox_providers.local import DIFF_EXCLUDES, GIT_IDENTITY, ProxyForward
 from arena_sandbox_providers.provider import (
     LABEL,
@@ -266,11 +266,16 @@ def pod_spec(
     node_selector: Mapping[str, str] | None = None,
     image_pull_secrets: tuple[str, ...] = (),
     image_pull_policy: str = "IfNotPresent",
+    nice: int = 0,
 ) -> dict[str, Any]:
     """The Pod manifest of one sandbox (a plain dict: the client accepts it as the body).
 
-    Requests equal limits (Guaranteed QoS): memory, CPU and ephemeral storage (the
-    ``/sandbox`` volume plus 1 GiB for the container's own layer and logs). ``/tmp`` is a
+    Requests equal limits for memory and ephemeral storage (the ``/sandbox`` volume plus 1 GiB
+    for the container's own layer and logs). CPU: the limit is ``limits.cpus``; the request is
+    that over the weight factor of ``nice`` (:mod:`.priority`; nice 10: about a tenth), so a
+    waiting agent reserves little of a node (the scheduler packs sandboxes by memory) and weighs
+    less than Arena's own pods when the node's CPU is contended (the kubelet sets a pod's CPU
+    weight from its request). ``nice`` 0: requests equal limits (Guaranteed QoS). ``/tmp`` is a
     memory ``emptyDir`` of ``limits.tmp_bytes`` (counted against the memory limit, as the
     docker provider's tmpfs). No per-pod pids field exists: the kubelet's ``podPidsLimit``
     bounds processes; open files and file size are rlimits set by the helper per command.
@@ -280,6 +285,7 @@ def pod_spec(
     cpu = _quantity_cpu(limits.cpus)
     storage = str(int(workspace_bytes) + 1024**3)
     resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": storage}
+    requests = {**resources, "cpu": _quantity_cpu(limits.cpus * priority.cpu_shares(nice) / 1024)}
     mounts: list[dict[str, Any]] = [
         {"name": "sandbox", "mountPath": "/sandbox"},
         {"name": "run", "mountPath": local.RUN_DIR},
@@ -311,7 +317,7 @@ def pod_spec(
             "command": list(INIT),
             "workingDir": local.WORKSPACE,
             "env": [{"name": "HOME", "value": "/tmp"}],
-            "resources": {"limits": dict(resources), "requests": dict(resources)},
+            "resources": {"limits": dict(resources), "requests": requests},
             "securityContext": {
                 "allowPrivilegeEscalation": False,
                 "privileged": False,
@@ -697,8 +703,10 @@ class KubernetesProvider:
     name = "kubernetes"
 
     def __init__(self, *, owner: str, config: KubernetesConfig = KubernetesConfig(),
-                 default_image: str = DEFAULT_IMAGE, max_wall_clock_s: int = 86400):
+                 default_image: str = DEFAULT_IMAGE, max_wall_clock_s: int = 86400, nice: int = 0):
         self.owner = owner
+        #: the pods' CPU request below their limit (:func:`pod_spec`, ``ARENA_SANDBOX_NICE``)
+        self.nice = nice
         self.config = config
         self.default_image = default_image
         # Backstop only (the worker kills on the wall clock): the longest budget plus the
@@ -806,7 +814,8 @@ class KubernetesProvider:
                         image=spec.image or self.default_image, limits=spec.limits,
                         workspace_bytes=self.config.workspace_bytes, workspace_mount=spec.workspace_mount,
                         active_deadline_s=self.active_deadline_s, runtime_class=self.config.runtime_class,
-                        node_selector=self.config.node_selector, image_pull_secrets=self.config.image_pull_secrets)
+                        node_selector=self.config.node_selector, image_pull_secrets=self.config.image_pull_secrets,
+                        nice=self.nice)
         made = asyncio.ensure_future(asyncio.to_thread(self.core.create_namespaced_pod, self.config.namespace, body))
         try:
             await asyncio.shield(made)

@@ -66,7 +66,12 @@ def container(pod: dict) -> dict:
 def test_limits_come_from_the_sandbox_limits_and_requests_equal_them():
     resources = container(make_pod())["resources"]
     assert resources["limits"] == {"cpu": "1500m", "memory": str(3 * 1024**3), "ephemeral-storage": str(6 * 1024**3)}
-    assert resources["requests"] == resources["limits"]  # Guaranteed QoS
+    assert resources["requests"] == resources["limits"]  # nice 0: Guaranteed QoS
+    # ARENA_SANDBOX_NICE=10: the CPU request a tenth of the limit (a waiting agent reserves little
+    # of a node, and weighs less than Arena's pods), memory and storage still reserved whole
+    lowered = container(make_pod(nice=10))["resources"]
+    assert lowered["limits"] == resources["limits"]
+    assert lowered["requests"] == {**resources["limits"], "cpu": "161m"}
     volumes = {v["name"]: v["emptyDir"] for v in make_pod()["spec"]["volumes"]}
     assert volumes["tmp"] == {"medium": "Memory", "sizeLimit": str(256 * 1024**2)}
     assert volumes["sandbox"] == {"sizeLimit": str(5 * 1024**3)}
