@@ -149,7 +149,7 @@ class HostDirSandbox:
 
 
 #: The longest a quiet log goes unread while its command runs (``tail_file``).
-TAIL_MAX_INTERVAL_S = 2.0
+TAIL_MAX_INTERVAL_S = 10.0
 
 
 async def tail_file(path: Path, on_output: OutputCallback, finished: asyncio.Event, interval_s: float = 0.1,
