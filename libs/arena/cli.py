@@ -659,7 +659,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", dest="replica_url", help="OpenAI-compatible base URL, ending in /v1")
     p.add_argument("--model", action="append", help="a model it serves (repeatable; none = any)")
     p.add_argument("--policy-version", default="", help="policy version it serves (after a weight sync)")
-    p.add_argument("--max-inflight", type=int, default=64, help="in-flight calls before queueing")
+    p.add_argument("--max-inflight", type=int, default=64,
+                   help="requests the replica serves at once: the proxy sends it no more, the rest wait in "
+                        "its queue; give vLLM's --max-num-seqs (default %(default)s)")
     p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_backend)
@@ -877,6 +879,8 @@ def cmd_backend(args) -> int:
             if args.action == "register":
                 if not args.id or not args.replica_url:
                     raise ArenaError("backend register needs --id and --url")
+                if args.max_inflight < 1:
+                    raise ArenaError(f"--max-inflight must be at least 1, got {args.max_inflight}")
                 replica = BackendReplica(replica_id=args.id, url=args.replica_url, models=args.model or [],
                                          policy_version=args.policy_version, max_inflight=args.max_inflight,
                                          registered_at=time.time())

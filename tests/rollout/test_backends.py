@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from arena_core import subjects
 from arena_core.runtime import serve
@@ -33,8 +34,9 @@ async def test_registry_follows_the_bucket_and_health_follows_the_replicas(bus):
     dead = f"http://127.0.0.1:{free_port()}"
     router = Router()
     async with httpx.AsyncClient() as http:
-        registry = BackendRegistry(router=router, settings=Settings(backend_url=live + "/v1"), http=http,
-                                   health_interval_s=0.1)
+        registry = BackendRegistry(router=router, settings=Settings(backend_url=live + "/v1", backend_max_inflight=16),
+                                   http=http, health_interval_s=0.1)
+        assert router.replicas["default"].limit == 16  # ARENA_BACKEND_MAX_INFLIGHT
         kv = await bus.kv(subjects.KV_BACKENDS)
         await register(kv, BackendReplica(replica_id="gpu-0", url=live + "/v1", policy_version="step-1"))
         stop = asyncio.Event()
@@ -44,8 +46,12 @@ async def test_registry_follows_the_bucket_and_health_follows_the_replicas(bus):
             await until(lambda: "gpu-0" in router.replicas)
             assert set(router.replicas) == {"default", "gpu-0"}
             # a weight sync: the trainer bumps the policy version while rollouts run
-            await register(kv, BackendReplica(replica_id="gpu-0", url=live + "/v1", policy_version="step-2"))
+            await register(kv, BackendReplica(replica_id="gpu-0", url=live + "/v1", policy_version="step-2",
+                                              max_inflight=256))  # vLLM's --max-num-seqs
             await until(lambda: router.replicas["gpu-0"].replica.policy_version == "step-2")
+            assert router.replicas["gpu-0"].limit == 256
+            with pytest.raises(ValueError, match="max_inflight must be at least 1"):
+                await register(kv, BackendReplica(replica_id="gpu-0", url=live + "/v1", max_inflight=0))
             await register(kv, BackendReplica(replica_id="gpu-1", url=dead + "/v1", models=["big"]))
             await until(lambda: "gpu-1" in router.replicas and not router.replicas["gpu-1"].healthy)
             assert "ConnectError" in router.replicas["gpu-1"].last_error

@@ -55,6 +55,12 @@ def test_wall_clock_budget_refuses_after_it_has_passed():
         proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=10.5)
 
 
+def test_the_time_calls_waited_for_a_backend_slot_is_left_out_of_the_wall_clock():
+    assert proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=15.0, off_clock_s=6.0).body == {}
+    with pytest.raises(WallClockExceeded, match="wall-clock budget exhausted: 11.0 s of 10 s"):
+        proxy.check_budget(record(Budget(wall_clock_s=10)), {}, now=15.0, off_clock_s=4.0)
+
+
 def test_policy_default_fills_only_what_the_agent_left_unset():
     body = {"messages": [], "temperature": 0.2, "max_completion_tokens": 50}
     sent, applied = proxy.apply_sampling(body, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10,

@@ -3,8 +3,8 @@
 A replica is a ``BackendReplica`` under its id; registering, updating (a new
 ``policy_version`` after a weight sync) or deleting it takes effect on running
 rollouts at once: ``BackendRegistry.run`` watches the bucket and updates the router.
-``ARENA_BACKEND_URL`` is always present as replica ``default`` unless the bucket holds
-a replica with that id.
+``ARENA_BACKEND_URL`` is always present as replica ``default`` (at most
+``ARENA_BACKEND_MAX_INFLIGHT`` calls in flight) unless the bucket holds a replica with that id.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ async def register(kv, replica: BackendReplica) -> None:
     """Put (or replace) a replica in the ``arena_backends`` bucket."""
     if not replica.replica_id or "." in replica.replica_id or " " in replica.replica_id:
         raise ValueError(f"replica id {replica.replica_id!r} must be non-empty without dots or spaces")
+    if replica.max_inflight < 1:
+        raise ValueError(f"replica {replica.replica_id}: max_inflight must be at least 1 (vLLM's --max-num-seqs), "
+                         f"got {replica.max_inflight}")
     if replica.registered_at == 0.0:
         replica = msgspec.structs.replace(replica, registered_at=time.time())
     await kv.put(replica.replica_id, msgspec.json.encode(replica))
@@ -72,8 +75,12 @@ class BackendRegistry:
         except msgspec.DecodeError as exc:
             log.error("arena_backends key %s is not a BackendReplica: %s", key, exc)
             return
+        if replica.max_inflight < 1:
+            log.error("backend replica %s declares max_inflight %d: taken as 1", replica.replica_id,
+                      replica.max_inflight)
         self.router.upsert(replica)
-        log.info("backend replica %s at %s (policy %s)", replica.replica_id, replica.url, replica.policy_version)
+        log.info("backend replica %s at %s (policy %s, at most %d in flight)", replica.replica_id, replica.url,
+                 replica.policy_version, max(1, replica.max_inflight))
 
     async def watch(self, kv, stop: asyncio.Event) -> None:
         def on_entry(entry) -> None:

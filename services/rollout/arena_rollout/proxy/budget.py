@@ -151,7 +151,7 @@ def _asked(body: dict[str, Any], default_max_tokens: int | None) -> int | None:
 
 def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api: Api = "openai.chat",
                  default_max_tokens: int | None = None, prompt: PromptCount | None = None,
-                 reserved: int = 0) -> Admission:
+                 reserved: int = 0, off_clock_s: float = 0.0) -> Admission:
     """Refuse a call the budget cannot afford; cap ``max_tokens`` to what remains.
 
     Raises ``WallClockExceeded`` once ``wall_clock_s`` has passed since the rollout's agent
@@ -161,11 +161,13 @@ def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api
     after the prompt when the call would not fit as asked. ``prompt``: the prompt's count
     when known (from ``/tokenize``, or the bound as a fallback); a prompt of token ids is
     counted here. Without it a tight call answers ``count``. ``reserved``: the most the
-    rollout's calls in flight may still spend.
+    rollout's calls in flight may still spend. ``off_clock_s``: the time the rollout's calls
+    waited in the proxy's queue for a backend slot (parallel waits once), which the wall
+    clock leaves out.
     """
     budget = record.task.budget
     started = agent_started(record)
-    elapsed = now - (record.created_at if started is None else started)
+    elapsed = now - (record.created_at if started is None else started) - max(0.0, off_clock_s)
     if elapsed > budget.wall_clock_s:
         raise WallClockExceeded(f"wall-clock budget exhausted: {elapsed:.1f} s of {budget.wall_clock_s:g} s used")
     turns = record.steps - record.abandoned_steps
@@ -206,14 +208,14 @@ def check_budget(record: RolloutRecord, body: dict[str, Any], *, now: float, api
 
 
 def admit(record: RolloutRecord, body: dict[str, Any], *, api: Api, now: float,
-          prompt: PromptCount | None = None, reserved: int = 0) -> Admission:
+          prompt: PromptCount | None = None, reserved: int = 0, off_clock_s: float = 0.0) -> Admission:
     """The rollout's sampling injected per its policy, then the budgets checked and
     ``max_tokens`` capped on the result (the applied ``max_tokens`` says what was sent).
     Raises like ``check_budget``; nothing is sent."""
     sent, applied = apply_sampling(body, record.sampling, api=api)
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if api == "openai.completions" else None
     decided = check_budget(record, sent, now=now, api=api, default_max_tokens=default, prompt=prompt,
-                           reserved=reserved)
+                           reserved=reserved, off_clock_s=off_clock_s)
     if decided.body.get("max_tokens") != applied.max_tokens:
         applied = msgspec.structs.replace(applied, max_tokens=decided.body.get("max_tokens"))
     return msgspec.structs.replace(decided, applied=applied)

@@ -173,6 +173,9 @@ class ProxyHandler:
         self.orphans = Orphans()
         #: per rollout: tool call id -> the arguments text the backend sampled (restore_arguments)
         self._sampled: dict[str, dict[str, str]] = {}
+        #: per rollout: seconds its calls waited for a backend slot (parallel waits once), left
+        #: out of its wall clock (``off_clock_s``)
+        self._off_clock: dict[str, float] = {}
 
     # ---------------------------------------------------------------- entry
 
@@ -195,7 +198,7 @@ class ProxyHandler:
         counting_failovers: list[Failover] = []
         try:  # sampling injected, then the budgets checked and max_tokens capped on what will be sent
             if record.task.budget.max_total_tokens is None:
-                admitted = admit(record, body, api=api, now=time.time())
+                admitted = admit(record, body, api=api, now=time.time(), off_clock_s=self.off_clock_s(rid))
             else:  # may count the prompt (/tokenize) or wait for the rollout's calls in flight
                 record, admitted, counting_failovers = await self._admit_budgeted(record, body, api)
         except (WallClockExceeded, BudgetExhausted) as exc:
@@ -215,6 +218,8 @@ class ProxyHandler:
         except BaseException:
             self._release(call)
             raise
+        if up.off_clock_ms > 0:
+            self._off_clock[rid] = self._off_clock.get(rid, 0.0) + up.off_clock_ms / 1000
         if not stream:
             try:
                 return await self._whole(call, up, payload)
@@ -232,6 +237,11 @@ class ProxyHandler:
 
     # ---------------------------------------------------------------- budgets
 
+    def off_clock_s(self, rollout_id: str) -> float:
+        """Seconds the rollout's calls waited in this proxy's queue for a backend slot
+        (parallel waits counted once): not the agent's time, left out of its wall clock."""
+        return self._off_clock.get(rollout_id, 0.0)
+
     async def _admit_budgeted(self, record: RolloutRecord, body: dict[str, Any],
                               api: Api) -> tuple[RolloutRecord, Admission, list[Failover]]:
         """Admit a call of a rollout with ``max_total_tokens``: sampling injected, then the
@@ -246,7 +256,7 @@ class ProxyHandler:
         while True:
             flight = self._flights.get(rid)
             admitted = admit(record, body, api=api, now=time.time(), prompt=prompt,
-                             reserved=flight.reserved if flight is not None else 0)
+                             reserved=flight.reserved if flight is not None else 0, off_clock_s=self.off_clock_s(rid))
             if admitted.verdict == "send":
                 self._hold(rid, admitted.reserve)
                 return record, admitted, failovers
@@ -609,6 +619,7 @@ class ProxyHandler:
         its orphaned answers are abandoned (the rollout ended: no retry will take them)."""
         self.orphans.abandon(rollout_id)
         self._sampled.pop(rollout_id, None)
+        self._off_clock.pop(rollout_id, None)
         tail = self._tail.get(rollout_id)
         if tail is not None:
             await asyncio.gather(asyncio.shield(tail), return_exceptions=True)

@@ -1,8 +1,9 @@
 """Sending one call to a backend replica: queueing, failover, error mapping, ``/tokenize``.
 
 ``UpstreamClient`` is an aiohttp session (pooled keep-alive connections); ``open_call``
-tries the router's candidates in order and ``count_prompt`` asks the serving replica for a
-prompt's exact token count. Why aiohttp and what it costs: docs/architecture.md.
+sends a call on a slot the router grants (failing over to another replica) and
+``count_prompt`` asks the serving replica for a prompt's exact token count. Why aiohttp
+and what it costs: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import msgspec
 from arena_core.errors import UpstreamError, UpstreamRejected
 from arena_core.schemas import Failover
 
-from arena_rollout.proxy.routing import ReplicaState, Router
+from arena_rollout.proxy.routing import Router, Slot
 
 log = logging.getLogger("arena.rollout.proxy")
 
@@ -85,18 +86,23 @@ class UpstreamClient:
 
 class Upstream:
     """An open answer from one replica; ``close`` frees its in-flight slot (once). A whole
-    answer's ``body`` is read already; a stream is read with ``chunks``."""
+    answer's ``body`` is read already; a stream is read with ``chunks``. ``queued_ms``: the
+    call's waits for a slot (all its tries); ``off_clock_ms``: the part its rollout's wall
+    clock leaves out (``Slot``)."""
 
-    __slots__ = ("replica", "response", "body", "queued_ms", "sent_at", "failovers", "_closed")
+    __slots__ = ("replica", "response", "body", "queued_ms", "off_clock_ms", "sent_at", "failovers", "_slot",
+                 "_closed")
 
-    def __init__(self, *, replica: ReplicaState, response: aiohttp.ClientResponse, body: bytes | None,
-                 queued_ms: float, sent_at: float, failovers: list[Failover]):
-        self.replica = replica
+    def __init__(self, *, slot: Slot, response: aiohttp.ClientResponse, body: bytes | None,
+                 queued_ms: float, off_clock_ms: float, sent_at: float, failovers: list[Failover]):
+        self.replica = slot.replica
         self.response = response
         self.body = body
         self.queued_ms = queued_ms
+        self.off_clock_ms = off_clock_ms
         self.sent_at = sent_at
         self.failovers = failovers
+        self._slot = slot
         self._closed = False
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -112,7 +118,7 @@ class Upstream:
         try:
             self.response.close()
         finally:
-            self.replica.release()
+            self._slot.release()
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:
@@ -128,20 +134,30 @@ async def _error_message(response: aiohttp.ClientResponse) -> str:
 
 async def open_call(*, router: Router, http: UpstreamClient, rollout_id: str, model: str,
                     path: str, body: bytes, whole: bool = False) -> Upstream:
-    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers: a
-    connection failure or a 5xx moves to the next one (a ``Failover``); a 4xx is the
-    caller's (``UpstreamRejected``). With ``whole`` the answer's body is read here, so a
-    replica that breaks off mid-answer is such a failure too (nothing was relayed yet)."""
+    """Send ``body`` to ``{replica}/{path}`` on the first replica that answers, each try on
+    a slot the router grants (waiting in its queue when every replica is full): a
+    connection failure or a 5xx frees the slot and queues for another replica (a
+    ``Failover``); a 4xx is the caller's (``UpstreamRejected``). With ``whole`` the answer's
+    body is read here, so a replica that breaks off mid-answer is such a failure too
+    (nothing was relayed yet)."""
     failovers: list[Failover] = []
-    candidates = router.candidates(rollout_id, model)
     pinned = router.sticky(rollout_id)
-    if pinned is not None and candidates[0].id != pinned and pinned in router.replicas:
+    router.serving(model)  # Unavailable when no replica serves it
+    if pinned is not None and pinned in router.replicas and not router.replicas[pinned].healthy:
         state = router.replicas[pinned]
         failovers.append(Failover(replica=pinned, error=f"not used: {state.last_error or 'unhealthy'}",
                                   at=time.time()))
     errors: list[str] = []
-    for state in candidates:
-        queued_ms = await state.acquire()
+    tried: set[str] = set()
+    queued_ms = off_clock_ms = 0.0
+    while True:
+        if tried and not router.untried(model, tried):
+            raise UpstreamError(f"every backend replica failed ({len(errors)} tried): " + "; ".join(errors))
+        slot = await router.acquire(rollout_id, model, tried)
+        state = slot.replica
+        tried.add(state.id)
+        queued_ms += slot.queued_ms
+        off_clock_ms += slot.off_clock_ms
         url = state.replica.url.rstrip("/") + path
         sent_at = time.perf_counter()
         response = None
@@ -152,7 +168,7 @@ async def open_call(*, router: Router, http: UpstreamClient, rollout_id: str, mo
         except TRANSPORT_ERRORS as exc:
             if response is not None:
                 response.close()
-            state.release()
+            slot.release()
             why = describe(exc)
             router.mark_down(state.id, why)
             failovers.append(Failover(replica=state.id, error=why, at=time.time()))
@@ -161,11 +177,13 @@ async def open_call(*, router: Router, http: UpstreamClient, rollout_id: str, mo
         except BaseException:  # cancelled while waiting for the answer: the slot is free again
             if response is not None:
                 response.close()
-            state.release()
+            slot.release()
             raise
         if status in _RETRY:
-            text = await _error_message(response)
-            state.release()
+            try:
+                text = await _error_message(response)
+            finally:
+                slot.release()
             why = f"answered {status}: {text}"
             if status in _DOWN:
                 router.mark_down(state.id, why)
@@ -173,15 +191,16 @@ async def open_call(*, router: Router, http: UpstreamClient, rollout_id: str, mo
             errors.append(f"{state.id}: {why}")
             continue
         if status >= 400:
-            text = await _error_message(response)
-            state.release()
+            try:
+                text = await _error_message(response)
+            finally:
+                slot.release()
             if status == 429:
                 raise UpstreamError(f"backend replica {state.id} is overloaded (429): {text}")
             raise UpstreamRejected(f"backend replica {state.id} rejected the request ({status}): {text}")
         router.stick(rollout_id, state.id)
-        return Upstream(replica=state, response=response, body=data, queued_ms=queued_ms, sent_at=sent_at,
-                        failovers=failovers)
-    raise UpstreamError(f"every backend replica failed ({len(errors)} tried): " + "; ".join(errors))
+        return Upstream(slot=slot, response=response, body=data, queued_ms=queued_ms, off_clock_ms=off_clock_ms,
+                        sent_at=sent_at, failovers=failovers)
 
 
 # ---------------------------------------------------------------------------- /tokenize
