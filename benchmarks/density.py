@@ -1,0 +1,556 @@
+"""Density: N agents x T turns that mostly wait on a slow LLM, through Arena and bare.
+
+The workload (``arena_stack.waiting_agents``): a trivial stdlib agent making one chat call per
+turn, graded by an ``exact`` verifier; a vLLM-shaped stand-in backend whose latency is lognormal
+(median L, sigma 0.5, the same draw for the same agent and turn in both runs) and which serves at
+most K calls at once (more wait inside it, as in vLLM). Baseline, in the same run: the same agent
+program as N plain processes pointed straight at the same backend. Arena runs with its defaults;
+only the proxy's in-flight bound is set to K when K is not the default (64).
+
+Reported, each beside the bare run's figure and their ratio: completed and other final states;
+wall time against the ideal (the slowest agent's own LLM time, and the backend's bound: all LLM
+time / K); Arena's CPU beyond the agents' own, per turn and per rollout (the stack's process
+trees from /proc, waited-for children included, less what the agents measured of themselves);
+the path's time per call (the agent's round trip less the backend's own time and the queue) and
+the proxy's own time per call (a step's total less its queue and the backend's time); memory per
+live sandbox beyond the agent (PSS of the per-sandbox processes and the services' growth; and the
+host's MemAvailable drop); the backend's most calls at once and its idle time while calls queued.
+
+    .venv/bin/python benchmarks/density.py [--agents 256] [--turns 10] [--latency 2] [--backend-limit 64]
+                                           [--burn-ms 0] [--skip-bare] [--json]
+
+Figures and how to read them: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import psutil
+
+from arena.sdk import ArenaClient
+from arena_core import apikeys
+from arena_core.schemas import SubmitRolloutRequest
+from arena_core.settings import Settings
+from arena_stack.natsserver import free_port
+from arena_stack.stack import Stack
+from arena_stack.waiting_agents import AGENT_FILE, StandInBackend, agent_env, latency_s, waiting_task, write_agent
+
+FINAL = ("completed", "failed", "timed_out", "cancelled", "budget_exhausted")
+DEFAULT_LIMIT = Settings().backend_max_inflight
+TICK = os.sysconf("SC_CLK_TCK")
+IDLE_S = 3.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+
+def _proc_table() -> dict[int, tuple[int, float, float, int, str]]:
+    """pid -> (parent, own CPU s, CPU s of the children it waited for, start tick, comm)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                head, _, rest = Path(f"/proc/{entry}/stat").read_text().rpartition(")")
+                f = rest.split()
+                out[int(entry)] = (int(f[1]), (int(f[11]) + int(f[12])) / TICK, (int(f[13]) + int(f[14])) / TICK,
+                                   int(f[19]), head.partition("(")[2])
+    return out
+
+
+def services_cpu(roots: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """name -> (own CPU s, CPU s of the children it waited for) of each root process."""
+    table = _proc_table()
+    return {name: table[pid][1:3] for name, pid in roots.items() if pid in table}
+
+
+def _pss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_full_info().pss
+    except (psutil.Error, OSError):
+        return 0
+
+
+def _created(proc: psutil.Process, now: float) -> float:
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return now
+
+
+def mem_available() -> int:
+    return psutil.virtual_memory().available
+
+
+def _is_agent(comm: str) -> bool:
+    return comm.startswith("python")  # below the sandbox service: only the agents run Python
+
+
+class HostSampler:
+    """Below ``parent`` (the sandbox service, or this benchmark for the bare run), every
+    ``interval`` s: each process's CPU as last seen (a process's last moments before it exits are
+    missed), by kind: ``agent`` (Python), ``sandbox`` (bwrap and its gate, git: the rest), the
+    parent's direct children apart (``direct``: the parent waits for them, their CPU is in its
+    children's figure). Every ``memory_every`` samples: the live agents, their PSS, the PSS of the
+    other processes below ``parent`` and of each of ``services``, and the host's MemAvailable;
+    the sample with the most live agents is kept."""
+
+    def __init__(self, parent: int, services: dict[str, int], interval: float = 0.5, memory_every: int = 4,
+                 skip: tuple[int, ...] = ()):
+        self.parent, self.services, self.interval, self.memory_every = parent, services, interval, memory_every
+        self.skip = set(skip)
+        self.peak: dict | None = None
+        self.max_live = 0
+        self.cpu: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, start) -> (kind, CPU s)
+        self._base: dict[tuple[int, int], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _below(self, table) -> dict[int, str]:
+        kids = collections.defaultdict(list)
+        for pid, row in table.items():
+            kids[row[0]].append(pid)
+        out, frontier = {}, [(c, True) for c in kids[self.parent] if c not in self.skip]
+        while frontier:
+            pid, direct = frontier.pop()
+            out[pid] = "agent" if _is_agent(table[pid][4]) else "direct" if direct else "sandbox"
+            frontier += [(c, False) for c in kids[pid]]
+        return out
+
+    def scan_cpu(self, *, baseline: bool = False) -> None:
+        table = _proc_table()
+        for pid, kind in self._below(table).items():
+            key = (pid, table[pid][3])
+            if baseline:
+                self._base[key] = table[pid][1]
+            self.cpu[key] = (kind, table[pid][1])
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        out = collections.Counter()
+        for key, (kind, cpu) in self.cpu.items():
+            out[kind] += cpu - self._base.get(key, 0.0)
+        return dict(out)
+
+    def sample_memory(self) -> dict:
+        agents, others = [], []
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(self.parent).children(recursive=True):
+                if p.pid in self.skip:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    (agents if _is_agent(p.name()) else others).append(p)
+        now = time.time()
+        settled = [_pss(p) for p in agents if now - _created(p, now) > 1.0]  # past its start-up
+        return {"live": len(agents), "agents_pss": sum(_pss(p) for p in agents),
+                "agent_pss_median": statistics.median(settled) if settled else 0,
+                "others_pss": sum(_pss(p) for p in others), "others": len(others),
+                "services_pss": {n: _pss(psutil.Process(pid)) for n, pid in self.services.items()
+                                 if psutil.pid_exists(pid)},
+                "available": mem_available()}
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.scan_cpu()
+            if i % self.memory_every == 0:
+                s = self.sample_memory()
+                self.max_live = max(self.max_live, s["live"])
+                if s["live"] and (self.peak is None or s["live"] >= self.peak["live"]):
+                    self.peak = s
+            i += 1
+            self._stop.wait(max(self.interval, 2 * (time.monotonic() - t0)))
+
+    def __enter__(self) -> HostSampler:
+        self.scan_cpu(baseline=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.scan_cpu()
+
+
+def memory_figures(idle: dict, peak: dict | None) -> dict:
+    """Per live agent at the peak: the agent's PSS, what else is its own (per-sandbox processes
+    and the services' growth since idle), and the host's MemAvailable drop beyond the agent."""
+    if not peak or not peak["live"]:
+        return {}
+    live = peak["live"]
+    growth = sum(peak["services_pss"].get(n, 0) - v for n, v in idle["services_pss"].items())
+    agent = peak["agent_pss_median"] or peak["agents_pss"] / live
+    return {"live": live, "agent_mb": agent / 2**20, "beyond_agent_mb": (peak["others_pss"] + growth) / live / 2**20,
+            "per_sandbox_procs_mb": peak["others_pss"] / live / 2**20, "services_growth_mb": growth / live / 2**20,
+            "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20}
+
+
+# ------------------------------------------------------------------------------------ the two runs
+
+
+def ideal(n: int, turns: int, args) -> dict:
+    draws = [[latency_s(args.latency, args.sigma, args.seed, str(i), t) for t in range(turns)] for i in range(n)]
+    total = sum(map(sum, draws))
+    return {"slowest_agent_s": max(map(sum, draws)), "backend_bound_s": total / args.backend_limit
+            if args.backend_limit else 0.0, "llm_s": total}
+
+
+def path_times(calls: dict[tuple[str, int], object], agents: dict[str, list[float]],
+               queued: dict[tuple[str, int], float]) -> list[float]:
+    """Per call, ms: the agent's round trip less the backend's own time (with any wait inside
+    it) and the proxy's queue: the path's time (transport, relay, proxy)."""
+    out = []
+    for agent, rtts in agents.items():
+        for turn, rtt in enumerate(rtts):
+            c = calls.get((agent, turn))
+            if c is not None:
+                out.append(rtt - (c.ended - c.arrived) * 1000 - queued.get((agent, turn), 0.0))
+    return out
+
+
+async def run_bare(args, backend: StandInBackend, agent_dir: Path, tmp: Path) -> dict:
+    env_base = {"PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+                "PYTHONPYCACHEPREFIX": "/tmp/pycache", "OPENAI_BASE_URL": backend.url, "OPENAI_API_KEY": "bare"}
+    outs = [tmp / "bare" / str(i) for i in range(args.agents)]
+    for o in outs:
+        o.mkdir(parents=True)
+    sampler = HostSampler(os.getpid(), {}, skip=(backend.proc.pid,))
+    idle = sampler.sample_memory()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with sampler:
+        t0 = time.time()
+        procs = [await asyncio.create_subprocess_exec(
+            "python3", str(agent_dir / AGENT_FILE), env={**env_base, **agent_env(i, args.turns, args.burn_ms),
+                                                         "DENSITY_OUT": str(outs[i])},
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) for i in range(args.agents)]
+        codes = await asyncio.gather(*(p.wait() for p in procs))
+        wall = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    results = {}
+    for i, o in enumerate(outs):
+        with contextlib.suppress(OSError, ValueError):
+            results[str(i)] = json.loads((o / "result.json").read_text())
+    stats = backend.stats()
+    calls = {(c.agent, c.turn): c for c in stats.calls}
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    self_ms = sum(r["cpu_ms"] for r in results.values())
+    return {"completed": sum(1 for i, c in enumerate(codes) if c == 0 and results.get(str(i), {}).get("answer") == "42"),
+            "exit_codes": dict(collections.Counter(codes)), "wall_s": wall,
+            "agents_cpu_ms": cpu_s * 1000, "agents_self_cpu_ms": self_ms,
+            "agents_polled_cpu_ms": sampler.cpu_by_kind().get("agent", 0.0) * 1000,
+            "exit_cpu_ms": (cpu_s * 1000 - self_ms) / max(1, len(results)),
+            "path_ms": path_times(calls, {a: r["calls_ms"] for a, r in results.items()}, {}),
+            "backend": backend_figures(stats, []), "memory": memory_figures(idle, sampler.peak)}
+
+
+def backend_figures(stats, queued: list[tuple[float, float]]) -> dict:
+    """The backend's most calls at once, and the seconds it served fewer than its limit while
+    calls waited in the proxy's queue (``queued``: (from, to) unix seconds of each wait)."""
+    events = [(c.arrived, 1, 0) for c in stats.calls] + [(c.ended, -1, 0) for c in stats.calls]
+    events += [(a, 0, 1) for a, _ in queued] + [(b, 0, -1) for _, b in queued]
+    events.sort()
+    held = waiting = 0
+    idle_waiting = at_limit = 0.0
+    last = events[0][0] if events else 0.0
+    gaps, gap = [], 0.0
+    for t, d_held, d_wait in events:
+        span = t - last
+        if waiting > 0 and stats.limit and held < stats.limit:
+            idle_waiting += span
+            gap += span
+        elif gap:
+            gaps.append(gap)
+            gap = 0.0
+        if stats.limit and held >= stats.limit:
+            at_limit += span
+        held += d_held
+        waiting += d_wait
+        last = t
+    span = (events[-1][0] - events[0][0]) if events else 0.0
+    return {"calls": len(stats.calls), "max_seen": stats.max_seen, "limit": stats.limit,
+            "idle_while_queued_s": idle_waiting, "longest_idle_while_queued_ms": max(gaps + [gap], default=0) * 1000,
+            "at_limit_s": at_limit, "span_s": span}
+
+
+async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, tmp: Path) -> dict:
+    rp = free_port()
+    changed = {} if args.backend_limit == DEFAULT_LIMIT else {"backend_max_inflight": args.backend_limit or 100_000}
+    if args.slots:
+        changed["sandbox_concurrency"] = args.slots
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp / "arena"), rollout_port=rp,
+                        trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
+                        backend_url=backend.url, backend_policy_version="0", allow_host_paths=True, **changed)
+    wall_clock = 60 + 4 * args.turns * args.latency * max(1, args.agents / (args.backend_limit or args.agents))
+    stack = Stack(settings, log=lambda m: None)
+    await stack.start(timeout=120)
+    try:
+        roots = {"nats-server": stack.nats.proc.pid, **{c.name: c.pid for c in stack.children if c.pid}}
+        with ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key) as client:
+            task = client.prepare(waiting_task(repo, agent_dir, index=0, turns=args.turns, burn_ms=args.burn_ms,
+                                               wall_clock_s=wall_clock))
+        bodies = [msgspec.json.encode(SubmitRolloutRequest(task=msgspec.structs.replace(
+            task, agent=msgspec.structs.replace(task.agent, env=agent_env(i, args.turns, args.burn_ms))),
+            provider=args.provider)) for i in range(args.agents)]
+        headers = apikeys.auth_headers(stack.api_key or "")
+        refused = collections.Counter()
+        sampler = HostSampler(roots["sandbox"], roots)
+        idle = sampler.sample_memory()
+        idle_cpu = services_cpu(roots)
+        await asyncio.sleep(IDLE_S)  # the services' background use, before any load
+        cpu0 = services_cpu(roots)
+        idle_by = {k: (sum(cpu0[k]) - sum(v)) * 1000 / IDLE_S for k, v in idle_cpu.items() if k in cpu0}
+        idle_ms_per_s = sum(idle_by.values())
+        async with contextlib.AsyncExitStack() as pools_:
+            # pools of 32 connections: one httpx pool of hundreds scans them all for every request
+            pools = [await pools_.enter_async_context(httpx.AsyncClient(
+                base_url=settings.rollout_url, timeout=600, limits=httpx.Limits(max_connections=32), headers=headers))
+                for _ in range(max(1, -(-args.agents // 32)))]
+
+            async def one(i: int) -> dict:
+                http = pools[i % len(pools)]
+                while True:
+                    got = await http.post("/v1/rollouts", content=bodies[i], headers={"content-type": "application/json"})
+                    if got.status_code != 429:
+                        break
+                    refused[got.json().get("error", {}).get("message", "429")[:60]] += 1
+                    await asyncio.sleep(min(float(got.headers.get("retry-after", 1)), 1.0))
+                got.raise_for_status()
+                rid = got.json()["rollout_id"]
+                while True:
+                    view = (await http.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 60})).json()
+                    if view["state"] in FINAL:
+                        return view
+
+            with sampler:
+                t0 = time.time()
+                views = await asyncio.gather(*(one(i) for i in range(args.agents)))
+                wall = time.time() - t0
+            cpu1 = services_cpu(roots)
+            trajs = await fetch_trajectories(settings.trajectory_url, headers, [v["rollout_id"] for v in views])
+        stats = backend.stats()
+    finally:
+        stack.stop()
+    calls = {(c.agent, c.turn): c for c in stats.calls}
+    results, queued, proxy_own, ingress, egress = {}, {}, [], [], []
+    running_at = {v["rollout_id"]: {h["to_state"]: h["at"] for h in v.get("history", [])} for v in views}
+    starts, ends = [], []
+    for traj in trajs:
+        result, key = (traj.get("sandbox") or {}).get("result") or {}, None
+        for step in traj.get("steps", []):
+            users = [m for m in step.get("request_messages", []) if m.get("role") == "user"]
+            tag = str(users[-1].get("content", "")).split() if users else []
+            key = (tag[0].removeprefix("agent="), int(tag[1].removeprefix("turn="))) if len(tag) == 2 else None
+            t = step["timings"]
+            if key in calls:
+                c = calls[key]
+                queued[key] = t["queued_ms"]
+                proxy_own.append(t["total_ms"] - t["queued_ms"] - (c.ended - c.arrived) * 1000)
+        if "calls_ms" in result:
+            results[key[0] if key else traj["rollout_id"]] = result
+            at = running_at.get(traj["rollout_id"], {})
+            if result["sent"] and "running" in at and "verifying" in at:
+                starts.append(result["sent"][0] - at["running"])  # sandbox made, agent started, its first call
+                ends.append(at["verifying"] - result["sent"][-1] - result["calls_ms"][-1] / 1000)  # exit, diff
+            for step in traj.get("steps", []):  # the agent's send -> the proxy's call; its end -> the agent's answer
+                i = step.get("step_index", 0)
+                if i < len(result["sent"]):
+                    ingress.append((step["started_at"] - result["sent"][i]) * 1000)
+                    egress.append(result["sent"][i] * 1000 + result["calls_ms"][i]
+                                  - (step["started_at"] * 1000 + step["timings"]["total_ms"]))
+    waits = [(s["started_at"], s["started_at"] + s["timings"]["queued_ms"] / 1000)
+             for traj in trajs for s in traj.get("steps", []) if s["timings"]["queued_ms"] > 0]
+    cpu = {name: (cpu1[name][0] - cpu0[name][0], cpu1[name][1] - cpu0[name][1]) for name in cpu1 if name in cpu0}
+    states = collections.Counter(v["state"] for v in views)
+    reasons = collections.Counter(f'{v["state"]}: {v.get("reason", "")[:100]}' for v in views if v["state"] != "completed")
+    return {"completed": sum(1 for v in views if v["state"] == "completed" and v.get("reward") == 1.0),
+            "states": dict(states), "reasons": dict(reasons.most_common(5)), "refused_429": dict(refused),
+            "memory_refusals": sum(n for r, n in reasons.items() if "memory" in r.lower()), "wall_s": wall,
+            "cpu_s": {k: {"own": v[0], "children": v[1]} for k, v in cpu.items()},
+            "polled_cpu_s": sampler.cpu_by_kind(), "idle_cpu_ms_per_s": idle_ms_per_s, "idle_cpu_ms_per_s_by": idle_by,
+            "agents_self_cpu_ms": sum(r["cpu_ms"] for r in results.values()), "agents_reported": len(results),
+            "path_ms": path_times(calls, {a: r["calls_ms"] for a, r in results.items()}, queued),
+            "proxy_own_ms": proxy_own, "queued_ms": list(queued.values()), "ingress_ms": ingress,
+            "egress_ms": egress, "phases_s": {**phases(views), "running -> first call": starts,
+                                              "last answer -> verifying": ends},
+            "backend": backend_figures(stats, waits), "memory": memory_figures(idle, sampler.peak),
+            "max_live": sampler.max_live, "settings_changed": changed, "sandbox_slots": settings.sandbox_slots,
+            "wall_clock_s": wall_clock}
+
+
+def phases(views: list[dict]) -> dict[str, list[float]]:
+    """Seconds of each rollout in the queue (pending -> running), in its sandbox (running ->
+    verifying) and in verification (verifying -> completed)."""
+    out = collections.defaultdict(list)
+    for v in views:
+        at = {h["to_state"]: h["at"] for h in v.get("history", [])}
+        for name, a, b in (("queue", "pending", "running"), ("sandbox", "running", "verifying"),
+                           ("verify", "verifying", "completed")):
+            if a in at and b in at:
+                out[name].append(at[b] - at[a])
+    return dict(out)
+
+
+async def fetch_trajectories(url: str, headers: dict, rids: list[str]) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers,
+                                 limits=httpx.Limits(max_connections=16)) as http:
+        gate = asyncio.Semaphore(16)
+
+        async def one(rid: str) -> dict:
+            async with gate:
+                for _ in range(300):
+                    got = await http.get(f"/v1/trajectories/{rid}")
+                    if got.status_code == 200:
+                        return got.json()
+                    await asyncio.sleep(0.2)
+                return {"rollout_id": rid}
+
+        return await asyncio.gather(*(one(r) for r in rids))
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def ratio(a: float, b: float | None) -> str:
+    return f"x{a / b:.2f}" if b else "x -"
+
+
+def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
+    n, turns = args.agents, args.turns
+    b = bare or {}
+    lines = [f"density: {n} agents x {turns} turns, backend latency lognormal median {args.latency:g} s sigma "
+             f"{args.sigma:g}, backend limit {args.backend_limit or 'none'}; {os.cpu_count()} cores, "
+             f"{psutil.virtual_memory().total / 2**30:.0f} GiB; Arena settings changed: {arena['settings_changed'] or 'none'} "
+             f"(sandbox slots {arena['sandbox_slots']}; task wall clock {arena['wall_clock_s']:.0f} s)"]
+    lines.append(f"{'':34}{'arena':>12}{'bare':>12}{'ratio':>9}")
+
+    def row(label: str, a: float, bv: float | None, unit: str = "", fmt: str = ".1f") -> None:
+        bs = f"{bv:{fmt}}" if bv is not None else "-"
+        lines.append(f"{label:34}{a:>12{fmt}}{bs:>12}{ratio(a, bv):>9}  {unit}")
+
+    row("completed (reward 1)", arena["completed"], b.get("completed"), f"of {n}", "d")
+    if arena["states"].get("completed", 0) != n:
+        lines.append(f"{'':34}other states: {arena['states']}; {arena['reasons']}")
+    lines.append(f"{'':34}refused for memory: {arena['memory_refusals']}; submissions refused (429, retried): "
+                 f"{sum(arena['refused_429'].values())} {dict(arena['refused_429']) or ''}")
+    row("wall", arena["wall_s"], b.get("wall_s"), "s")
+    ph = arena["phases_s"]
+    lines.append(f"{'':34}per rollout, p50 / max s: " + ", ".join(
+        f"{k} {pct(v, 50):.2f} / {max(v):.2f}" for k, v in ph.items() if v))
+    lines.append(f"{'':34}ideal: the slowest agent's LLM time {ideal_['slowest_agent_s']:.1f} s (arena "
+                 f"{ratio(arena['wall_s'], ideal_['slowest_agent_s'])}, bare "
+                 f"{ratio(b['wall_s'], ideal_['slowest_agent_s']) if bare else '-'}); the backend's bound "
+                 f"(all LLM time / limit) {ideal_['backend_bound_s']:.1f} s")
+    # CPU. Arena's: each service's own and its waited-for children's (the sandbox service's:
+    # the sandboxes' outer bwrap, git), plus what the sampler saw of the processes deeper in each
+    # sandbox but the agent (bwrap's inner init). The agents': what each measured of itself, plus
+    # its exit as the bare run measured it (getrusage of the waited processes less the same report).
+    cpu, polled = arena["cpu_s"], arena["polled_cpu_s"]
+    services_ms = sum(v["own"] + v["children"] for v in cpu.values()) * 1000
+    inner_ms = polled.get("sandbox", 0.0) * 1000
+    platform = services_ms + inner_ms
+    exit_ms = b.get("exit_cpu_ms", 0.0)
+    agents_ms = arena["agents_self_cpu_ms"] + exit_ms * arena["agents_reported"]
+    bare_agents = b.get("agents_cpu_ms")
+    row("Arena CPU beyond agents / turn", platform / (n * turns), bare_agents / (n * turns) if bare else None,
+        "ms (bare column: the bare agent's own CPU per turn)")
+    row("Arena CPU beyond agents / rollout", platform / n, bare_agents / n if bare else None,
+        "ms (bare column: the bare agent's own CPU)")
+    row("agents' own CPU / rollout", agents_ms / max(1, arena["agents_reported"]),
+        bare_agents / n if bare else None, f"ms (self-reported + {exit_ms:.1f} ms exit from the bare run; "
+        f"sampled {polled.get('agent', 0) * 1000 / n:.1f})")
+    parts = ", ".join(f"{k} {(v['own']) * 1000 / n:.1f}" + (f" (+children {v['children'] * 1000 / n:.1f})"
+                                                             if v["children"] * 1000 / n >= 0.05 else "")
+                      for k, v in sorted(cpu.items(), key=lambda kv: -(kv[1]["own"] + kv[1]["children"])))
+    lines.append(f"{'':34}per rollout, ms: {parts}; inside the sandboxes but the agent {inner_ms / n:.1f} "
+                 f"(sampled; the outer bwrap sampled {polled.get('direct', 0) * 1000 / n:.1f}, in the sandbox "
+                 f"service's children); the services idle use {arena['idle_cpu_ms_per_s']:.0f} ms/s ("
+                 + ", ".join(f"{k} {v:.0f}" for k, v in sorted(arena["idle_cpu_ms_per_s_by"].items(), key=lambda kv: -kv[1])
+                             if v >= 1) + "), "
+                 f"{arena['idle_cpu_ms_per_s'] * arena['wall_s'] / n:.1f} ms per rollout over this wall time")
+    pa, pb = arena["path_ms"], b.get("path_ms")
+    for q in (50, 99):
+        row(f"path time per call p{q}", pct(pa, q), pct(pb, q) if pb else None,
+            "ms (agent's round trip - backend's own - queue)")
+    for q in (50, 99):
+        row(f"proxy's own time per call p{q}", pct(arena["proxy_own_ms"], q), None,
+            "ms (step total - queued - backend's own)")
+    lines.append(f"{'':34}the agent's send -> the proxy's call p50 {pct(arena['ingress_ms'], 50):.1f} ms, p99 "
+                 f"{pct(arena['ingress_ms'], 99):.1f} ms; the proxy's end -> the agent's answer p50 "
+                 f"{pct(arena['egress_ms'], 50):.1f} ms, p99 {pct(arena['egress_ms'], 99):.1f} ms (relay and proxy I/O)")
+    lines.append(f"{'':34}proxy queue per call p50 {pct(arena['queued_ms'], 50):.0f} ms, p99 "
+                 f"{pct(arena['queued_ms'], 99):.0f} ms, max {max(arena['queued_ms'], default=0):.0f} ms")
+    ba, bb = arena["backend"], b.get("backend", {})
+    row("backend: most calls at once", ba["max_seen"], bb.get("max_seen"), f"(limit {ba['limit'] or 'none'}; "
+        "bare: waiting inside the backend included)", "d")
+    lines.append(f"{'':34}backend below its limit while calls queued in the proxy: {ba['idle_while_queued_s']:.2f} s "
+                 f"(longest {ba['longest_idle_while_queued_ms']:.0f} ms); at its limit {ba['at_limit_s']:.1f} s of "
+                 f"{ba['span_s']:.1f} s (bare {bb.get('at_limit_s', 0):.1f} s of {bb.get('span_s', 0):.1f} s)")
+    ma, mb = arena["memory"], b.get("memory", {})
+    if ma:
+        row("memory per live sandbox beyond agent", ma["beyond_agent_mb"], None,
+            f"MB PSS at {ma['live']} live (per-sandbox processes {ma['per_sandbox_procs_mb']:.2f}, services' "
+            f"growth {ma['services_growth_mb']:.2f})", ".2f")
+        row("agent's own PSS", ma["agent_mb"], mb.get("agent_mb"), f"MB (bare at {mb.get('live', 0)} live)", ".2f")
+        row("host MemAvailable drop beyond agent", ma["host_beyond_agent_mb"], mb.get("host_beyond_agent_mb"),
+            "MB per live agent (kernel objects included; noisy on a shared host)", ".2f")
+    lines.append(f"{'':34}most live sandboxes seen: {arena['max_live']}")
+    return lines
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=256)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--latency", type=float, default=2.0, help="the backend's median latency, seconds")
+    ap.add_argument("--sigma", type=float, default=0.5, help="the lognormal's sigma")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend-limit", type=int, default=DEFAULT_LIMIT,
+                    help="calls the backend serves at once, and the proxy's bound (0: none)")
+    ap.add_argument("--burn-ms", type=float, default=0.0, help="CPU ms each agent spends per turn (saturate the cores)")
+    ap.add_argument("--provider", default="local")
+    ap.add_argument("--slots", type=int, default=0, help="ARENA_SANDBOX_CONCURRENCY (0: Arena's default)")
+    ap.add_argument("--skip-bare", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the raw figures as JSON too")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="arena-density-") as tmp_:
+        tmp = Path(tmp_)
+        agent_dir = write_agent(tmp / "agent")
+        repo = tmp / "repo"
+        repo.mkdir()
+        (repo / "README.md").write_text("a task whose agent mostly waits\n")
+        with StandInBackend(free_port(), median_s=args.latency, sigma=args.sigma, seed=args.seed,
+                            limit=args.backend_limit, log=tmp / "backend.log") as backend:
+            bare = None
+            if not args.skip_bare:
+                bare = await run_bare(args, backend, agent_dir, tmp)
+                backend.reset()
+            arena = await run_arena(args, backend, agent_dir, repo, tmp)
+    print("\n".join(report(args, arena, bare, ideal(args.agents, args.turns, args))))
+    if args.json:
+        print(json.dumps({"args": vars(args), "arena": arena, "bare": bare}, default=str))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
