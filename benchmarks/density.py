@@ -31,8 +31,8 @@ import contextlib
 import json
 import math
 import os
-import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -104,6 +104,13 @@ def mem_available() -> int:
     return psutil.virtual_memory().available
 
 
+def kernel_memory() -> int:
+    """Bytes the kernel holds for objects (slab: namespaces, mounts, sockets, cgroups; kernel
+    stacks; page tables): what a sandbox costs outside any process's PSS."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return sum(int(fields[k].split()[0]) * 1024 for k in ("Slab", "KernelStack", "PageTables") if k in fields)
+
+
 def _is_agent(comm: str) -> bool:
     return comm.startswith("python")  # below the sandbox service: only the agents run Python
 
@@ -117,7 +124,7 @@ class HostSampler:
     other processes below ``parent`` and of each of ``services``, and the host's MemAvailable;
     the sample with the most live agents is kept."""
 
-    def __init__(self, parent: int, services: dict[str, int], interval: float = 0.5, memory_every: int = 4,
+    def __init__(self, parent: int, services: dict[str, int], interval: float = 0.5, memory_every: int = 2,
                  skip: tuple[int, ...] = ()):
         self.parent, self.services, self.interval, self.memory_every = parent, services, interval, memory_every
         self.skip = set(skip)
@@ -168,7 +175,7 @@ class HostSampler:
                 "others_pss": sum(_pss(p) for p in others), "others": len(others),
                 "services_pss": {n: _pss(psutil.Process(pid)) for n, pid in self.services.items()
                                  if psutil.pid_exists(pid)},
-                "available": mem_available()}
+                "available": mem_available(), "kernel": kernel_memory()}
 
     def _run(self) -> None:
         i = 0
@@ -204,7 +211,8 @@ def memory_figures(idle: dict, peak: dict | None) -> dict:
     agent = peak["agent_pss_median"] or peak["agents_pss"] / live
     return {"live": live, "agent_mb": agent / 2**20, "beyond_agent_mb": (peak["others_pss"] + growth) / live / 2**20,
             "per_sandbox_procs_mb": peak["others_pss"] / live / 2**20, "services_growth_mb": growth / live / 2**20,
-            "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20}
+            "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20,
+            "kernel_mb": (peak["kernel"] - idle["kernel"]) / live / 2**20}
 
 
 # ------------------------------------------------------------------------------------ the two runs
@@ -230,31 +238,39 @@ def path_times(calls: dict[tuple[str, int], object], agents: dict[str, list[floa
     return out
 
 
+def run_processes(argv: list[str], envs: list[dict[str, str]]) -> tuple[list[int], float]:
+    """Start ``argv`` once per environment, all at once; their exit codes and CPU seconds in all
+    (``wait4``: each whole process, its exit included)."""
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for env in envs]
+    codes, cpu = [], 0.0
+    for p in procs:
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        codes.append(p.returncode)
+        cpu += usage.ru_utime + usage.ru_stime
+    return codes, cpu
+
+
 async def run_bare(args, backend: StandInBackend, agent_dir: Path, tmp: Path) -> dict:
     env_base = {"PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
-                "PYTHONPYCACHEPREFIX": "/tmp/pycache", "OPENAI_BASE_URL": backend.url, "OPENAI_API_KEY": "bare"}
+                "PYTHONDONTWRITEBYTECODE": "1", "OPENAI_BASE_URL": backend.url, "OPENAI_API_KEY": "bare"}
     outs = [tmp / "bare" / str(i) for i in range(args.agents)]
     for o in outs:
         o.mkdir(parents=True)
     sampler = HostSampler(os.getpid(), {}, skip=(backend.proc.pid,))
     idle = sampler.sample_memory()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    envs = [{**env_base, **agent_env(i, args.turns, args.burn_ms), "DENSITY_OUT": str(outs[i])}
+            for i in range(args.agents)]
     with sampler:
         t0 = time.time()
-        procs = [await asyncio.create_subprocess_exec(
-            "python3", str(agent_dir / AGENT_FILE), env={**env_base, **agent_env(i, args.turns, args.burn_ms),
-                                                         "DENSITY_OUT": str(outs[i])},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) for i in range(args.agents)]
-        codes = await asyncio.gather(*(p.wait() for p in procs))
+        codes, cpu_s = await asyncio.to_thread(run_processes, ["python3", str(agent_dir / AGENT_FILE)], envs)
         wall = time.time() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     results = {}
     for i, o in enumerate(outs):
         with contextlib.suppress(OSError, ValueError):
             results[str(i)] = json.loads((o / "result.json").read_text())
     stats = backend.stats()
     calls = {(c.agent, c.turn): c for c in stats.calls}
-    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     self_ms = sum(r["cpu_ms"] for r in results.values())
     return {"completed": sum(1 for i, c in enumerate(codes) if c == 0 and results.get(str(i), {}).get("answer") == "42"),
             "exit_codes": dict(collections.Counter(codes)), "wall_s": wall,
@@ -272,7 +288,7 @@ def backend_figures(stats, queued: list[tuple[float, float]]) -> dict:
     events += [(a, 0, 1) for a, _ in queued] + [(b, 0, -1) for _, b in queued]
     events.sort()
     held = waiting = 0
-    idle_waiting = at_limit = 0.0
+    idle_waiting = at_limit = any_waiting = 0.0
     last = events[0][0] if events else 0.0
     gaps, gap = [], 0.0
     for t, d_held, d_wait in events:
@@ -285,13 +301,15 @@ def backend_figures(stats, queued: list[tuple[float, float]]) -> dict:
             gap = 0.0
         if stats.limit and held >= stats.limit:
             at_limit += span
+        if waiting > 0:
+            any_waiting += span
         held += d_held
         waiting += d_wait
         last = t
     span = (events[-1][0] - events[0][0]) if events else 0.0
     return {"calls": len(stats.calls), "max_seen": stats.max_seen, "limit": stats.limit,
             "idle_while_queued_s": idle_waiting, "longest_idle_while_queued_ms": max(gaps + [gap], default=0) * 1000,
-            "at_limit_s": at_limit, "span_s": span}
+            "at_limit_s": at_limit, "span_s": span, "queued_s": any_waiting}
 
 
 async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, tmp: Path) -> dict:
@@ -505,14 +523,17 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     row("backend: most calls at once", ba["max_seen"], bb.get("max_seen"), f"(limit {ba['limit'] or 'none'}; "
         "bare: waiting inside the backend included)", "d")
     lines.append(f"{'':34}backend below its limit while calls queued in the proxy: {ba['idle_while_queued_s']:.2f} s "
-                 f"(longest {ba['longest_idle_while_queued_ms']:.0f} ms); at its limit {ba['at_limit_s']:.1f} s of "
+                 f"of the {ba['queued_s']:.1f} s with calls queued (longest {ba['longest_idle_while_queued_ms']:.0f} ms); at its limit {ba['at_limit_s']:.1f} s of "
                  f"{ba['span_s']:.1f} s (bare {bb.get('at_limit_s', 0):.1f} s of {bb.get('span_s', 0):.1f} s)")
     ma, mb = arena["memory"], b.get("memory", {})
     if ma:
-        row("memory per live sandbox beyond agent", ma["beyond_agent_mb"], None,
-            f"MB PSS at {ma['live']} live (per-sandbox processes {ma['per_sandbox_procs_mb']:.2f}, services' "
-            f"growth {ma['services_growth_mb']:.2f})", ".2f")
+        row("memory per live sandbox beyond agent", ma["beyond_agent_mb"] + ma["kernel_mb"],
+            mb.get("kernel_mb"), f"MB at {ma['live']} live: PSS of the per-sandbox processes "
+            f"{ma['per_sandbox_procs_mb']:.2f} + services' growth {ma['services_growth_mb']:.2f} + kernel "
+            f"{ma['kernel_mb']:.2f} (bare column: the kernel's per bare agent)", ".2f")
         row("agent's own PSS", ma["agent_mb"], mb.get("agent_mb"), f"MB (bare at {mb.get('live', 0)} live)", ".2f")
+        row("kernel memory per live agent", ma["kernel_mb"], mb.get("kernel_mb"),
+            "MB (slab, kernel stacks, page tables; the host's, so others' work shows too)", ".2f")
         row("host MemAvailable drop beyond agent", ma["host_beyond_agent_mb"], mb.get("host_beyond_agent_mb"),
             "MB per live agent (kernel objects included; noisy on a shared host)", ".2f")
     lines.append(f"{'':34}most live sandboxes seen: {arena['max_live']}")
