@@ -352,7 +352,7 @@ async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, 
                     got = await http.post("/v1/rollouts", content=bodies[i], headers={"content-type": "application/json"})
                     if got.status_code != 429:
                         break
-                    refused[got.json().get("error", {}).get("message", "429")[:60]] += 1
+                    refused[got.text[:80]] += 1
                     await asyncio.sleep(min(float(got.headers.get("retry-after", 1)), 1.0))
                 got.raise_for_status()
                 rid = got.json()["rollout_id"]

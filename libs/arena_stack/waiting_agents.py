@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import msgspec
+from aiohttp import web
 
 from arena_core.schemas import AgentSpec, Budget, ExactVerifier, PathSource, Task
 from arena_stack.scripted_llm import Script, ScriptedLLM, ScriptedResponse
@@ -111,9 +112,7 @@ class _Server:
         self.seen = self.max_seen = 0
         self.untagged = 0
 
-    async def chat(self, request):
-        from aiohttp import web
-
+    async def chat(self, request: web.Request) -> web.Response:
         arrived = time.time()
         self.seen += 1
         self.max_seen = max(self.max_seen, self.seen)
@@ -142,9 +141,7 @@ class _Server:
         self.calls.append(Call(agent, turn, arrived, started, ended, delay))
         return web.Response(body=answer, content_type="application/json")
 
-    def app(self):
-        from aiohttp import web
-
+    def app(self) -> web.Application:
         async def models(_):
             return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
@@ -224,8 +221,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=0, help="calls served at once (0: no limit)")
     args = ap.parse_args(argv)
-    from aiohttp import web
-
     server = _Server(median_s=args.latency, sigma=args.sigma, seed=args.seed, limit=args.limit)
     web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
 
