@@ -249,8 +249,12 @@ def cmd_submit(args) -> int:
     task = with_agent(load_task(args.task), scaffold=args.scaffold, model=args.model)
     model = args.model or "default"
     with _client(args) as client:
+        if args.first_k is not None or args.deadline is not None:
+            if args.n < 2:
+                raise ArenaError("--first-k and --deadline are a group's completion policy: give --n N (N >= 2)")
         if args.n > 1:
-            group = client.submit_group(task, n=args.n, seed=args.seed, model=model)
+            group = client.submit_group(task, n=args.n, seed=args.seed, model=model, first_k=args.first_k,
+                                        deadline_s=args.deadline)
             print(f"group {group.group_id}")
             ids = group.rollout_ids
         else:
@@ -279,7 +283,8 @@ def _wait_rollouts(client, ids: list[str], timeout: float) -> int:
             else:
                 progress.finished(rid, outcome_of(view))
                 print(f"{rid}  {view.state.value:<16} reward {reward:<4} {view.reason}", flush=True)
-            failed += view.state.value != "completed"
+            # a member its group's completion policy cancelled did what was asked
+            failed += view.state.value != "completed" and not view.group_cancelled
     return 1 if failed else 0
 
 
@@ -535,6 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", parents=[stack], help="submit a task file (a rollout, or a group with --n)")
     p.add_argument("task", help="task.json or a directory holding one")
     p.add_argument("--n", type=int, default=1)
+    p.add_argument("--first-k", type=int, default=None, metavar="K",
+                   help="a group is done once K members ended with a reward; the rest are cancelled")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="cancel a group's members not ended S seconds after submission")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--wait", action="store_true", help="wait for every rollout to finish")
     p.add_argument("--timeout", type=float, default=600.0)

@@ -25,6 +25,7 @@ from arena_core.schemas import (
     EnvironmentRequest,
     EnvironmentView,
     PathSource,
+    GroupCompletion,
     GroupSubmitted,
     RolloutStateChanged,
     RolloutView,
@@ -178,13 +179,17 @@ class ArenaClient:
 
     def submit_group(self, task: Task, *, n: int, seed: int | None = None, sampling: SamplingParams | None = None,
                      model: str = "default", metadata: dict[str, str] | None = None,
-                     provider: str = "local") -> GroupSubmitted:
+                     provider: str = "local", first_k: int | None = None,
+                     deadline_s: float | None = None) -> GroupSubmitted:
+        """``n`` members of ``task``. ``first_k``: the group is done once ``first_k`` members ended
+        with a reward (the rest cancelled); ``deadline_s``: the members not ended that long after
+        submission are cancelled. Neither: every member (docs/rollout.md, Group completion)."""
         sampling = sampling or SamplingParams()
         if seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=seed)
         task = self.prepare(task)
         req = SubmitGroupRequest(task=task, n=n, sampling=sampling, model=model, metadata=metadata or {},
-                                 provider=provider)
+                                 provider=provider, completion=GroupCompletion(first_k=first_k, deadline_s=deadline_s))
         return self._submit_call("/v1/rollout-groups", GroupSubmitted, encode(req))
 
     def submit_duel(self, task: Task, *, policies: Sequence[str], n: int, seed: int | None = None,

@@ -42,6 +42,8 @@ Labels = Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128
                         Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=64)]
 #: The longest wall clock any task may ask for; an operator lowers it (ARENA_MAX_WALL_CLOCK_S).
 MAX_WALL_CLOCK_S = 7 * 86400.0
+#: The longest hard lifetime (queue + run + verify) a rollout may ask for.
+MAX_LIFETIME_S = 8 * 86400.0
 
 
 class Base(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -117,6 +119,10 @@ class Budget(Request, kw_only=True):
     max_total_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**10)] | None = None
     max_turns: Annotated[int, msgspec.Meta(ge=1, le=10**6)] | None = None
     wall_clock_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_WALL_CLOCK_S)] = 600.0
+    #: The rollout's hard lifetime from submission (queue + run + verify), seconds: past it the
+    #: reaper ends it and all it holds is reclaimed. ``None``: the server's default
+    #: (``ARENA_ROLLOUT_MAX_LIFETIME_S``). Must be at least ``wall_clock_s``.
+    max_lifetime_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_LIFETIME_S)] | None = None
 
 
 #: A content-addressed bundle: ``sha256:`` and the hex digest of the bundle's bytes.
@@ -422,15 +428,29 @@ class SubmitRolloutRequest(Request, kw_only=True):
     metadata: Labels = {}
 
 
+class GroupCompletion(Request, kw_only=True):
+    """When a group is done (docs/rollout.md, Group completion). Unset fields: wait for every
+    member. ``first_k``: once ``k`` members ended with a verifier's reward (a verified 0 counts;
+    an infrastructure outcome or a never-verified failure does not), the rest are cancelled.
+    ``deadline_s``: that long after submission, the members not yet ended are cancelled. Both
+    set: whichever comes first. Members cancelled so are marked (``group_cancelled``) and never
+    carry a reward: the group goes out with the others (``GroupCompleted.cancelled_indexes``)."""
+
+    first_k: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None
+    deadline_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_LIFETIME_S)] | None = None
+
+
 class SubmitGroupRequest(Request, kw_only=True):
     """``POST /v1/rollout-groups``: ``n`` copies of one task sharing a ``group_id``.
 
     If ``sampling.seed`` is set, member ``i`` gets ``seed + i`` so a group never
-    samples ``n`` identical answers.
+    samples ``n`` identical answers. ``completion``: when the group is done (default: every
+    member ended).
     """
 
     task: Task
     n: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+    completion: GroupCompletion = GroupCompletion()
     sampling: SamplingParams = SamplingParams()
     model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "default"
     provider: Literal["local", "docker", "mock"] = "local"  # mock: no process runs (demos)
@@ -511,6 +531,14 @@ class RolloutRecord(Base, kw_only=True):
     #: The id of the API key that made it ("anonymous" with keys off): only it or an admin key
     #: may cancel it (``arena_core.owners``).
     owner: str = "anonymous"
+    #: The group's completion policy (group members only; default: every member) and when the
+    #: group was submitted (its ``deadline_s`` counts from then).
+    completion: GroupCompletion = GroupCompletion()
+    group_submitted_at: float = 0.0
+    #: Cancelled by its group's completion policy: no reward, left out of the group's rewards.
+    group_cancelled: bool = False
+    #: The hard lifetime from ``created_at`` (queue + run + verify), seconds; 0: none.
+    lifetime_s: float = 0.0
 
 
 class RolloutView(Base, kw_only=True):
@@ -532,6 +560,7 @@ class RolloutView(Base, kw_only=True):
     metadata: dict[str, str] = {}
     infrastructure: bool = False  # ended by an infrastructure error: no reward
     owner: str = ""  # the id of the API key that made it ("anonymous" with keys off)
+    group_cancelled: bool = False  # cancelled by its group's completion policy: no reward
 
 
 class RolloutSubmitted(Base, kw_only=True):
@@ -569,6 +598,8 @@ class RolloutStateChanged(Base, kw_only=True):
     history: list[StateTransition] = []
     #: On a final state: Arena could not run or verify the rollout (no reward, not a 0).
     infrastructure: bool = False
+    #: On a final state: cancelled by its group's completion policy (no reward, not a 0).
+    group_cancelled: bool = False
 
 
 class GroupSubmitted(Base, kw_only=True):
@@ -1043,6 +1074,9 @@ class Trajectory(Base, kw_only=True):
     incomplete: list[str] = []
     #: Arena could not run or verify this rollout: ``reward`` is None; leave it out of training.
     infrastructure: bool = False
+    #: Cancelled by its group's completion policy (first k of n, deadline): ``reward`` is None,
+    #: and the group message leaves it out (``GroupCompleted.cancelled_indexes``).
+    group_cancelled: bool = False
     #: The steps merged into token-in-token-out training sequences (docs/trajectory.md).
     sequences: list[TrainingSequence] = []
     #: Where the steps did not chain into one sequence, and the steps left out of every one.
@@ -1081,6 +1115,9 @@ class GroupCompleted(Base, kw_only=True):
     missing_indexes: list[int] = []
     #: ``group_index`` of members without a reward (infrastructure outcomes): out of the advantages.
     excluded_indexes: list[int] = []
+    #: ``group_index`` of members cancelled by the group's completion policy (first k of n, a
+    #: deadline): not among the members, no reward, never in the advantages. Not ``partial``.
+    cancelled_indexes: list[int] = []
     #: On the stream: the members by reference (``trajectories`` then empty); see above.
     members: list[MemberRef] = []
 

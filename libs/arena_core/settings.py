@@ -127,6 +127,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Seconds a rollout may wait for its sandbox to start its agent; past it the rollout ends
     #: as an infrastructure outcome with no reward (its wall clock starts with its agent).
     queue_timeout_s: int = 900
+    #: A rollout's hard lifetime from submission (queue + run + verify), seconds, unless its task's
+    #: ``budget.max_lifetime_s`` says otherwise: past it the reaper ends it and all it holds is
+    #: reclaimed. 0 = no default lifetime (docs/rollout.md, Hard lifetime).
+    rollout_max_lifetime_s: int = 21600
     #: Rollouts that may wait at once; submissions beyond it, or beyond what the queue drains
     #: within ``queue_timeout_s``, get 429 with Retry-After (docs/reliability.md).
     max_queued: int = 10_000
@@ -222,6 +226,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError("ARENA_MAX_WALL_CLOCK_S must be between 1 and 604800")
         if not 1 <= self.queue_timeout_s <= 7 * 86400:
             raise SettingsError("ARENA_QUEUE_TIMEOUT_S must be between 1 and 604800")
+        if not 0 <= self.rollout_max_lifetime_s <= 8 * 86400:
+            raise SettingsError("ARENA_ROLLOUT_MAX_LIFETIME_S must be between 0 (none) and 691200")
         if self.openenv_idle_s < 1 or self.openenv_start_timeout_s < 1 or self.openenv_submit_wait_s < 0:
             raise SettingsError("ARENA_OPENENV_IDLE_S and ARENA_OPENENV_START_TIMEOUT_S must be >= 1, "
                                 "ARENA_OPENENV_SUBMIT_WAIT_S >= 0")

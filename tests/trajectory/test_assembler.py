@@ -174,3 +174,27 @@ def test_a_rollout_that_expired_in_the_queue_waits_for_nothing():
     assert assembler.assemble(event, [], None, None).reward is None
     ran = msgspec.structs.replace(event, from_state=RolloutState.RUNNING, infrastructure=False)
     assert assembler.missing_parts(ran, [], None, None) == ["sandbox result"]
+
+
+def test_members_cancelled_by_the_groups_policy_are_marked_and_left_out_of_the_group():
+    """First k of n (or a deadline): the members the policy cancelled carry no reward, even if a
+    verification arrived after the cancel, and the group goes out with the others."""
+    def cancelled(rid: str, index: int, verification=None):
+        event = msgspec.structs.replace(final(rid, RolloutState.CANCELLED, group="g", index=index, size=4, at=200.0),
+                                        reason="group completion: the first 2 of 4 ...", group_cancelled=True)
+        return assembler.assemble(event, [], sandbox(rid), verification)
+
+    a = assembler.assemble(final("a", group="g", index=0, size=4), [], sandbox("a"), verified("a", 1.0))
+    b = assembler.assemble(final("b", group="g", index=2, size=4), [], sandbox("b"), verified("b", 0.0))
+    c = cancelled("c", 1, verification=verified("c", 1.0))  # verified too late: not counted
+    d = cancelled("d", 3)
+    assert (c.reward, c.group_cancelled, c.infrastructure) == (None, True, False)
+    assert assembler.complete_group([a, b, c]) is None  # d not stored yet
+    group = assembler.complete_group([d, b, c, a])
+    assert [t.rollout_id for t in group.trajectories] == ["a", "b"]
+    assert group.rewards == [1.0, 0.0] and group.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert group.cancelled_indexes == [1, 3] and group.excluded_indexes == [] and not group.partial
+    assert group.completed_at == 200.0  # when the last member (a cancelled one) ended
+    # every member cancelled (a deadline before any finished): an empty group, still published
+    empty = assembler.complete_group([cancelled(f"x{i}", i) for i in range(4)])
+    assert empty.trajectories == [] and empty.rewards == [] and empty.cancelled_indexes == [0, 1, 2, 3]

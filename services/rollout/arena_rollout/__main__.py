@@ -19,6 +19,7 @@ from arena_rollout.proxy.backends import BackendRegistry
 from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.proxy_only import ProxyOnly
+from arena_rollout.groups import GroupPolicies
 from arena_rollout.reaper import Reaper
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RecordCache, RolloutStore
@@ -41,6 +42,8 @@ async def main(settings: Settings) -> int:
         upstream = UpstreamClient(connect_timeout=5.0, read_timeout=600.0)
         service = RolloutService(bus=bus, store=store, settings=settings, http=http, router=router,
                                  upstream=upstream, workers=Workers(bus))
+        policies = GroupPolicies(lifecycle=service, records=store.cache)
+        store.cache.on_final.append(policies.ended)
         background = [asyncio.create_task(registry.watch(await bus.kv(subjects.KV_BACKENDS), stop)),
                       asyncio.create_task(registry.health_loop(stop)),
                       asyncio.create_task(store.cache.watch(rollouts_kv, stop)),
@@ -48,7 +51,9 @@ async def main(settings: Settings) -> int:
                       # and fails rollouts stuck verifying past their deadline (no verification worker)
                       asyncio.create_task(Reaper(lifecycle=service, records=store.cache,
                                                  verify_deadline_s=settings.verify_deadline_s,
-                                                 queue_timeout_s=settings.queue_timeout_s).run(stop))]
+                                                 queue_timeout_s=settings.queue_timeout_s).run(stop)),
+                      # cancels the members a group's completion policy leaves out (first k, deadline)
+                      asyncio.create_task(policies.run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)
         app, keys = apikeys.protect(create_app(service), bus, auth=settings.auth, host=settings.host)
         results = consumers(bus, service)

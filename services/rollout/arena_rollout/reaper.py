@@ -1,8 +1,9 @@
 """The reaper: ends the rollouts nothing else would end.
 
-One past its queue limit (the agent never ran: an infrastructure outcome), past its wall-clock
-budget since its agent started, or in ``verifying`` past its verification deadline. ``overdue``
-(pure) picks them; ``Reaper.run`` moves them by compare-and-set. See docs/rollout.md (State machine).
+One past its hard lifetime (queue + run + verify, whatever its state), past its queue limit (the
+agent never ran: an infrastructure outcome), past its wall-clock budget since its agent started, or
+in ``verifying`` past its verification deadline. ``overdue`` (pure) picks them; ``Reaper.run``
+moves them by compare-and-set. See docs/rollout.md (State machine, Hard lifetime).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ REAPED = frozenset({S.PENDING, S.PROVISIONING, S.RUNNING})
 DEFAULT_QUEUE_TIMEOUT_S = 900.0
 #: The state the verification deadline runs in.
 VERIFYING = frozenset({S.VERIFYING})
+#: The states a hard lifetime runs in: all but the final ones.
+LIVE = REAPED | VERIFYING
 #: Time a verification takes besides its verifier's own timeouts (a fresh sandbox, the
 #: agent's diff applied, the result published), added to those timeouts.
 VERIFY_SETUP_S = 300.0
@@ -44,6 +47,8 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     #: went by in the queue), or no verification came (a verifier that answers after the
     #: deadline is not counted: the rollout, its trajectory and exports all keep no reward).
     infrastructure: bool = False
+    #: the states the transition may start from (it is a no-op from any other)
+    only_from: frozenset[RolloutState] = REAPED
 
 
 def deadline(record: RolloutRecord, grace_s: float, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> float:
@@ -82,12 +87,20 @@ def verify_deadline_s(record: RolloutRecord, deadline_s: float) -> float:
 
 def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
             verify_deadline: float = 0.0, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> list[Overdue]:
-    """The rollouts of ``records`` to end now, oldest first: past their queue limit (never ran:
-    an infrastructure outcome), past their wall clock since their agent started, or, when
+    """The rollouts of ``records`` to end now, oldest first: past their hard lifetime (``lifetime_s``
+    from ``created_at``, in any live state: ``timed_out``, an infrastructure outcome), past their
+    queue limit (never ran: an infrastructure outcome), past their wall clock since their agent started, or, when
     ``verify_deadline`` > 0, in ``verifying`` past their verification deadline."""
     found: list[Overdue] = []
     for r in sorted(records, key=lambda r: r.created_at):
-        if r.state in REAPED and now > deadline(r, grace_s, queue_timeout_s):
+        if r.state in LIVE and r.lifetime_s > 0 and now > r.created_at + r.lifetime_s:
+            # Arena's bound, not the policy's budget (that is the wall clock): no reward
+            found.append(Overdue(
+                rollout_id=r.rollout_id, state=r.state, only_from=LIVE, infrastructure=True,
+                reason=(f"infrastructure: hard lifetime exceeded: {now - r.created_at:.1f} s since submission "
+                        f"(limit {r.lifetime_s:g} s, queue + run + verify) while {r.state.value}; "
+                        "its sandbox and verification are abandoned")))
+        elif r.state in REAPED and now > deadline(r, grace_s, queue_timeout_s):
             started = agent_started(r) if r.state == S.RUNNING else None
             if started is None:  # load, not the policy: an infrastructure outcome with no reward
                 reason = (f"infrastructure: the agent never ran: {now - r.created_at:.1f} s in the queue "
@@ -101,7 +114,7 @@ def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
             since, allowed = verifying_since(r), verify_deadline_s(r, verify_deadline)
             if now > since + allowed:
                 found.append(Overdue(
-                    rollout_id=r.rollout_id, state=r.state, target=S.FAILED,
+                    rollout_id=r.rollout_id, state=r.state, target=S.FAILED, only_from=VERIFYING,
                     reason=(f"verification deadline passed: no verification result after {now - since:.1f} s in "
                             f"verifying (deadline {allowed:g} s): the verify job was never picked up or every "
                             f"verification worker is down"), infrastructure=True))
@@ -142,7 +155,7 @@ class Reaper:
                         verify_deadline=self.verify_deadline_s, queue_timeout_s=self.queue_timeout_s)
         for item in items:
             after = await self.lifecycle.transition(item.rollout_id, item.target, reason=item.reason,
-                                                    only_from=REAPED if item.target == S.TIMED_OUT else VERIFYING,
+                                                    only_from=item.only_from,
                                                     **({"infrastructure": True} if item.infrastructure else {}))
             if after is not None:
                 log.info("rollout reaped: %s", item.reason, extra={"rollout_id": item.rollout_id})

@@ -34,6 +34,7 @@ from arena_core.schemas import (
     GitSource,
     DuelSubmitted,
     PathSource,
+    GroupCompletion,
     GroupSubmitted,
     RolloutRecord,
     RolloutState,
@@ -53,7 +54,7 @@ from arena_core.schemas import (
 )
 from arena_core.settings import Settings
 
-from arena_rollout import state
+from arena_rollout import groups, state
 from arena_rollout.admission import Admission, Reservation
 from arena_rollout.proxy.backends import default_replica
 from arena_rollout.reaper import verifier_budget_s
@@ -116,16 +117,18 @@ def view(record: RolloutRecord) -> RolloutView:
         metadata=record.metadata,
         infrastructure=record.infrastructure,
         owner=record.owner,
+        group_cancelled=record.group_cancelled,
     )
 
 
 def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check_paths: bool,
                         allow_host_paths: bool = True, max_wall_clock_s: float = 86400.0,
-                        external: bool = False, git: sources.GitPolicy | None = None) -> None:
+                        external: bool = False, git: sources.GitPolicy | None = None,
+                        max_lifetime_s: float = 0.0) -> None:
     """``external``: the submission comes from the environment endpoint, the one place an
     ``external`` agent (an OpenEnv client) can drive a rollout. ``git``: where a git source may
     come from (its scheme, host and any address written in it; workers also check the addresses
-    the host resolves to)."""
+    the host resolves to). ``max_lifetime_s``: the server's default hard lifetime (0: none)."""
     task = req.task
     problems = []
     if task.verifier is None:
@@ -166,6 +169,13 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
     if task.budget.wall_clock_s > max_wall_clock_s:
         problems.append(f"task.budget.wall_clock_s must be <= {max_wall_clock_s:g} on this server "
                         "(ARENA_MAX_WALL_CLOCK_S)")
+    lifetime = lifetime_s(task.budget, max_lifetime_s)
+    if lifetime and task.budget.wall_clock_s > lifetime:
+        origin = ("task.budget.max_lifetime_s" if task.budget.max_lifetime_s is not None
+                  else "ARENA_ROLLOUT_MAX_LIFETIME_S on this server")
+        problems.append(f"task.budget.wall_clock_s ({task.budget.wall_clock_s:g} s) is longer than the rollout's "
+                        f"hard lifetime ({lifetime:g} s, from {origin}): set task.budget.max_lifetime_s to at "
+                        "least the wall clock")
     for name in ("max_turns", "max_total_tokens"):
         value = getattr(task.budget, name)
         if value is not None and value < 1:
@@ -181,11 +191,19 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
             problems.append(f"task.environment.path {env.path!r} is not a directory on the sandbox host")
     if isinstance(req, SubmitGroupRequest) and not 1 <= req.n <= MAX_GROUP:
         problems.append(f"n must be between 1 and {MAX_GROUP}, got {req.n}")
+    if isinstance(req, SubmitGroupRequest):
+        problems.extend(groups.completion_problems(req.completion, req.n))
     reserved = sorted(k for k in req.metadata if k == LABEL_DUEL or k.startswith(LABEL_DUEL + "."))
     if reserved:
         problems.append(f"metadata labels {', '.join(reserved)} are reserved for duels (POST /v1/duels sets them)")
     if problems:
         raise InvalidRequest("; ".join(problems))
+
+
+def lifetime_s(budget, default_s: float) -> float:
+    """A rollout's hard lifetime (queue + run + verify), seconds: its budget's, else the
+    server's ``default_s``; 0: none."""
+    return budget.max_lifetime_s if budget.max_lifetime_s is not None else float(default_s)
 
 
 def duel_problems(req: SubmitDuelRequest, *, serves, replicas: Sequence[BackendReplica] = ()) -> list[str]:
@@ -356,6 +374,7 @@ class RolloutService:
         """The members of an accepted group; ``labels[i]``: member ``i``'s labels over the group's.
         Each member gives back its place in ``held`` once created (it is then in the queue count)."""
         group_id = "g-" + uuid.uuid4().hex[:16]
+        submitted_at = time.time()  # a completion deadline counts from here
         single = SubmitRolloutRequest(task=req.task, sampling=req.sampling, model=req.model,
                                       provider=req.provider, metadata=req.metadata)
 
@@ -374,6 +393,8 @@ class RolloutService:
                         else req.sampling
                     ),
                     owner=owner,
+                    completion=req.completion,
+                    group_submitted_at=submitted_at,
                 )
             finally:
                 held.release(1)
@@ -389,7 +410,8 @@ class RolloutService:
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
                             allow_host_paths=self.settings.allow_host_paths,
                             max_wall_clock_s=self.settings.max_wall_clock_s, external=external,
-                            git=sources.git_policy(self.settings))
+                            git=sources.git_policy(self.settings),
+                            max_lifetime_s=self.settings.rollout_max_lifetime_s)
         if self.workers is not None:
             await self.workers.check(req.provider)
             if req.task.agent.scaffold is not None:
@@ -410,16 +432,20 @@ class RolloutService:
         return await private.put_verifier(self.bus, verifier)
 
     async def _create(self, req: SubmitRolloutRequest, private: tuple[str, float], *, group_id: str | None,
-                      index: int, size: int, sampling, owner: str = owners.ANONYMOUS) -> RolloutRecord:
+                      index: int, size: int, sampling, owner: str = owners.ANONYMOUS,
+                      completion: GroupCompletion = GroupCompletion(),
+                      group_submitted_at: float = 0.0) -> RolloutRecord:
         rid = "r-" + uuid.uuid4().hex[:20]
         # one rollout is one trace: every message published below carries its traceparent
         with telemetry.tracer().start_as_current_span("submission", attributes={"arena.rollout_id": rid,
                                                                              "arena.task_id": req.task.id}):
             return await self._create_traced(req, private, rid=rid, group_id=group_id, index=index, size=size,
-                                             sampling=sampling, owner=owner)
+                                             sampling=sampling, owner=owner, completion=completion,
+                                             group_submitted_at=group_submitted_at)
 
     async def _create_traced(self, req: SubmitRolloutRequest, private: tuple[str, float], *, rid: str, group_id: str | None, index: int,
-                             size: int, sampling, owner: str) -> RolloutRecord:
+                             size: int, sampling, owner: str, completion: GroupCompletion,
+                             group_submitted_at: float) -> RolloutRecord:
         now = time.time()
         ref, verify_budget = private
         record = RolloutRecord(
@@ -442,6 +468,9 @@ class RolloutService:
             verify_budget_s=verify_budget,
             traceparent=telemetry.traceparent(),  # the proxy's spans continue it
             owner=owner,
+            completion=completion,
+            group_submitted_at=group_submitted_at,
+            lifetime_s=lifetime_s(req.task.budget, self.settings.rollout_max_lifetime_s),
         )
         await self.store.create(record)
         metrics.ROLLOUT_TRANSITIONS.labels(state=S.PENDING.value).inc()
@@ -468,8 +497,10 @@ class RolloutService:
 
     async def transition(self, rollout_id: str, target: RolloutState, *, reason: str,
                          reward: float | None = None, infrastructure: bool = False,
-                         only_from: frozenset[RolloutState] | None = None) -> RolloutRecord | None:
+                         only_from: frozenset[RolloutState] | None = None,
+                         group_cancelled: bool = False) -> RolloutRecord | None:
         """Move a rollout to ``target`` (compare-and-set) and publish the event.
+        ``group_cancelled``: its group's completion policy cancels it (arena_rollout.groups).
 
         Returns the new record, or ``None`` when the rollout is already final, the
         transition is not allowed (an idempotent no-op, e.g. a redelivered event), or the
@@ -485,7 +516,7 @@ class RolloutService:
             if only_from is not None and record.state not in only_from:
                 return record
             return state.transition(record, target, reason=reason, at=now, reward=reward,
-                                    infrastructure=infrastructure)
+                                    infrastructure=infrastructure, group_cancelled=group_cancelled)
 
         try:
             before, after = await self.store.update(rollout_id, change)
@@ -521,6 +552,7 @@ class RolloutService:
             metadata=record.metadata,
             history=record.history if record.state.is_final else [],
             infrastructure=record.infrastructure,
+            group_cancelled=record.group_cancelled,
         )
         await self.bus.publish(
             subjects.rollout_state(record.rollout_id),

@@ -35,7 +35,7 @@ def can_transition(current: RolloutState, target: RolloutState) -> bool:
 
 def transition(
     record: RolloutRecord, target: RolloutState, *, reason: str, at: float, reward: float | None = None,
-    infrastructure: bool = False,
+    infrastructure: bool = False, group_cancelled: bool = False,
 ) -> RolloutRecord:
     """Return ``record`` moved to ``target``; raise ``Conflict`` if not allowed."""
     if not can_transition(record.state, target):
@@ -46,6 +46,8 @@ def transition(
         changes["reward"] = reward
     if infrastructure:
         changes["infrastructure"] = True
+    if group_cancelled:
+        changes["group_cancelled"] = True
     return msgspec.structs.replace(record, **changes)
 
 

@@ -46,6 +46,8 @@ class RecordCache:
     def __init__(self, *, max_ended: int = MAX_ENDED) -> None:
         if max_ended < 1:
             raise ValueError("RecordCache: max_ended must be >= 1")
+        #: called with each final record as the cache learns it (once per rollout; no I/O)
+        self.on_final: list[Callable[[RolloutRecord], None]] = []
         self._live: dict[str, tuple[RolloutRecord, int]] = {}
         #: ended rollouts -> the revision that ended them, oldest first (bounded by ``max_ended``)
         self._final: OrderedDict[str, int] = OrderedDict()
@@ -112,6 +114,8 @@ class RecordCache:
             self._final[rid] = revision
             self._live.pop(rid, None)
             self._wake(rid, record)
+            for listener in self.on_final:
+                listener(record)
             while len(self._final) > self.max_ended:
                 old, ended_at = self._final.popitem(last=False)
                 if ended_at > self.seen_revision:

@@ -41,13 +41,14 @@ def policy_versions(steps: Sequence[Step]) -> list[str]:
 
 
 def trajectory_reward(final_state: RolloutState, verification: VerificationResult | None,
-                      infrastructure: bool = False) -> float | None:
+                      infrastructure: bool = False, group_cancelled: bool = False) -> float | None:
     """The verifier's reward, whatever the final state (a failed or timed-out rollout that was
     verified keeps what its verifier gave); ``None`` when it has none: an infrastructure outcome
-    (Arena could not run or verify it) or a rollout that ended without being verified (its
-    agent failed, timed out or was cancelled). Never a made-up 0 (docs/trajectory.md)."""
+    (Arena could not run or verify it), a member its group's completion policy cancelled (a
+    verification arriving after that is not counted), or a rollout that ended without being
+    verified (its agent failed, timed out or was cancelled). Never a made-up 0 (docs/trajectory.md)."""
     del final_state  # one meaning whatever the ending: the verifier's, or none
-    if infrastructure or verification is None:
+    if infrastructure or group_cancelled or verification is None:
         return None
     return verification.reward
 
@@ -129,8 +130,9 @@ def assemble(
         group_size=event.group_size,
         final_state=event.to_state,
         reason=event.reason,
-        reward=trajectory_reward(event.to_state, verification, event.infrastructure),
+        reward=trajectory_reward(event.to_state, verification, event.infrastructure, event.group_cancelled),
         infrastructure=event.infrastructure,
+        group_cancelled=event.group_cancelled,
         steps=ordered,
         sandbox=sandbox,
         verification=verification,
@@ -167,21 +169,25 @@ def group_members(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
 def complete_group(trajectories: Iterable[Trajectory], *, allow_partial: bool = False) -> GroupCompleted | None:
     """The ``GroupCompleted`` message once every member ``0..group_size-1`` has a
     trajectory, else ``None``. With ``allow_partial`` (the group timed out), the members
-    present form a ``partial`` group. Deterministic: the same members give the same message."""
-    members = group_members(trajectories)
-    if not members:
+    present form a ``partial`` group. Members cancelled by the group's completion policy
+    (``group_cancelled``) are left out, listed in ``cancelled_indexes``: the group goes out with
+    the others, its rewards and advantages over them. Deterministic: the same members give the
+    same message."""
+    stored = group_members(trajectories)
+    if not stored:
         return None
-    first = members[0]
+    first = stored[0]
     if first.group_id is None:
         return None
     size = first.group_size
-    for t in members:
+    for t in stored:
         if t.group_id != first.group_id or t.group_size != size:
             raise ValueError(f"group {first.group_id}: members disagree on group id or size")
-    present = [t.group_index for t in members]
-    missing = [i for i in range(size) if i not in set(present)]
+    present = {t.group_index for t in stored}
+    missing = [i for i in range(size) if i not in present]
     if missing and not allow_partial:
         return None
+    members = [t for t in stored if not t.group_cancelled]
     rewards = [t.reward for t in members]
     scored = [r for r in rewards if r is not None]
     scored_advantages = iter(group_advantages(scored))
@@ -194,7 +200,8 @@ def complete_group(trajectories: Iterable[Trajectory], *, allow_partial: bool = 
         rewards=rewards,
         advantages=advantages,
         excluded_indexes=[t.group_index for t in members if t.reward is None],
-        completed_at=max(t.completed_at for t in members),
+        completed_at=max(t.completed_at for t in stored),
         partial=bool(missing),
         missing_indexes=missing,
+        cancelled_indexes=[t.group_index for t in stored if t.group_cancelled],
     )
