@@ -126,17 +126,17 @@ def test_first_k_of_n_cancels_the_stragglers_and_publishes_the_group_with_k(stac
 
 def test_a_deadline_cancels_the_unfinished_and_publishes_those_that_finished(stack, tmp_path):
     st, client = stack
-    group = client.submit_group(_slow_when_wrong(tmp_path), n=4, seed=0, deadline_s=10)
+    group = client.submit_group(_slow_when_wrong(tmp_path), n=4, seed=0, deadline_s=6)
     views = [client.wait(rid, timeout=120) for rid in group.rollout_ids]
     assert [v.state.value for v in views] == ["cancelled", "completed", "cancelled", "completed"], \
         [(v.state, v.reason) for v in views]
-    assert "deadline of 10 s after submission passed with 2 of 4 members ended" in views[0].reason
+    assert "deadline of 6 s after submission passed with 2 of 4 members ended" in views[0].reason
     cancelled_at = views[0].history[-1].at
-    assert cancelled_at - views[0].created_at >= 10 - 0.5  # not before the deadline
+    assert cancelled_at - views[0].created_at >= 6 - 0.5  # not before the deadline
 
     published = asyncio.run(_trainer_groups(st, {group.group_id}))[group.group_id]
     assert [t.group_index for t in published.trajectories] == [1, 3] and published.cancelled_indexes == [0, 2]
-    _check_cancelled_members_never_reach_the_trainer(client, published, views, "deadline of 10 s")
+    _check_cancelled_members_never_reach_the_trainer(client, published, views, "deadline of 6 s")
 
 
 def test_a_policy_outside_one_to_n_is_refused(stack):
@@ -148,11 +148,11 @@ def test_a_policy_outside_one_to_n_is_refused(stack):
 
 
 def test_a_rollout_past_its_hard_lifetime_is_ended_and_what_it_holds_reclaimed(stack):
-    """The agent finishes at once, its verification takes 8 s: at 4 s from submission the rollout
+    """The agent finishes at once, its verification takes 6 s: at 4 s from submission the rollout
     is ended (an infrastructure outcome, no reward) and its verification abandoned."""
     _, client = stack
     task = load_task(QUICKSTART)
-    verifier = msgspec.structs.replace(task.verifier, command="sleep 8; " + task.verifier.command)
+    verifier = msgspec.structs.replace(task.verifier, command="sleep 6; " + task.verifier.command)
     budget = msgspec.structs.replace(task.budget, wall_clock_s=4, max_lifetime_s=4)
     task = msgspec.structs.replace(task, id="lifetime", verifier=verifier, budget=budget)
     view = client.wait(client.submit(task).rollout_id, timeout=60)
