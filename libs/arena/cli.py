@@ -248,10 +248,9 @@ def cmd_submit(args) -> int:
 
     task = with_agent(load_task(args.task), scaffold=args.scaffold, model=args.model)
     model = args.model or "default"
+    if (args.first_k is not None or args.deadline is not None) and args.n < 2:
+        raise InvalidRequest("--first-k and --deadline are a group's completion policy: give --n N (N >= 2)")
     with _client(args) as client:
-        if args.first_k is not None or args.deadline is not None:
-            if args.n < 2:
-                raise ArenaError("--first-k and --deadline are a group's completion policy: give --n N (N >= 2)")
         if args.n > 1:
             group = client.submit_group(task, n=args.n, seed=args.seed, model=model, first_k=args.first_k,
                                         deadline_s=args.deadline)

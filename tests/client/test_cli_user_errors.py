@@ -54,6 +54,11 @@ def test_an_llm_script_that_is_not_json_is_named(tmp_path):
     assert "--llm-script script.json is not a script" in line
 
 
+def test_a_completion_policy_without_a_group_is_refused_before_any_call(tmp_path):
+    line = one_line_error(arena("submit", str(QUICKSTART), "--first-k", "2", cwd=tmp_path))
+    assert line.endswith("--first-k and --deadline are a group's completion policy: give --n N (N >= 2)")
+
+
 def test_a_task_path_that_does_not_exist(tmp_path):
     line = one_line_error(arena("submit", "examples/nowhere", cwd=tmp_path))
     assert line.endswith("task file not found: examples/nowhere")
