@@ -169,7 +169,6 @@ async def test_first_k_sweep_cancels_the_rest_marked_and_forgets_the_group():
         after = lifecycle.records[rid]
         assert after.state == S.CANCELLED and after.group_cancelled and after.reward is None
         assert "first 2 of 4" in after.reason
-    assert await policies.sweep(now=0.0) == []
     assert policies.scored == {}  # no live member left: nothing more to decide, the count forgotten
 
 
@@ -221,3 +220,22 @@ async def test_the_reaper_ends_a_verifying_rollout_past_its_lifetime():
     assert await reaper.sweep(now=6.0) == ["r-g-1-0"]
     after = lifecycle.records["r-g-1-0"]
     assert after.state == S.TIMED_OUT and after.infrastructure and "hard lifetime" in after.reason
+
+
+async def test_a_group_that_scores_while_the_sweep_cancels_keeps_its_count():
+    """The sweep awaits each cancel; a group submitted meanwhile whose member already scored is
+    not forgotten with the groups that have no live member left."""
+    lifecycle = FakeLifecycle([member(0, S.COMPLETED, k=1, reward=1.0), member(1, k=1)])
+    policies = GroupPolicies(lifecycle=lifecycle, records=lifecycle)
+    policies.ended(lifecycle.records["r-g-1-0"])
+    cancel = lifecycle.transition
+
+    async def transition(rollout_id, target, **kw):
+        new = [member(0, S.COMPLETED, k=2, reward=0.0, gid="g-2"), member(1, k=2, gid="g-2")]
+        lifecycle.records.update({r.rollout_id: r for r in new})
+        policies.ended(new[0])
+        return await cancel(rollout_id, target, **kw)
+
+    lifecycle.transition = transition
+    assert await policies.sweep(now=0.0) == ["r-g-1-1"]
+    assert policies.scored == {"g-2": {0}}

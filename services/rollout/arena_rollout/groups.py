@@ -136,8 +136,9 @@ class GroupPolicies:
                 if after is not None:
                     cancelled.append(rid)
             log.info("%s: cancelled %d members", item.reason, len(item.rollout_ids), extra={"group_id": item.group_id})
-        # forget the groups with no live member left (nothing more to decide for them)
-        present = {r.group_id for r in live if r.group_id is not None}
+        # forget the groups with no live member left (nothing more to decide for them); read
+        # again after the awaits above: a group submitted meanwhile may have scored already
+        present = {r.group_id for r in self.records.live() if r.group_id is not None}
         for gid in [g for g in self.scored if g not in present]:
             del self.scored[gid]
         return cancelled
