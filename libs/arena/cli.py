@@ -112,6 +112,7 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
     if cluster:
         print(f"NATS cluster of {cluster}: ARENA_NATS_URL={stack.nats_cluster.url} (with a user's credentials) "
               f"(replicas {stack.settings.nats_replicas})")
+    print(_capacity_line(stack.settings))
     print(f"Logs in {stack.data_dir / 'logs'}. Ctrl-C to stop.", flush=True)
     try:
         await stack.supervise(stop)
@@ -119,6 +120,16 @@ async def _up(settings: Settings, llm_script: str | None, cluster: int = 0) -> N
         print("stopping...", flush=True)
         stack.stop()
         print("stopped.")
+
+
+def _capacity_line(settings: Settings) -> str:
+    """How many agents this host holds at once and why, and what the backend is sent at once
+    (docs/performance.md)."""
+    held = settings.sandbox_capacity()
+    return (f"Agents at once: {held.slots} sandboxes on this host ({held.reason}; "
+            f"ARENA_SANDBOX_CONCURRENCY sets it). LLM calls in flight per backend replica: at most "
+            f"{settings.backend_max_inflight} (ARENA_BACKEND_MAX_INFLIGHT, vLLM's --max-num-seqs); "
+            "more wait in the proxy's queue.")
 
 
 def _check_llm_script(path: str) -> None:
