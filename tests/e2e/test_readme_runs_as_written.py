@@ -141,6 +141,12 @@ def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
                             up = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True)
                         _wait_ready(env["ARENA_URL"], up, up_log)
+                        # the banner says how many agents this host holds at once, and why
+                        banner = re.compile(r"Agents at once: \d+ sandboxes on this host \(.*(GiB free|file descriptors)")
+                        until = time.monotonic() + 30
+                        while not banner.search(up_log.read_text()) and time.monotonic() < until:
+                            time.sleep(0.2)
+                        assert banner.search(up_log.read_text()), up_log.read_text()[-3000:]
                         ran.append(command)
                         continue
                     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
