@@ -56,6 +56,17 @@ def test_the_queue_limit_and_the_wall_clock_since_the_agent_started_decide_what_
         "running-late", "short"]
 
 
+def test_time_its_llm_calls_waited_for_a_backend_slot_is_not_the_agents():
+    records = [rec("queued-calls", S.RUNNING, created_at=0.0), rec("no-waits", S.RUNNING, created_at=0.0)]
+    waited = {"queued-calls": 30.0}.get
+    found = overdue(records, now=70.0, grace_s=5.0, off_clock=lambda rid: waited(rid, 0.0))
+    assert [o.rollout_id for o in found] == ["no-waits"]  # 70 s of 60: the other waited 30 s of them
+    assert deadline(records[0], 5.0, off_clock_s=30.0) == 95.0
+    late = overdue(records, now=96.0, grace_s=5.0, off_clock=lambda rid: waited(rid, 0.0))
+    assert late[0].reason == ("wall-clock budget exhausted: 66.0 s of 60 s used since the agent started "
+                              "(besides 30.0 s its LLM calls waited for a backend slot)")
+
+
 class FakeCache:
     def __init__(self, records: list[RolloutRecord], watching: bool = True):
         self.records, self.watching = records, watching

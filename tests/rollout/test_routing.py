@@ -191,3 +191,18 @@ async def test_queue_time_off_the_clock_counts_a_rollouts_parallel_waits_once():
     assert (first.off_clock_ms, second.off_clock_ms) == (2000.0, 3000.0)
     assert held.off_clock_ms == 0.0
     second.release()
+
+
+async def test_a_wait_still_going_is_off_the_clock_when_read_midway():
+    # the reaper reads a rollout's queue time while a call still waits: that wait counts already
+    now = [100.0]
+    router = Router(replicas(1, max_inflight=1), clock=lambda: now[0])
+    held = await router.acquire("a", "default")
+    waiting = asyncio.create_task(router.acquire("b", "default"))
+    await settle()
+    now[0] = 130.0
+    assert router.waiting_s("b") == 30.0 and router.waiting_s("a") == 0.0
+    held.release()
+    slot = await asyncio.wait_for(waiting, 1)
+    assert slot.off_clock_ms == 30000.0 and router.waiting_s("b") == 0.0  # handed to the call
+    slot.release()

@@ -51,7 +51,8 @@ async def main(settings: Settings) -> int:
                       # and fails rollouts stuck verifying past their deadline (no verification worker)
                       asyncio.create_task(Reaper(lifecycle=service, records=store.cache,
                                                  verify_deadline_s=settings.verify_deadline_s,
-                                                 queue_timeout_s=settings.queue_timeout_s).run(stop)),
+                                                 queue_timeout_s=settings.queue_timeout_s,
+                                                 off_clock=service.proxy.off_clock_s).run(stop)),
                       # cancels the members a group's completion policy leaves out (first k, deadline)
                       asyncio.create_task(policies.run(stop))]
         log.info("rollout service listening on %s:%d", settings.host, settings.rollout_port)

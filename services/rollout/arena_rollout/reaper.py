@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -51,13 +51,16 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     only_from: frozenset[RolloutState] = REAPED
 
 
-def deadline(record: RolloutRecord, grace_s: float, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> float:
+def deadline(record: RolloutRecord, grace_s: float, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+             off_clock_s: float = 0.0) -> float:
     """When the reaper ends ``record``: in the queue (``pending``, ``provisioning``) ``queue_timeout_s``
-    after it was created; once its agent runs, its wall-clock budget from then; plus grace."""
+    after it was created; once its agent runs, its wall-clock budget from then, plus the time its LLM
+    calls waited in the proxy's queue for a backend slot (``off_clock_s``: not the agent's time);
+    plus grace."""
     started = agent_started(record) if record.state == S.RUNNING else None
     if started is None:
         return record.created_at + queue_timeout_s + grace_s
-    return started + record.task.budget.wall_clock_s + grace_s
+    return started + record.task.budget.wall_clock_s + max(0.0, off_clock_s) + grace_s
 
 
 def verifier_budget_s(verifier: object) -> float:
@@ -85,8 +88,13 @@ def verify_deadline_s(record: RolloutRecord, deadline_s: float) -> float:
     return max(deadline_s, own + VERIFY_SETUP_S if own else 0.0)
 
 
+def _none_off_clock(rollout_id: str) -> float:
+    return 0.0
+
+
 def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
-            verify_deadline: float = 0.0, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> list[Overdue]:
+            verify_deadline: float = 0.0, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+            off_clock: Callable[[str], float] = _none_off_clock) -> list[Overdue]:
     """The rollouts of ``records`` to end now, oldest first: past their hard lifetime (``lifetime_s``
     from ``created_at``, in any live state: ``timed_out``, an infrastructure outcome), past their
     queue limit (never ran: an infrastructure outcome), past their wall clock since their agent started, or, when
@@ -100,14 +108,17 @@ def overdue(records: Iterable[RolloutRecord], *, now: float, grace_s: float,
                 reason=(f"infrastructure: hard lifetime exceeded: {now - r.created_at:.1f} s since submission "
                         f"(limit {r.lifetime_s:g} s, queue + run + verify) while {r.state.value}; "
                         "its sandbox and verification are abandoned")))
-        elif r.state in REAPED and now > deadline(r, grace_s, queue_timeout_s):
+        elif r.state in REAPED and now > deadline(r, grace_s, queue_timeout_s,
+                                                  off_clock(r.rollout_id) if r.state == S.RUNNING else 0.0):
             started = agent_started(r) if r.state == S.RUNNING else None
             if started is None:  # load, not the policy: an infrastructure outcome with no reward
                 reason = (f"infrastructure: the agent never ran: {now - r.created_at:.1f} s in the queue "
                           f"(limit {queue_timeout_s:g} s) while {r.state.value}")
             else:
-                reason = (f"wall-clock budget exhausted: {now - started:.1f} s of "
-                          f"{r.task.budget.wall_clock_s:g} s used since the agent started")
+                waited = off_clock(r.rollout_id)
+                reason = (f"wall-clock budget exhausted: {now - started - waited:.1f} s of "
+                          f"{r.task.budget.wall_clock_s:g} s used since the agent started"
+                          + (f" (besides {waited:.1f} s its LLM calls waited for a backend slot)" if waited else ""))
             found.append(Overdue(rollout_id=r.rollout_id, state=r.state, reason=reason,
                                  infrastructure=started is None))
         elif r.state == S.VERIFYING and verify_deadline > 0:
@@ -135,10 +146,14 @@ class LiveRecords(Protocol):
 class Reaper:
     def __init__(self, *, lifecycle: Lifecycle, records: LiveRecords, interval_s: float = 1.0,
                  grace_s: float = 5.0, verify_deadline_s: float = 1800.0,
-                 queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S):
+                 queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+                 off_clock: Callable[[str], float] = _none_off_clock):
+        """``off_clock``: seconds a rollout's LLM calls waited in the proxy's queue for a backend slot
+        (the proxy's ``off_clock_s``, this process's), left out of its wall clock."""
         if interval_s <= 0 or grace_s < 0 or verify_deadline_s < 0 or queue_timeout_s <= 0:
             raise ValueError("reaper: interval_s and queue_timeout_s must be > 0, grace_s and verify_deadline_s >= 0")
         self.queue_timeout_s = queue_timeout_s
+        self.off_clock = off_clock
         self.lifecycle = lifecycle
         self.records = records
         self.interval_s = interval_s
@@ -152,7 +167,8 @@ class Reaper:
             return []
         ended: list[str] = []
         items = overdue(self.records.live(), now=time.time() if now is None else now, grace_s=self.grace_s,
-                        verify_deadline=self.verify_deadline_s, queue_timeout_s=self.queue_timeout_s)
+                        verify_deadline=self.verify_deadline_s, queue_timeout_s=self.queue_timeout_s,
+                        off_clock=self.off_clock)
         for item in items:
             after = await self.lifecycle.transition(item.rollout_id, item.target, reason=item.reason,
                                                     only_from=item.only_from,

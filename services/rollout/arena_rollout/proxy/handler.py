@@ -240,7 +240,7 @@ class ProxyHandler:
     def off_clock_s(self, rollout_id: str) -> float:
         """Seconds the rollout's calls waited in this proxy's queue for a backend slot
         (parallel waits counted once): not the agent's time, left out of its wall clock."""
-        return self._off_clock.get(rollout_id, 0.0)
+        return self._off_clock.get(rollout_id, 0.0) + self.router.waiting_s(rollout_id)
 
     async def _admit_budgeted(self, record: RolloutRecord, body: dict[str, Any],
                               api: Api) -> tuple[RolloutRecord, Admission, list[Failover]]:

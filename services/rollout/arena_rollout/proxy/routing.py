@@ -223,6 +223,14 @@ class Router:
         q = self._queue.get(rollout_id)
         return len(q) if q is not None else 0
 
+    def waiting_s(self, rollout_id: str) -> float:
+        """Seconds of the rollout's queue time not yet handed to a call: its calls waiting now
+        (parallel waits counted once), so a wall clock read mid-wait leaves it out too."""
+        clock = self._clocks.get(rollout_id)
+        if clock is None:
+            return 0.0
+        return clock.pending + ((self._now() - clock.since) if clock.waiting else 0.0)
+
     async def acquire(self, rollout_id: str, model: str, tried: Collection[str] = ()) -> Slot:
         """A slot for one call: at once when a replica has one free and no call waits, else
         after the calls ahead in the queue's turn. Raises ``Unavailable`` if no replica
