@@ -36,7 +36,8 @@ PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
     "sandbox": ([*_JETSTREAM, "arena.sandbox.started.>", "arena.sandbox.done.>", "arena.verify.run",
                  _KV.format(subjects.KV_WORKERS), _OBJECTS],
                 ["_INBOX.>", "arena.rollout.state.>", "arena.env.>"]),
-    "verification": ([*_JETSTREAM, "arena.verify.done.>", _OBJECTS], ["_INBOX.>"]),
+    #: a rollout's state events: a verification the rollout no longer wants (it ended) is abandoned
+    "verification": ([*_JETSTREAM, "arena.verify.done.>", _OBJECTS], ["_INBOX.>", "arena.rollout.state.>"]),
     "trajectory": ([*_JETSTREAM, "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
                     "arena.duel.done.>", _KV.format(subjects.KV_API_KEYS), _OBJECTS],
                    ["_INBOX.>"]),

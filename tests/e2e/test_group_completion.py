@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import msgspec
@@ -161,3 +162,15 @@ def test_a_rollout_past_its_hard_lifetime_is_ended_and_what_it_holds_reclaimed(s
     assert view.history[-1].at - view.created_at < 4 + 3
     traj = client.wait_trajectory(view.rollout_id, timeout=30)
     assert traj.final_state.value == "timed_out" and traj.infrastructure and traj.reward is None
+    # the verification it held is abandoned at once (its sandbox killed), not run to its end
+    stack_, _ = stack
+    log = stack_.data_dir / "logs" / "verification.log"
+    until = time.monotonic() + 10
+    while time.monotonic() < until and not _abandoned(log, view.rollout_id):
+        time.sleep(0.2)
+    assert _abandoned(log, view.rollout_id), log.read_text()[-2000:]
+
+
+def _abandoned(log: Path, rollout_id: str) -> bool:
+    return any("verification abandoned" in line and rollout_id in line
+               for line in log.read_text().splitlines()) if log.exists() else False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from nats.js.errors import NotFoundError
 from arena_core import metrics, private, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Permanent, VerificationError
-from arena_core.schemas import VerificationResult, VerifyJob
+from arena_core.schemas import RolloutStateChanged, VerificationResult, VerifyJob
 from arena_core.sources import SourceCache
 from arena_verification import runner
 from arena_verification.plugins import InvalidPlugin
@@ -38,6 +39,7 @@ class _AgentResult(msgspec.Struct):
 
 
 _sandbox_done_decoder = msgspec.json.Decoder(_AgentResult)
+_state_decoder = msgspec.json.Decoder(RolloutStateChanged)
 
 
 class InvalidVerifierRef(InvalidTask):
@@ -78,12 +80,45 @@ class VerificationWorker:
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
 
     async def handle(self, job: VerifyJob, delivery: Delivery) -> None:
-        with telemetry.tracer().start_as_current_span("verification", attributes={
-                "arena.rollout_id": job.rollout_id, "arena.task_id": job.task.id,
-                "arena.delivery": delivery.num_delivered}) as span:
-            result = await self._verify(job, delivery)
-            span.set_attribute("arena.verifier", result.verifier)
-            span.set_attribute("arena.outcome", metrics.verification_outcome(result.reward, result.passed))
+        # A rollout that ends meanwhile (cancelled, its hard lifetime passed, its group's completion
+        # policy) no longer wants this verification: it is abandoned, its sandbox killed, nothing
+        # published. Subscribed before the work starts, so no transition falls in between.
+        ended = asyncio.Event()
+
+        async def on_state(msg) -> None:
+            try:
+                change = _state_decoder.decode(msg.data)
+            except msgspec.DecodeError:
+                return
+            if change.to_state.is_final:
+                ended.set()
+
+        sub = await self.bus.nc.subscribe(subjects.rollout_state(job.rollout_id), cb=on_state)
+        try:
+            with telemetry.tracer().start_as_current_span("verification", attributes={
+                    "arena.rollout_id": job.rollout_id, "arena.task_id": job.task.id,
+                    "arena.delivery": delivery.num_delivered}) as span:
+                work = asyncio.ensure_future(self._verify(job, delivery))
+                stop = asyncio.ensure_future(ended.wait())
+                try:
+                    await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    if not work.done():
+                        work.cancel()
+                if not work.done() or work.cancelled():
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await work  # the verifier's sandbox is killed before this returns
+                    log.info("the rollout ended while it was being verified: verification abandoned",
+                             extra={"rollout_id": job.rollout_id})
+                    span.set_attribute("arena.outcome", "abandoned")
+                    return
+                result = work.result()
+                span.set_attribute("arena.verifier", result.verifier)
+                span.set_attribute("arena.outcome", metrics.verification_outcome(result.reward, result.passed))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _verify(self, job: VerifyJob, delivery: Delivery) -> VerificationResult:
         log.info("verifying (delivery %d)", delivery.num_delivered,
