@@ -132,6 +132,7 @@ class HostSampler:
         self.max_live = 0
         self.cpu: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, start) -> (kind, CPU s)
         self._base: dict[tuple[int, int], float] = {}
+        self.cpu_wait: dict[tuple[int, int], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -153,6 +154,13 @@ class HostSampler:
             if baseline:
                 self._base[key] = table[pid][1]
             self.cpu[key] = (kind, table[pid][1])
+            if kind == "agent":  # schedstat: ns on a CPU, ns runnable but waiting for one
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    self.cpu_wait[key] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+    def agents_cpu_wait(self) -> float:
+        """Seconds the agents were runnable but waiting for a CPU (as last seen), in all."""
+        return sum(self.cpu_wait.values())
 
     def cpu_by_kind(self) -> dict[str, float]:
         out = collections.Counter()
@@ -170,7 +178,11 @@ class HostSampler:
                     (agents if _is_agent(p.name()) else others).append(p)
         now = time.time()
         settled = [_pss(p) for p in agents if now - _created(p, now) > 1.0]  # past its start-up
-        return {"live": len(agents), "agents_pss": sum(_pss(p) for p in agents),
+        nice = None
+        for p in agents[:1]:
+            with contextlib.suppress(psutil.Error):
+                nice = p.nice()
+        return {"live": len(agents), "agents_pss": sum(_pss(p) for p in agents), "agent_nice": nice,
                 "agent_pss_median": statistics.median(settled) if settled else 0,
                 "others_pss": sum(_pss(p) for p in others), "others": len(others),
                 "services_pss": {n: _pss(psutil.Process(pid)) for n, pid in self.services.items()
@@ -209,7 +221,7 @@ def memory_figures(idle: dict, peak: dict | None) -> dict:
     live = peak["live"]
     growth = sum(peak["services_pss"].get(n, 0) - v for n, v in idle["services_pss"].items())
     agent = peak["agent_pss_median"] or peak["agents_pss"] / live
-    return {"live": live, "agent_mb": agent / 2**20, "beyond_agent_mb": (peak["others_pss"] + growth) / live / 2**20,
+    return {"live": live, "agent_nice": peak.get("agent_nice"), "agent_mb": agent / 2**20, "beyond_agent_mb": (peak["others_pss"] + growth) / live / 2**20,
             "per_sandbox_procs_mb": peak["others_pss"] / live / 2**20, "services_growth_mb": growth / live / 2**20,
             "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20,
             "kernel_mb": (peak["kernel"] - idle["kernel"]) / live / 2**20}
@@ -276,9 +288,13 @@ async def run_bare(args, backend: StandInBackend, agent_dir: Path, tmp: Path) ->
             "exit_codes": dict(collections.Counter(codes)), "wall_s": wall,
             "agents_cpu_ms": cpu_s * 1000, "agents_self_cpu_ms": self_ms,
             "agents_polled_cpu_ms": sampler.cpu_by_kind().get("agent", 0.0) * 1000,
+            "agents_cpu_wait_s": sampler.agents_cpu_wait(),
             "exit_cpu_ms": (cpu_s * 1000 - self_ms) / max(1, len(results)),
             "path_ms": path_times(calls, {a: r["calls_ms"] for a, r in results.items()}, {}),
-            "backend": backend_figures(stats, []), "memory": memory_figures(idle, sampler.peak)}
+            "backend": backend_figures(stats, []), "memory": memory_figures(idle, sampler.peak),
+            "phases_s": {"start -> first call": [r["sent"][0] - t0 for r in results.values() if r["sent"]],
+                         "last answer -> all exited": [t0 + wall - r["sent"][-1] - r["calls_ms"][-1] / 1000
+                                                       for r in results.values() if r["sent"]]}}
 
 
 def backend_figures(stats, queued: list[tuple[float, float]]) -> dict:
@@ -406,7 +422,7 @@ async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, 
             "states": dict(states), "reasons": dict(reasons.most_common(5)), "refused_429": dict(refused),
             "memory_refusals": sum(n for r, n in reasons.items() if "memory" in r.lower()), "wall_s": wall,
             "cpu_s": {k: {"own": v[0], "children": v[1]} for k, v in cpu.items()},
-            "polled_cpu_s": sampler.cpu_by_kind(), "idle_cpu_ms_per_s": idle_ms_per_s, "idle_cpu_ms_per_s_by": idle_by,
+            "polled_cpu_s": sampler.cpu_by_kind(), "agents_cpu_wait_s": sampler.agents_cpu_wait(), "idle_cpu_ms_per_s": idle_ms_per_s, "idle_cpu_ms_per_s_by": idle_by,
             "agents_self_cpu_ms": sum(r["cpu_ms"] for r in results.values()), "agents_reported": len(results),
             "path_ms": path_times(calls, {a: r["calls_ms"] for a, r in results.items()}, queued),
             "proxy_own_ms": proxy_own, "queued_ms": list(queued.values()), "ingress_ms": ingress,
@@ -476,6 +492,9 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     ph = arena["phases_s"]
     lines.append(f"{'':34}per rollout, p50 / max s: " + ", ".join(
         f"{k} {pct(v, 50):.2f} / {max(v):.2f}" for k, v in ph.items() if v))
+    if bare:
+        lines.append(f"{'':34}bare, p50 / max s: " + ", ".join(
+            f"{k} {pct(v, 50):.2f} / {max(v):.2f}" for k, v in b["phases_s"].items() if v))
     lines.append(f"{'':34}ideal: the slowest agent's LLM time {ideal_['slowest_agent_s']:.1f} s (arena "
                  f"{ratio(arena['wall_s'], ideal_['slowest_agent_s'])}, bare "
                  f"{ratio(b['wall_s'], ideal_['slowest_agent_s']) if bare else '-'}); the backend's bound "
@@ -498,6 +517,8 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     row("agents' own CPU / rollout", agents_ms / max(1, arena["agents_reported"]),
         bare_agents / n if bare else None, f"ms (self-reported + {exit_ms:.1f} ms exit from the bare run; "
         f"sampled {polled.get('agent', 0) * 1000 / n:.1f})")
+    row("agents' wait for a CPU / rollout", arena["agents_cpu_wait_s"] / n, b["agents_cpu_wait_s"] / n if bare else None,
+        "s (runnable, not running: /proc/<pid>/schedstat as last sampled)", ".2f")
     parts = ", ".join(f"{k} {(v['own']) * 1000 / n:.1f}" + (f" (+children {v['children'] * 1000 / n:.1f})"
                                                              if v["children"] * 1000 / n >= 0.05 else "")
                       for k, v in sorted(cpu.items(), key=lambda kv: -(kv[1]["own"] + kv[1]["children"])))
@@ -536,7 +557,8 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
             "MB (slab, kernel stacks, page tables; the host's, so others' work shows too)", ".2f")
         row("host MemAvailable drop beyond agent", ma["host_beyond_agent_mb"], mb.get("host_beyond_agent_mb"),
             "MB per live agent (kernel objects included; noisy on a shared host)", ".2f")
-    lines.append(f"{'':34}most live sandboxes seen: {arena['max_live']}")
+    lines.append(f"{'':34}most live sandboxes seen: {arena['max_live']}; the agents' nice level: arena "
+                 f"{ma.get('agent_nice')}, bare {mb.get('agent_nice')}")
     return lines
 
 
