@@ -1,6 +1,7 @@
 """Admission holds under concurrency: 300 rollouts fired at once as 75 concurrent group POSTs
 of 4, at a cold start, against the real stack (nats-server, the four services, bubblewrap
-sandboxes, the default sandbox slots) with a short queue limit. What the queue cannot start in
+sandboxes, 8 sandbox slots: fewer than a host sized from memory has, so the queue must hold
+back most of the burst) with a short queue limit. What the queue cannot start in
 time is refused with 429 and Retry-After, and none of what was admitted expires in the queue.
 Before the fix every POST read the same empty queue and all 300 were admitted."""
 
@@ -36,7 +37,7 @@ async def test_300_rollouts_at_once_get_429s_and_none_expires_in_the_queue(tmp_p
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"), rollout_port=rp,
                         trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rp}", auth="keys",
                         backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0",
-                        queue_timeout_s=QUEUE_TIMEOUT_S)
+                        queue_timeout_s=QUEUE_TIMEOUT_S, sandbox_concurrency=8)
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     await stack.start()
     try:
