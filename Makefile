@@ -102,18 +102,23 @@ demo-openenv: venv
 ## the whole suite: unit, integration (real NATS, real sandboxes), end-to-end (services as processes),
 ## mini-swe-agent end to end on the local provider (its virtualenv builds in the background while the
 ## first tests run: tests/conftest.py); the other scaffolds' end-to-end tests are `make test-agents`
-## Two pytest processes side by side: most tests wait on processes and sockets, so one process leaves a
-## core idle. The stack-heavy directories in one (its log printed after), the rest (where the docker engine
-## and its images are set up) in the other; `make test-serial` runs them as one process.
+## Three pytest processes side by side: most tests wait on processes and sockets, so one process leaves
+## the cores idle. The end-to-end directory in one, the other stack-heavy directories in another (their
+## logs printed after, each with its slowest tests), the rest (where the docker engine and its images are
+## set up) in the third; `make test-serial` runs them as one process.
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
-TEST_STACKS  := tests/e2e tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl
+TEST_E2E     := tests/e2e
+TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl
 TEST_REST    := tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory tests/rollout
+TEST_FLAGS   := -q -p no:cacheprovider --durations=8 $(TEST_IGNORES)
 test: venv
-	@mkdir -p .arena && log=.arena/test-stacks.log; \
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(TEST_IGNORES) $(TEST_STACKS) > $$log 2>&1 & stacks=$$!; \
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(TEST_IGNORES) $(TEST_REST); rest=$$?; \
-	wait $$stacks; code=$$?; echo "== $(TEST_STACKS)"; cat $$log; \
-	test $$rest -eq 0 && test $$code -eq 0
+	@mkdir -p .arena && e2e=.arena/test-e2e.log && stacks=.arena/test-stacks.log; \
+	$(VENV)/bin/pytest $(TEST_FLAGS) $(TEST_E2E) > $$e2e 2>&1 & e2e_pid=$$!; \
+	$(VENV)/bin/pytest $(TEST_FLAGS) $(TEST_STACKS) > $$stacks 2>&1 & stacks_pid=$$!; \
+	$(VENV)/bin/pytest $(TEST_FLAGS) $(TEST_REST); rest=$$?; \
+	wait $$e2e_pid; e2e_code=$$?; wait $$stacks_pid; stacks_code=$$?; \
+	echo "== $(TEST_E2E)"; cat $$e2e; echo "== $(TEST_STACKS)"; cat $$stacks; \
+	test $$rest -eq 0 && test $$e2e_code -eq 0 && test $$stacks_code -eq 0
 
 test-serial: venv
 	$(VENV)/bin/pytest -q $(TEST_IGNORES)
