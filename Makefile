@@ -105,10 +105,12 @@ demo-openenv: venv
 ## Three pytest processes side by side: most tests wait on processes and sockets, so one process leaves
 ## the cores idle. The end-to-end directory in one, the other stack-heavy directories in another (their
 ## logs printed after, each with its slowest tests), the rest (where the docker engine and its images are
-## set up) in the third; `make test-serial` runs them as one process.
+## set up) in the third; `make test-serial` runs them as one process. mini-swe-agent's end-to-end tests
+## run last in the second: its virtualenv builds in the background meanwhile (tests/conftest.py).
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
-TEST_E2E     := tests/e2e
-TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl
+MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
+TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
+TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
 TEST_REST    := tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory tests/rollout
 TEST_FLAGS   := -q -p no:cacheprovider --durations=8 $(TEST_IGNORES)
 test: venv

@@ -144,7 +144,7 @@ class Proxy:
         await self.service.proxy.drain()
         sub = await self.bus.js.pull_subscribe(subjects.step(rid), stream="ARENA_STEPS")
         out: list[Step] = []
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # generous: a loaded machine delays the steps' stream
         while len(out) < n and time.monotonic() < deadline:
             try:
                 msgs = await sub.fetch(batch=50, timeout=0.5)
