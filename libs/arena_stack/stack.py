@@ -48,6 +48,17 @@ SERVICES = (
 )
 
 
+def free_port_settings(data_dir: Path | str, **overrides) -> Settings:
+    """Settings of a stack on free ports of this machine (NATS, the rollout API and proxy, the
+    trajectory API, a scripted backend's address), its data under ``data_dir``: what tests and
+    benchmarks start beside others. ``overrides``: any other settings."""
+    rollout_port = overrides.pop("rollout_port", None) or free_port()
+    base = dict(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(data_dir), rollout_port=rollout_port,
+                trajectory_port=free_port(), public_url=f"http://127.0.0.1:{rollout_port}",
+                backend_url=f"http://127.0.0.1:{free_port()}/v1", backend_policy_version="0")
+    return Settings(**{**base, **overrides})
+
+
 #: A child (nats-server included) that fails again after ``MAX_RESTARTS`` restarts within
 #: ``RESTART_WINDOW_S`` seconds stops the stack (``Stack.supervise`` raises ``StackError`` with
 #: its last log lines; ``arena up`` exits non-zero) instead of restarting forever.

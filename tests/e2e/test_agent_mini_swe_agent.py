@@ -25,9 +25,7 @@ from arena.tasks import load_task
 from arena_core.bus import Bus
 from arena_core.scaffolds import install
 from arena_core.schemas import AgentSpec, Budget, PathSource, SamplingParams, ScaffoldSpec, Task, Trajectory
-from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
-from arena_stack.stack import Stack
+from arena_stack.stack import Stack, free_port_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -86,17 +84,7 @@ def stack(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-mini")
     script = data_dir / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    settings = Settings(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        data_dir=str(data_dir),
-        rollout_port=(rp := free_port()),
-        trajectory_port=free_port(),
-        public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1",
-        backend_policy_version="0",
-        sandbox_concurrency=2,
-        verify_concurrency=2,
-    )
+    settings = free_port_settings(data_dir, sandbox_concurrency=2, verify_concurrency=2)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ARENA_SCAFFOLDS_DIR", str(SCAFFOLDS))  # the sandbox service reads it at start
         stack = Stack(settings, llm_script=script, nats_sync="1s", log=lambda m: None)

@@ -16,9 +16,7 @@ from arena.sdk import ArenaClient
 from arena.stream import TrajectoryStream
 from arena.tasks import load_task
 from arena_core.schemas import GroupCompleted
-from arena_core.settings import Settings
-from arena_stack.natsserver import free_port
-from arena_stack.stack import Stack
+from arena_stack.stack import Stack, free_port_settings
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
@@ -44,17 +42,7 @@ sys.exit(agent.main())
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-groups")
-    settings = Settings(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        data_dir=str(data_dir),
-        rollout_port=(rp := free_port()),
-        trajectory_port=free_port(),
-        public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1",
-        backend_policy_version="0",
-        sandbox_concurrency=4,
-        verify_concurrency=3,
-    )
+    settings = free_port_settings(data_dir, sandbox_concurrency=4, verify_concurrency=3)
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
     try:

@@ -11,10 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena_stack.natsserver import free_port
 from arena.sdk import ArenaClient
-from arena_core.settings import Settings
-from arena_stack.stack import Stack
+from arena_stack.stack import Stack, free_port_settings
 from arena.tasks import load_task
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
@@ -39,17 +37,7 @@ def processes_mentioning(marker: str) -> list[int]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-e2e")
-    settings = Settings(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        data_dir=str(data_dir),
-        rollout_port=(rp := free_port()),
-        trajectory_port=free_port(),
-        public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1",
-        backend_policy_version="0",
-        sandbox_concurrency=4,
-        verify_concurrency=2,
-    )
+    settings = free_port_settings(data_dir, sandbox_concurrency=4, verify_concurrency=2)
     stack = Stack(settings, llm_script=QUICKSTART / "llm_script.json", nats_sync="1s", log=lambda m: None)
     asyncio.run(stack.start())
     pids = [c.pid for c in stack.children] + [stack.nats.proc.pid]

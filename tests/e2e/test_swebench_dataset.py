@@ -20,11 +20,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from arena_stack.natsserver import free_port
 from arena_core.schemas import AgentSpec, Task
 from arena.sdk import ArenaClient
-from arena_core.settings import Settings
-from arena_stack.stack import Stack
+from arena_stack.stack import Stack, free_port_settings
 
 DATASET = Path(__file__).resolve().parents[2] / "examples" / "swebench-mini"
 
@@ -34,17 +32,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("arena-swebench")
-    settings = Settings(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        data_dir=str(data_dir),
-        rollout_port=(rp := free_port()),
-        trajectory_port=free_port(),
-        public_url=f"http://127.0.0.1:{rp}",
-        backend_url=f"http://127.0.0.1:{free_port()}/v1",
-        sandbox_concurrency=4,
-        verify_concurrency=2,
-        allow_host_paths=False,
-    )
+    settings = free_port_settings(data_dir, backend_policy_version="", sandbox_concurrency=4, verify_concurrency=2,
+                                  allow_host_paths=False)
     stack = Stack(settings, nats_sync="1s", log=lambda m: None, separate_data_dirs=True)
     asyncio.run(stack.start())
     try:
