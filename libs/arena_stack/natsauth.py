@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import string
 import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -80,9 +81,16 @@ ROUTE_USER = "route"
 CREDENTIALS_FILE = "nats-users.json"
 
 
+def new_password() -> str:
+    """A random password that starts with a letter: nats-server parses the value of a variable
+    reference (``password: $ARENA_NATS_ROLLOUT_PASSWORD``, compose and Kubernetes) as a token,
+    and one starting with a digit as a number ("Expected a digit but got 'i'"): it refuses to start."""
+    return secrets.choice(string.ascii_letters) + secrets.token_urlsafe(18)
+
+
 def passwords() -> dict[str, str]:
     """A fresh password per user, and one for a cluster's routes (``ROUTE_USER``)."""
-    return {user: secrets.token_urlsafe(18) for user in [*PERMISSIONS, ROUTE_USER]}
+    return {user: new_password() for user in [*PERMISSIONS, ROUTE_USER]}
 
 
 def load_or_create(path: Path) -> dict[str, str]:

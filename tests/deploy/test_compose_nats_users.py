@@ -27,6 +27,14 @@ def test_the_configuration_holds_natsauths_users_with_passwords_from_the_environ
     assert natsauth.authorization_block(from_env=True) in CONF.read_text()
 
 
+def test_generated_passwords_start_with_a_letter_so_nats_server_reads_them_as_strings():
+    # nats-server parses a variable reference's value as a token: one starting with a digit as a
+    # number ("Expected a digit but got 'i'"), and refuses to start (a 1-in-6 chance per password)
+    drawn = [pw for _ in range(300) for pw in natsauth.passwords().values()]
+    assert all(pw[0].isascii() and pw[0].isalpha() and len(pw) >= 24 for pw in drawn)
+    assert len(set(drawn)) == len(drawn)
+
+
 def test_compose_requires_every_password_and_gives_each_service_its_own_user():
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     nats_env = compose["services"]["nats"]["environment"]
