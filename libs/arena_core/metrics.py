@@ -135,6 +135,31 @@ class QueueDepths(Collector):
         yield acking
 
 
+class BackendLoad(Collector):
+    """The proxy's hold on its backends, read at scrape time from ``snapshot``: per replica the
+    calls in flight (``arena_backend_inflight``) and its declared bound
+    (``arena_backend_max_inflight``), and the calls waiting in the proxy's queue for a slot
+    (``arena_proxy_queued_calls``). ``snapshot()`` returns ``([(replica_id, inflight, limit), ...],
+    queued)``; no I/O."""
+
+    def __init__(self, snapshot: Callable[[], tuple[Sequence[tuple[str, int, int]], int]]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        replicas, queued = self.snapshot()
+        inflight = GaugeMetricFamily("arena_backend_inflight", "LLM calls this proxy has in flight at a backend "
+                                     "replica.", labels=["replica"])
+        bound = GaugeMetricFamily("arena_backend_max_inflight", "The most calls this proxy sends a backend replica "
+                                  "at once (its declared max_inflight).", labels=["replica"])
+        for replica, held, limit in sorted(replicas):
+            inflight.add_metric([replica], held)
+            bound.add_metric([replica], limit)
+        yield inflight
+        yield bound
+        yield GaugeMetricFamily("arena_proxy_queued_calls", "LLM calls waiting in this proxy's queue for a backend "
+                                "slot.", value=queued)
+
+
 #: The metrics each service serves.
 SERVICE_METRICS: dict[str, tuple[Collector, ...]] = {
     "rollout": (ROLLOUT_TRANSITIONS, ROLLOUTS_QUEUED, PROXY_CALLS, PROXY_TOKENS, PROXY_LATENCY, PROXY_FIRST_TOKEN),

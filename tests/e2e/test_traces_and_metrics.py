@@ -195,6 +195,9 @@ def test_a_rollout_is_one_trace_and_every_service_counts_it(tmp_path, receiver, 
         assert total(rollout["arena_proxy_first_token_seconds"], "arena_proxy_first_token_seconds_count") >= 1
         assert total(rollout["arena_rollout_transitions"], "arena_rollout_transitions_total", state="completed") >= 1
         assert "arena_rollouts_queued" in rollout
+        # the proxy's hold on its backend: its bound, what is in flight now (nothing), the queue
+        assert [(s.labels, s.value) for s in rollout["arena_backend_max_inflight"]] == [({"replica": "default"}, 64)]
+        assert [s.value for s in rollout["arena_backend_inflight"]] == [0] and "arena_proxy_queued_calls" in rollout
         sandbox = scrape(f"{host}:{stack.settings.sandbox_health_port}/metrics")
         assert [s.labels for s in sandbox["arena_sandboxes_in_flight"]] == [{"provider": "local"}]
         assert total(sandbox["arena_sandbox_runs"], "arena_sandbox_runs_total", outcome="completed") >= 1

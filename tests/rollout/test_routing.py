@@ -206,3 +206,23 @@ async def test_a_wait_still_going_is_off_the_clock_when_read_midway():
     slot = await asyncio.wait_for(waiting, 1)
     assert slot.off_clock_ms == 30000.0 and router.waiting_s("b") == 0.0  # handed to the call
     slot.release()
+
+
+async def test_the_metrics_see_each_replicas_calls_in_flight_its_bound_and_the_queue():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from arena_core import metrics
+
+    router = Router(replicas(2, max_inflight=1))
+    held = [await router.acquire("a", "default") for _ in range(2)]
+    waiting = asyncio.create_task(router.acquire("b", "default"))
+    await settle()
+    registry = CollectorRegistry()
+    registry.register(metrics.BackendLoad(router.load_snapshot))
+    text = generate_latest(registry).decode()
+    assert 'arena_backend_inflight{replica="r0"} 1.0' in text and 'arena_backend_inflight{replica="r1"} 1.0' in text
+    assert 'arena_backend_max_inflight{replica="r0"} 1.0' in text and "arena_proxy_queued_calls 1.0" in text
+    held[0].release()
+    (await asyncio.wait_for(waiting, 1)).release()
+    held[1].release()
+    assert router.load_snapshot() == ([("r0", 0, 1), ("r1", 0, 1)], 0)

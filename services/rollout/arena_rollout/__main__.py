@@ -59,7 +59,7 @@ async def main(settings: Settings) -> int:
         app, keys = apikeys.protect(create_app(service), bus, auth=settings.auth, host=settings.host)
         results = consumers(bus, service)
         queues = metrics.QueueDepths(bus.js, [(c.stream, c.durable) for c in results])
-        metrics.install("rollout", queues)
+        metrics.install("rollout", queues, metrics.BackendLoad(router.load_snapshot))
         metrics.ROLLOUTS_QUEUED.set_function(service.queued)
         app = metrics.metrics_route(app, refresh=[queues.refresh])  # outside the key guard: scrapers carry none
         # the proxy-only port: the same app (same proxy state) behind a filter; what agents reach

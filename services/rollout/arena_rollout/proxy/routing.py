@@ -219,6 +219,10 @@ class Router:
         """Calls waiting for a slot."""
         return sum(len(q) for q in self._queue.values())
 
+    def load_snapshot(self) -> tuple[list[tuple[str, int, int]], int]:
+        """Per replica (id, calls in flight, limit), and the calls queued: the metrics' view."""
+        return [(s.id, s.inflight, s.limit) for s in self.replicas.values()], self.queued
+
     def queued_for(self, rollout_id: str) -> int:
         q = self._queue.get(rollout_id)
         return len(q) if q is not None else 0
