@@ -311,6 +311,7 @@ class DockerProvider:
     """Containers on the Docker-API engine at ``base_url`` ("" = the environment's)."""
 
     name = "docker"
+    uses_host_memory = True
 
     def __init__(self, *, data_dir: Path, owner: str, base_url: str = "", default_image: str = DEFAULT_IMAGE,
                  nice: int = 0):

@@ -701,6 +701,7 @@ class KubernetesProvider:
     """Pods in ``config.namespace`` through the Kubernetes API (in-cluster or a kubeconfig)."""
 
     name = "kubernetes"
+    uses_host_memory = False
 
     def __init__(self, *, owner: str, config: KubernetesConfig = KubernetesConfig(),
                  default_image: str = DEFAULT_IMAGE, max_wall_clock_s: int = 86400, nice: int = 0):

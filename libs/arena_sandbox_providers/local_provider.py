@@ -173,6 +173,7 @@ class LocalProvider:
     """Bubblewrap sandboxes under ``<data_dir>/sandboxes/<owner>/``."""
 
     name = "local"
+    uses_host_memory = True
 
     def __init__(self, *, data_dir: Path, owner: str, use_cgroups: bool = True, scaffolds_dir=_DEFAULT,
                  nice: int = 0):

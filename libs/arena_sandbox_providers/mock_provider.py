@@ -62,6 +62,7 @@ class MockSandbox:
 
 class MockProvider:
     name = "mock"
+    uses_host_memory = False
 
     async def health(self) -> str | None:
         return None

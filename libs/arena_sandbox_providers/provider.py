@@ -123,6 +123,10 @@ class Sandbox(Protocol):
 @runtime_checkable
 class SandboxProvider(Protocol):
     name: str
+    #: Whether its sandboxes take this host's memory (local, docker): the worker then starts one
+    #: only while the host keeps its reserve free (:mod:`arena_core.capacity`). Kubernetes pods run
+    #: on the cluster's nodes; mock sandboxes run nothing.
+    uses_host_memory: bool
 
     async def health(self) -> str | None:
         """``None`` when sandboxes can be created here, else the reason."""

@@ -146,7 +146,8 @@ class SandboxWorker:
         """Wait until the host has more than ``ARENA_SANDBOX_MEMORY_RESERVE_MB`` free, so agents heavier
         than the slots' budget are held back by memory (docs/performance.md); false if the worker stops
         meanwhile. A rollout cancelled meanwhile goes on to its (skipped) run."""
-        if self.name in ("mock", "kubernetes") or capacity.memory_free_for_sandboxes(self.settings.sandbox_memory_reserve_mb):
+        if not self.provider.uses_host_memory or capacity.memory_free_for_sandboxes(
+                self.settings.sandbox_memory_reserve_mb):
             return True
         log.warning("less than %d MiB of memory free: the sandbox waits for memory",
                     self.settings.sandbox_memory_reserve_mb, extra={"rollout_id": rid})
