@@ -16,7 +16,7 @@ from typing import get_args
 
 import msgspec
 
-from arena import endpoints
+from arena import endpoints, formats
 from arena.endpoints import LOCAL_KEY_FILE
 from arena_core.errors import ArenaError, InvalidRequest, Unauthorized
 from arena_core.schemas import RolloutState, ScaffoldName
@@ -585,21 +585,15 @@ def build_parser() -> argparse.ArgumentParser:
                          help="upload a directory as a content-addressed bundle; prints its digest")
     q.add_argument("dir")
     q.set_defaults(func=cmd_tasks_push)
-    q = tasks.add_parser("import", parents=[stack], help="turn a SWE-bench-format dataset into task files")
-    q.add_argument("format", choices=["swebench"])
-    q.add_argument("file", help="JSONL, JSON or Parquet rows (instance_id, repo, base_commit, patch, test_patch, "
-                                "FAIL_TO_PASS, PASS_TO_PASS, ...)")
-    q.add_argument("--out", required=True, help="directory for <instance_id>.json and gold/<instance_id>.patch")
-    q.add_argument("--mirrors", help="directory of local mirrors: owner__name.bundle, owner__name.git or owner__name/")
-    q.add_argument("--image", help="tasks run in this image holding the repository (a row's image_name wins)")
-    q.add_argument("--image-path", default="/testbed", help="the repository's directory in the image")
-    q.add_argument("--command", default="python -m pytest -rA -p no:cacheprovider {test_files}",
-                   help="test command; {test_files} = the files the test patch touches (default %(default)r)")
-    q.add_argument("--specs", help="JSON of per-repository test commands: {\"owner/name\": {\"test_cmd\": ..., "
-                                   "\"test_files\": [...]}} (or keyed by version under the repository)")
-    q.add_argument("--agent-command", help="the agent (sh -c) every task runs; default: none yet")
-    q.add_argument("--test-timeout", type=float, default=900.0)
-    q.set_defaults(func=cmd_tasks_import)
+    q = tasks.add_parser("import", parents=[stack], help="turn a dataset into task files: "
+                                                         + ", ".join(formats.names()))
+    importers = q.add_subparsers(dest="format", required=True, metavar="FORMAT",
+                                 parser_class=_Parser)
+    for name in formats.names():
+        module = formats.load(name)
+        r = importers.add_parser(name, parents=[stack], help=module.SUMMARY, description=module.SUMMARY)
+        module.add_arguments(r)
+        r.set_defaults(func=cmd_tasks_import)
     q = tasks.add_parser("validate", parents=[stack],
                          help="gold patch must score 1, empty patch 0 (through the running stack)")
     q.add_argument("path", help="an import's output directory, or one task file")
@@ -752,41 +746,8 @@ def cmd_tasks_push(args) -> int:
 
 
 def cmd_tasks_import(args) -> int:
-    import tempfile
-
-    from arena import datasets
-    from arena_core.errors import InvalidRequest
-    from arena_core.schemas import AgentSpec, BundleSource, encode
-
-    rows = datasets.read_rows(args.file)
-    specs = datasets.read_specs(args.specs)
-    out = Path(args.out)
-    (out / "gold").mkdir(parents=True, exist_ok=True)
-    agent = AgentSpec(command=["sh", "-c", args.agent_command]) if args.agent_command else datasets.UNSET_AGENT
-    from arena.progress import WaitProgress
-
-    with _client(args) as client, WaitProgress(len(rows), "import") as progress:
-        for i, row in enumerate(rows, 1):
-            if args.image or row.image_name:
-                source = datasets.image_source(row, args.image or "", args.image_path)
-            else:
-                if not args.mirrors:
-                    raise InvalidRequest(f"{row.instance_id}: give --mirrors (local repositories) or --image")
-                mirror = datasets.mirror_of(Path(args.mirrors), row.repo)
-                with tempfile.TemporaryDirectory(prefix="arena-import-") as tmp:
-                    datasets.checkout(mirror, row.base_commit, Path(tmp) / "repo")
-                    source = BundleSource(digest=client.push_bundle(Path(tmp) / "repo"))
-            spec = datasets.spec_for(specs, row, args.command)
-            task = datasets.to_task(row, source=source, command=spec.test_cmd, agent=agent,
-                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files)
-            (out / f"{row.instance_id}.json").write_bytes(msgspec.json.format(encode(task)) + b"\n")
-            (out / "gold" / f"{row.instance_id}.patch").write_text(row.patch)
-            print(f"[{i}/{len(rows)}] {row.instance_id}: {len(task.verifier.fail_to_pass)} FAIL_TO_PASS, "
-                  f"{len(task.verifier.pass_to_pass)} PASS_TO_PASS, source {source.__struct_config__.tag}",
-                  flush=True)
-            progress.finished(row.instance_id, "completed")
-    print(f"wrote {len(rows)} task(s) to {out}")
-    return 0
+    """``arena tasks import FORMAT ...``: the format's module (:mod:`arena.formats`) does the import."""
+    return formats.load(args.format).run(args, lambda: _client(args))
 
 
 def _shown_reward(view) -> str:
