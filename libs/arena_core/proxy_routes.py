@@ -11,14 +11,16 @@ import re
 from arena_core.schemas import valid_id
 
 #: The proxy routes an agent may call, below its rollout's prefix (``/proxy/{rollout_id}``):
-#: the three LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize -- the
-#: ``/proxy/{rollout_id}/...`` routes of arena_rollout/app.py. A route added there is refused
-#: to agents until it is added here.
+#: the LLM APIs, Anthropic's token count, the model list and vLLM's (de)tokenize -- the
+#: ``/proxy/{rollout_id}/...`` routes of arena_rollout/app.py (the Gemini API's, whose path
+#: names a model, in :data:`GEMINI`). A route added there is refused to agents until it is
+#: added here.
 ROUTES: frozenset[tuple[bytes, str]] = frozenset({
     (b"POST", "/v1/chat/completions"),
     (b"POST", "/v1/completions"),
     (b"POST", "/v1/messages"),
     (b"POST", "/v1/messages/count_tokens"),
+    (b"POST", "/v1/responses"),
     (b"GET", "/v1/models"),
     (b"POST", "/tokenize"),
     (b"POST", "/v1/tokenize"),
@@ -26,9 +28,12 @@ ROUTES: frozenset[tuple[bytes, str]] = frozenset({
     (b"POST", "/v1/detokenize"),
 })
 
+#: The Gemini API's routes (POST): ``/v1beta/models/{model}:{method}``, also under ``/v1/``.
+GEMINI = re.compile(r"/v1(?:beta)?/models/[A-Za-z0-9_.-]+:(?:generateContent|streamGenerateContent|countTokens)")
+
 #: An origin-form target of plain path characters and an optional query: no percent-encoding,
 #: no absolute form, no ``*``, no fragment; ``.`` and ``..`` segments never equal a route.
-_TARGET = re.compile(rb"(/[A-Za-z0-9_./-]*)(?:\?[\x21-\x7e]*)?")
+_TARGET = re.compile(rb"(/[A-Za-z0-9_./:-]*)(?:\?[\x21-\x7e]*)?")
 _PREFIX = "/proxy/"
 
 
@@ -45,7 +50,9 @@ def route_of(method: bytes, target: bytes, prefix: str) -> str | None:
     if path is None or not path.startswith(prefix + "/"):
         return None
     route = path[len(prefix):]
-    return route if (method, route) in ROUTES else None
+    if (method, route) in ROUTES or (method == b"POST" and GEMINI.fullmatch(route)):
+        return route
+    return None
 
 
 def rollout_route_of(method: bytes, target: bytes) -> tuple[str, str] | None:

@@ -972,7 +972,11 @@ class Step(Base, kw_only=True):
 
     rollout_id: str
     step_index: int
-    api: Literal["openai.chat", "openai.completions", "anthropic.messages"] = "openai.chat"
+    #: The client API the agent called (every one is sent to the backend as OpenAI chat or
+    #: completions): ``openai.chat``, ``openai.completions``, ``openai.responses``,
+    #: ``anthropic.messages`` or ``gemini.generate_content`` (docs/rollout.md).
+    api: Literal["openai.chat", "openai.completions", "openai.responses", "anthropic.messages",
+                 "gemini.generate_content"] = "openai.chat"
     model: str
     backend: str
     policy_version: str | None = None

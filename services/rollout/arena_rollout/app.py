@@ -12,6 +12,7 @@ import os
 import re
 import time
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 import msgspec
 from fastapi import FastAPI, Path, Query, Request
@@ -38,8 +39,9 @@ from arena_core.schemas import (
 )
 
 from arena_rollout import openenv_routes
-from arena_rollout.proxy import errors
+from arena_rollout.proxy import errors, gemini
 from arena_rollout.proxy.delivery import Delivery, Orphan, Orphans
+from arena_rollout.proxy.flavours import error_flavor
 from arena_rollout.proxy.handler import Relay
 from arena_rollout.proxy.policy import Api
 from arena_rollout.service import RolloutService, view
@@ -267,8 +269,7 @@ def create_app(service: RolloutService) -> RolloutApp:
 
     @app.get("/proxy/{rollout_id}/v1/models", responses={200: openapi.answer(obj), **openapi.api_errors(400, 401, 404)})
     async def proxy_models(request: Request, rollout_id: str = rid) -> Response:
-        record = await service.authorize(rollout_id, request.headers.get("authorization"),
-                                         request.headers.get("x-api-key"))
+        record = await authorize(service, rollout_id, request)
         return json_response(models_answer(service.models_of(record), record.created_at))
 
     @app.post("/proxy/{rollout_id}/v1/messages/count_tokens", responses={200: openapi.answer(obj),
@@ -276,14 +277,24 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_count_tokens(request: Request, rollout_id: str = rid) -> Response:
         """Anthropic's token count of a Messages request, by the backend that serves the
         rollout (its ``/tokenize``); not a step and not counted against any budget."""
-        record = await service.authorize(rollout_id, request.headers.get("authorization"),
-                                         request.headers.get("x-api-key"))
+        record = await authorize(service, rollout_id, request)
         payload = _payload(await read_body(request, limit))
         return json_response({"input_tokens": await service.proxy.count_tokens(record, payload)})
 
+    @app.post("/proxy/{rollout_id}/v1beta/models/{model}:countTokens", responses={200: openapi.answer(obj),
+              **openapi.api_errors(400, 401, 404, 413, 502, 503)}, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_gemini_count_tokens(request: Request, rollout_id: str = rid, model: str = Path(...)) -> Response:
+        """The Gemini API's ``countTokens`` (``contents`` or a ``generateContentRequest``), by the
+        backend that serves the rollout (its ``/tokenize``); not a step. Also under ``/v1/``."""
+        record = await authorize(service, rollout_id, request)
+        payload = gemini.route_payload(_payload(await read_body(request, limit)), model=model, stream=False, sse=False)
+        return json_response({"totalTokens": await service.proxy.count_tokens(record, payload,
+                                                                              "gemini.generate_content")})
+
+    app.post("/proxy/{rollout_id}/v1/models/{model}:countTokens", include_in_schema=False)(proxy_gemini_count_tokens)
+
     async def passthrough(request: Request, rollout_id: str, what: str) -> Response:
-        record = await service.authorize(rollout_id, request.headers.get("authorization"),
-                                         request.headers.get("x-api-key"))
+        record = await authorize(service, rollout_id, request)
         payload = _payload(await read_body(request, limit))
         status, data = await service.proxy.passthrough(record, what, payload)
         return Response(data, status_code=status, media_type="application/json")
@@ -314,6 +325,28 @@ def create_app(service: RolloutService) -> RolloutApp:
     async def proxy_messages(request: Request, rollout_id: str = rid) -> Response:
         return await proxied(service, rollout_id, request, "anthropic.messages")
 
+    @app.post("/proxy/{rollout_id}/v1/responses", responses=llm, openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_responses(request: Request, rollout_id: str = rid) -> Response:
+        """The OpenAI Responses API, translated to the backend's chat completions (docs/rollout.md)."""
+        return await proxied(service, rollout_id, request, "openai.responses")
+
+    gemini_answer = {200: {"description": "the answer as JSON, or as server-sent events (?alt=sse) or a JSON array",
+                           "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": sse}}},
+                     **openapi.api_errors(400, 401, 403, 404, 405, 413, 429, 502)}
+
+    @app.post("/proxy/{rollout_id}/v1beta/models/{model}:generateContent", responses=gemini_answer,
+              openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_gemini_generate(request: Request, rollout_id: str = rid, model: str = Path(...)) -> Response:
+        """The Gemini API, translated to the backend's chat completions (docs/rollout.md). Also
+        under ``/v1/``; the key as ``x-goog-api-key`` or ``?key=``."""
+        return await proxied(service, rollout_id, request, "gemini.generate_content", gemini_route=(model, False))
+
+    @app.post("/proxy/{rollout_id}/v1beta/models/{model}:streamGenerateContent", responses=gemini_answer,
+              openapi_extra=openapi.request_body_schema(obj))
+    async def proxy_gemini_stream(request: Request, rollout_id: str = rid, model: str = Path(...)) -> Response:
+        """``generateContent`` streamed: server-sent events with ``?alt=sse``, else one JSON array."""
+        return await proxied(service, rollout_id, request, "gemini.generate_content", gemini_route=(model, True))
+
     # -------------------------------------------------------------- environments (OpenEnv)
 
     openenv_routes.install(app, service, read_body=read_body, decode=decode, limit=limit)
@@ -336,16 +369,36 @@ def create_app(service: RolloutService) -> RolloutApp:
     return RolloutApp(service, app)
 
 
-async def proxied(service: RolloutService, rollout_id: str, request: Request, api: Api) -> Response:
+async def proxied(service: RolloutService, rollout_id: str, request: Request, api: Api,
+                  gemini_route: tuple[str, bool] | None = None) -> Response:
     """The FastAPI form of a proxied call (documents the routes; ``RolloutApp`` serves them)."""
-    record = await service.authorize(rollout_id, request.headers.get("authorization"),
-                                     request.headers.get("x-api-key"))
+    record = await authorize(service, rollout_id, request)
     payload = _payload(await read_body(request, service.settings.max_body_bytes))
+    if gemini_route is not None:
+        payload = gemini.route_payload(payload, model=gemini_route[0], stream=gemini_route[1],
+                                       sse=request.query_params.get("alt") == "sse")
     answer = await service.proxy.call(record, api, payload)
     if isinstance(answer, (bytes, dict)):
         return Response(answer if isinstance(answer, bytes) else encode(answer), media_type="application/json")
-    return RelayResponse(answer, media_type="text/event-stream",
+    return RelayResponse(answer, media_type=answer.content_type.decode(),
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def rollout_key(authorization: str | None, api_key: str | None, goog_key: str | None,
+                query: str) -> tuple[str | None, str | None]:
+    """(``Authorization``, the key sent otherwise) of a call on a proxy route: ``x-api-key``
+    (Anthropic), ``x-goog-api-key`` or ``?key=`` (Gemini)."""
+    other = api_key or goog_key
+    if other is None and "key=" in query:
+        other = next(iter(parse_qs(query).get("key") or ()), None)
+    return authorization, other
+
+
+async def authorize(service: RolloutService, rollout_id: str, request: Request):
+    """The rollout's record, if the call carries its key in one of the forms the APIs use."""
+    h = request.headers
+    return await service.authorize(rollout_id, *rollout_key(h.get("authorization"), h.get("x-api-key"),
+                                                            h.get("x-goog-api-key"), request.url.query))
 
 
 def models_answer(models: list[str], created: float) -> dict[str, Any]:
@@ -365,12 +418,13 @@ def _payload(body: bytes) -> Any:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
-_PROXY_PATH = re.compile(r"/proxy/([^/]+)/v1/(chat/completions|completions|messages)")
+_PROXY_PATH = re.compile(r"/proxy/([^/]+)/v1/(chat/completions|completions|messages|responses)")
 _APIS: dict[str, Api] = {"chat/completions": "openai.chat", "completions": "openai.completions",
-                         "messages": "anthropic.messages"}
+                         "messages": "anthropic.messages", "responses": "openai.responses"}
+#: the Gemini API's generation routes: (rollout id, model, method)
+_GEMINI_PATH = re.compile(r"/proxy/([^/]+)/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)")
 _JSON_HEAD = [(b"content-type", b"application/json")]
-_SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-             (b"x-accel-buffering", b"no")]
+_STREAM_HEAD = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 #: after an answer's last write, give the CPU to the client it woke (see ``_answered``)
 _YIELD = hasattr(os, "sched_yield")
 
@@ -421,26 +475,38 @@ class RolloutApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _PROXY_PATH.fullmatch(scope["path"])
             if match is not None:
-                await self._proxy(match[1], _APIS[match[2]], dict(scope["headers"]), receive, send)
+                await self._proxy(match[1], _APIS[match[2]], scope, receive, send)
+                return
+            match = _GEMINI_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await self._proxy(match[1], "gemini.generate_content", scope, receive, send,
+                                  gemini_route=(match[2], match[3] == "streamGenerateContent"))
                 return
         if scope["type"] in ("http", "websocket") and scope["path"].startswith(apikeys.OPENENV_KEYED):
             scope = apikeys.without_path_key(scope)  # checked by the key guard in front, when keys are on
         await self.api(scope, receive, send)
 
-    async def _proxy(self, rollout_id: str, api: Api, headers: dict[bytes, bytes], receive, send) -> None:
+    async def _proxy(self, rollout_id: str, api: Api, scope, receive, send,
+                     gemini_route: tuple[str, bool] | None = None) -> None:
         """One proxied call: the key checked, then the body read, then the call made (or a
         retry given the answer of an identical call whose client left). Errors in the
-        shape of the API called."""
+        shape of the API called. ``gemini_route``: the model and whether it streams, from
+        a Gemini route's path."""
         request_id = errors.request_id()
-        flavor: errors.Flavor = "anthropic" if api == "anthropic.messages" else "openai"
+        flavor = error_flavor(api)
+        headers = dict(scope["headers"])
         try:
             if not valid_id(rollout_id):
                 raise InvalidRequest(f"a rollout id must match {ID_PATTERN} (1-128 characters)")
-            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-            record = await self.service.authorize(rollout_id, authorization and authorization.decode("latin-1"),
-                                                  api_key and api_key.decode("latin-1"))
+            query = scope.get("query_string") or b""
+            record = await self.service.authorize(rollout_id, *rollout_key(
+                *(_latin1(headers.get(n)) for n in (b"authorization", b"x-api-key", b"x-goog-api-key")),
+                query.decode("latin-1")))
             body = await self._body(receive, headers.get(b"content-length"))
             payload = _payload(body)
+            if gemini_route is not None:
+                payload = gemini.route_payload(payload, model=gemini_route[0], stream=gemini_route[1],
+                                               sse=b"alt=sse" in query.split(b"&"))
             if isinstance(payload, dict) and payload.get("stream"):
                 relay = await self.service.proxy.call(record, api, payload)
                 await _send_stream(send, receive, relay, request_id)
@@ -487,14 +553,12 @@ class RolloutApp:
             answer = await self.service.proxy.call(record, api, payload, delivery)
             result = 200, answer if isinstance(answer, bytes) else encode(answer), None, delivery
         except ArenaError as exc:
-            status, data, extra = errors.of(exc, "anthropic" if api == "anthropic.messages" else "openai",
-                                            errors.request_id())
+            status, data, extra = errors.of(exc, error_flavor(api), errors.request_id())
             result = status, data, extra, None
         except Exception as exc:  # noqa: BLE001 - never a stack trace to the client
             log.exception("unhandled error on a proxied %s call of rollout %s", api, record.rollout_id)
-            flavor = "anthropic" if api == "anthropic.messages" else "openai"
             rid = errors.request_id()
-            result = 500, errors.body(flavor, 500, "internal", f"internal error: {type(exc).__name__}"), \
+            result = 500, errors.body(error_flavor(api), 500, "internal", f"internal error: {type(exc).__name__}"), \
                 errors.headers(rid, retry=True), None
         except BaseException:  # cancelled (the server is stopping): nobody will get this answer
             delivery.settle(False)
@@ -553,6 +617,10 @@ class RolloutApp:
         return body
 
 
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 def _answered() -> None:
     """The client this answer's last write woke is often queued on this CPU and would wait
     for what the proxy does next (recording the call, which can wait): yield it the CPU
@@ -590,8 +658,8 @@ async def _send_stream(send, receive, relay: Relay, request_id: str) -> None:
     watching = asyncio.get_running_loop().create_task(receive())
     watching.add_done_callback(on_receive)
     try:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE_HEAD, *_request_headers(request_id)]})
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", relay.content_type), *_STREAM_HEAD, *_request_headers(request_id)]})
         ended = False
         async for piece in relay:  # after the last piece, one more turn lets the relay finish
             ended = relay.final

@@ -153,6 +153,8 @@ def error_event(message: str) -> bytes:
 class StreamTranslator:
     """OpenAI chat chunks in, Anthropic SSE event bytes out."""
 
+    content_type = b"text/event-stream; charset=utf-8"
+
     def __init__(self, *, model: str):
         self.model = model
         self.started = False
@@ -162,6 +164,10 @@ class StreamTranslator:
         self.stop: Any = None
         self.input_tokens = 0
         self.output_tokens = 0
+
+    @staticmethod
+    def error(message: str) -> bytes:
+        return error_event(message)
 
     def _start(self, chunk: dict[str, Any]) -> list[bytes]:
         self.started = True
@@ -220,3 +226,40 @@ class StreamTranslator:
                                                       "output_tokens": self.output_tokens}}))
         out.append(_event("message_stop", {"type": "message_stop"}))
         return out
+
+
+class _Call:
+    """One Messages call (``flavours.Translation``)."""
+
+    def __init__(self, payload: Any):
+        self.body = to_openai(payload)
+        self.model = str(payload.get("model") or "")
+
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return from_openai(chat, model=self.model or str(chat.get("model") or ""))
+
+    def stream(self) -> StreamTranslator:
+        return StreamTranslator(model=self.model)
+
+
+class _Messages:
+    """The Messages API as ``flavours.Flavour``."""
+
+    errors = "anthropic"
+
+    @staticmethod
+    def memory() -> None:
+        return None
+
+    @staticmethod
+    def translate(payload: Any, memory: Any) -> _Call:
+        return _Call(payload)
+
+    @staticmethod
+    def count_body(payload: Any) -> dict[str, Any]:
+        if isinstance(payload, dict) and "max_tokens" not in payload:
+            payload = {**payload, "max_tokens": 1}  # count_tokens takes no max_tokens
+        return to_openai(payload)
+
+
+FLAVOUR = _Messages()

@@ -39,10 +39,11 @@ from arena_core.schemas import (
     ToolCall,
 )
 
-from arena_rollout.proxy import answers, anthropic
+from arena_rollout.proxy import answers
 from arena_rollout.proxy.budget import Admission, admit, prompt_upper_bound
 from arena_rollout.proxy.capture import Capture
 from arena_rollout.proxy.delivery import Delivery, Orphans
+from arena_rollout.proxy.flavours import FLAVOURS, Translation, Translator
 from arena_rollout.proxy.openai_api import validate_chat_body, validate_completions_body
 from arena_rollout.proxy.policy import Api, apply_sampling
 from arena_rollout.proxy.routing import Router
@@ -62,8 +63,11 @@ log = logging.getLogger("arena.rollout.proxy")
 
 _SIDE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 _SAMPLED_PER_ROLLOUT = 1024
-_PATHS = {"openai.chat": "/chat/completions", "openai.completions": "/completions",
-          "anthropic.messages": "/chat/completions"}
+
+
+def _path(api: str) -> str:
+    """The backend's route for ``api``: every API but completions is sent as chat."""
+    return "/completions" if api == "openai.completions" else "/chat/completions"
 
 
 class Lifecycle(Protocol):
@@ -116,6 +120,7 @@ class _Call(msgspec.Struct, kw_only=True):
     delivery: Delivery | None = None  # a whole answer's: settled by the server
     abandoned: bool = False  # the client left before any of the answer reached it
     strip: tuple[bool, bool] = (False, False)  # (logprobs, token ids) the client did not ask for
+    translation: Any = None  # a translated API's call (flavours.Translation); None: OpenAI's own
 
 
 class _Flight:
@@ -135,11 +140,13 @@ class Relay:
     the piece just returned is the stream's last: the server sends it together with the
     end of the response (one write, so the client is done one wake-up sooner)."""
 
-    def __init__(self, gen: AsyncIterator[bytes], on_unstarted):
+    def __init__(self, gen: AsyncIterator[bytes], on_unstarted,
+                 content_type: bytes = b"text/event-stream; charset=utf-8"):
         self._gen = gen
         self._on_unstarted = on_unstarted
         self._started = False
         self.final = False
+        self.content_type = content_type
 
     def __aiter__(self) -> Relay:
         return self
@@ -176,6 +183,9 @@ class ProxyHandler:
         #: per rollout: seconds its calls waited for a backend slot (parallel waits once), left
         #: out of its wall clock (``off_clock_s``)
         self._off_clock: dict[str, float] = {}
+        #: per rollout and translated API: what that API keeps between calls (the Responses
+        #: API's stored responses), dropped when the rollout settles
+        self._memory: dict[str, dict[str, Any]] = {}
 
     # ---------------------------------------------------------------- entry
 
@@ -185,8 +195,11 @@ class ProxyHandler:
         answer reached the agent; the step is recorded after (``abandoned`` if not)."""
         rid = record.rollout_id
         record = self._counted(record)
-        if api == "anthropic.messages":
-            body = anthropic.to_openai(payload)
+        flavour = FLAVOURS.get(api)
+        translation: Translation | None = None
+        if flavour is not None:
+            translation = flavour.translate(payload, self._memory_of(rid, api))
+            body = translation.body
         elif api == "openai.completions":
             body = validate_completions_body(payload)
         else:
@@ -211,10 +224,10 @@ class ProxyHandler:
         call = _Call(rollout_id=rid, api=api, sent=sent, applied=admitted.applied, started_at=time.time(),
                      t0=time.perf_counter(), stream=stream, counted=(record.steps, record.total_tokens),
                      prompt_count=admitted.prompt, reserve=admitted.reserve, counting_failovers=counting_failovers,
-                     delivery=delivery, strip=answers.unasked(api, payload))
+                     delivery=delivery, strip=answers.unasked(api, payload), translation=translation)
         try:
             up = await open_call(router=self.router, http=self.http, rollout_id=rid, model=record.model,
-                                 path=_PATHS[api], body=msgspec.json.encode(sent), whole=not stream)
+                                 path=_path(api), body=msgspec.json.encode(sent), whole=not stream)
         except BaseException:
             self._release(call)
             raise
@@ -222,7 +235,7 @@ class ProxyHandler:
             self._off_clock[rid] = self._off_clock.get(rid, 0.0) + up.off_clock_ms / 1000
         if not stream:
             try:
-                return await self._whole(call, up, payload)
+                return await self._whole(call, up)
             finally:
                 self._release(call)  # a call that failed without a step frees what it held
 
@@ -231,9 +244,18 @@ class ProxyHandler:
             total_ms = (time.perf_counter() - call.t0) * 1000
             self._spawn(call, up, Capture(), None, total_ms, "client disconnected before the stream started")
 
-        relay = Relay(self._relay(call, up, client_usage=client_usage, client_model=str(payload.get("model") or ""),
-                                  mark_final=lambda: setattr(relay, "final", True)), unstarted)
+        translator = translation.stream() if translation is not None else None
+        relay = Relay(self._relay(call, up, translator, client_usage=client_usage,
+                                  mark_final=lambda: setattr(relay, "final", True)), unstarted,
+                      *(() if translator is None else (translator.content_type,)))
         return relay
+
+    def _memory_of(self, rollout_id: str, api: str) -> Any:
+        """What ``api`` keeps for ``rollout_id`` between calls (made on first use)."""
+        kept = self._memory.setdefault(rollout_id, {})
+        if api not in kept:
+            kept[api] = FLAVOURS[api].memory()
+        return kept[api]
 
     # ---------------------------------------------------------------- budgets
 
@@ -342,19 +364,18 @@ class ProxyHandler:
 
     # ---------------------------------------------------------------- side routes
 
-    async def count_tokens(self, record: RolloutRecord, payload: Any) -> int:
-        """Anthropic's ``count_tokens``: the prompt of a Messages request as the rollout's
-        backend counts it (its ``/tokenize``), else the proxy's upper bound. Not a step."""
-        if isinstance(payload, dict) and "max_tokens" not in payload:
-            payload = {**payload, "max_tokens": 1}  # count_tokens takes no max_tokens
-        body = anthropic.to_openai(payload)
+    async def count_tokens(self, record: RolloutRecord, payload: Any, api: Api = "anthropic.messages") -> int:
+        """A translated API's token count (Anthropic's ``count_tokens``, Gemini's
+        ``countTokens``): the prompt of a request as the rollout's backend counts it (its
+        ``/tokenize``), else the proxy's upper bound. Not a step."""
+        body = FLAVOURS[api].count_body(payload)
         if record.model and record.model != "default":
             body["model"] = record.model
         counted = await count_prompt(router=self.router, http=self.http, rollout_id=record.rollout_id,
                                      model=record.model, body=body, chat=True)
         if counted.tokens is not None:
             return counted.tokens
-        bound = prompt_upper_bound(body, "anthropic.messages")
+        bound = prompt_upper_bound(body, api)
         if bound is None:
             raise UpstreamError(f"the backend cannot count tokens ({counted.why}) and the request has "
                                 "parts the proxy cannot bound")
@@ -395,14 +416,14 @@ class ProxyHandler:
         model = str(sent.get("model") or "")
         key = f"judge:{record.rollout_id}"  # a routing key of its own: never moves the rollout's sticky replica
         up = await open_call(router=self.router, http=self.http, rollout_id=key, model=model,
-                             path=_PATHS["openai.chat"], body=msgspec.json.encode(sent), whole=True)
+                             path=_path("openai.chat"), body=msgspec.json.encode(sent), whole=True)
         self.router.forget(key)
         up.close()
         return up.body  # read whole already (a replica failing mid-answer failed over)
 
     # ---------------------------------------------------------------- whole answers
 
-    async def _whole(self, call: _Call, up: Upstream, payload: dict[str, Any]) -> bytes | dict:
+    async def _whole(self, call: _Call, up: Upstream) -> bytes | dict:
         rid = up.replica.id
         data = up.body  # read whole already (a replica failing mid-answer failed over)
         up.close()
@@ -416,7 +437,7 @@ class ProxyHandler:
         if not shape.choices:
             raise UpstreamError(f"backend replica {rid} answered an empty choices list: {data[:200]!r}")
         cap = Capture()
-        if call.api != "anthropic.messages" and isinstance(shape.usage, dict):
+        if call.translation is None and isinstance(shape.usage, dict):
             # the answer goes back as the backend sent it (less what the client did not ask
             # for); its tokens are captured while recording
             cap.usage = shape.usage  # counted against the budget now
@@ -430,8 +451,8 @@ class ProxyHandler:
         answer = msgspec.json.decode(data)
         self._fill(call, cap, answer)
         self._spawn(call, up, cap, total_ms, total_ms, None)
-        if call.api == "anthropic.messages":
-            return anthropic.from_openai(answer, model=str(payload.get("model") or cap.model))
+        if call.translation is not None:
+            return call.translation.answer(answer)
         trimmed = answers.without(answer, *call.strip) if any(call.strip) else None
         return data if trimmed is None else msgspec.json.encode(trimmed)
 
@@ -452,7 +473,7 @@ class ProxyHandler:
 
     # ---------------------------------------------------------------- streams
 
-    async def _relay(self, call: _Call, up: Upstream, *, client_usage: bool, client_model: str,
+    async def _relay(self, call: _Call, up: Upstream, translator: Translator | None, *, client_usage: bool,
                      mark_final=lambda: None) -> AsyncIterator[bytes]:
         """The client's stream, read by read. The step is spawned once the last piece was
         handed over (capturing it, when the backend reported no usage, is then off the
@@ -461,7 +482,6 @@ class ProxyHandler:
         can read the client's next request."""
         cap = Capture()
         add = cap.add_completion_chunk if call.api == "openai.completions" else cap.add_chat_chunk
-        translator = anthropic.StreamTranslator(model=client_model) if call.api == "anthropic.messages" else None
         buffer = bytearray()
         chunks: list[bytes] = []  # OpenAI chunks relayed, not yet captured
         first_ms: float | None = None
@@ -524,7 +544,7 @@ class ProxyHandler:
             total_ms = (time.perf_counter() - call.t0) * 1000
             self._spawn(call, up, cap, first_ms, total_ms, exc.message, chunks=chunks)
             if translator is not None:
-                out.append(anthropic.error_event(exc.message))
+                out.append(translator.error(exc.message))
             else:
                 out.append(b"data: " + msgspec.json.encode(
                     {"error": {"message": exc.message, "type": "upstream_error", "code": "upstream_error"}}) + b"\n\n")
@@ -620,6 +640,7 @@ class ProxyHandler:
         self.orphans.abandon(rollout_id)
         self._sampled.pop(rollout_id, None)
         self._off_clock.pop(rollout_id, None)
+        self._memory.pop(rollout_id, None)
         tail = self._tail.get(rollout_id)
         if tail is not None:
             await asyncio.gather(asyncio.shield(tail), return_exceptions=True)

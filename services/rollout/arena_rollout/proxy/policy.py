@@ -15,7 +15,8 @@ import msgspec
 
 from arena_core.schemas import SamplingParams
 
-Api = Literal["openai.chat", "openai.completions", "anthropic.messages"]
+Api = Literal["openai.chat", "openai.completions", "openai.responses", "anthropic.messages",
+              "gemini.generate_content"]
 
 #: The sampling fields a rollout may set (``policy`` says how, it is not a field to send).
 SAMPLING_FIELDS = tuple(f.name for f in msgspec.structs.fields(SamplingParams) if f.name != "policy")
