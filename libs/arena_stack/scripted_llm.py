@@ -58,6 +58,9 @@ class ScriptedPlay(msgspec.Struct, frozen=True, kw_only=True):
     weight: float = 1.0
     #: Played only for requests whose first user message contains this text ("" = any request).
     match: str = ""
+    #: Look for ``match`` in every user message, not only the first (for scaffolds whose first
+    #: user message is their own context, e.g. Codex's ``<environment_context>``, the task after it).
+    match_any_user: bool = False
 
 
 class Script(msgspec.Struct, frozen=True, kw_only=True):
@@ -178,11 +181,13 @@ class ScriptedLLM:
         turn is the number of assistant messages in the request (0 for a text prompt)."""
         messages = body.get("messages") if chat else None
         if chat:
-            first_user = next((_text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+            users = [_text_of(m.get("content")) for m in messages if m.get("role") == "user"]
+            first_user, any_user = (users[0] if users else ""), "\n".join(users)
             turn = sum(1 for m in messages if m.get("role") == "assistant")
         else:
-            first_user, turn = str(body.get("prompt") or ""), 0
-        candidates = [p for p in self.script.plays if p.match in first_user]
+            first_user = any_user = str(body.get("prompt") or "")
+            turn = 0
+        candidates = [p for p in self.script.plays if p.match in (any_user if p.match_any_user else first_user)]
         if not candidates:
             raise ValueError("no play of the script matches this request (its 'match' texts are not in the "
                              "first user message)")

@@ -67,6 +67,22 @@ def test_the_play_is_drawn_by_seed_among_those_that_match_the_first_user_message
         llm.complete({"messages": conversation("something else", 0)})
 
 
+def test_a_play_may_match_any_user_message_not_only_the_first():
+    """Codex's first user message is its ``<environment_context>``, the task comes after it."""
+    script = Script(plays=[
+        ScriptedPlay(label="first-only", match="the task", turns=[ScriptedTurn(content="first")]),
+        ScriptedPlay(label="any", match="the task", match_any_user=True, turns=[ScriptedTurn(content="any")]),
+    ])
+    llm = ScriptedLLM(script)
+    context_first = [{"role": "user", "content": "<environment_context>cwd</environment_context>"},
+                     {"role": "user", "content": [{"type": "text", "text": "do the task"}]}]
+    assert {llm.complete({"messages": context_first, "seed": s})["choices"][0]["message"]["content"]
+            for s in range(8)} == {"any"}
+    task_first = [{"role": "user", "content": "do the task"}]
+    assert {llm.complete({"messages": task_first, "seed": s})["choices"][0]["message"]["content"]
+            for s in range(8)} == {"first", "any"}
+
+
 def test_a_streamed_turn_carries_its_text_then_one_chunk_per_tool_call():
     llm = ScriptedLLM(SCRIPT)
     body = {"messages": conversation("a tool task", 1), "stream": True, "return_token_ids": True, "logprobs": True,

@@ -26,6 +26,9 @@ SCAFFOLDS: dict[str, str] = {
     "opencode": "opencode",
     "openhands": "openhands",
     "terminus-2": "terminus2",
+    "qwen-code": "qwen_code",
+    "codex": "codex",
+    "gemini-cli": "gemini_cli",
 }
 
 #: Where Arena's own files for a scaffold go inside the sandbox (config, wrapper, trajectory).
