@@ -130,7 +130,8 @@ BundleDigest = Annotated[str, msgspec.Meta(pattern=whole(r"^sha256:[0-9a-f]{64}$
 
 
 #: Agent scaffolds Arena launches from a preset (``arena_core.scaffolds``, docs/agents.md).
-ScaffoldName = Literal["mini-swe-agent", "claude-code", "opencode", "openhands", "terminus-2"]
+ScaffoldName = Literal["mini-swe-agent", "claude-code", "opencode", "openhands", "terminus-2", "qwen-code", "codex",
+                       "gemini-cli"]
 
 
 class ScaffoldSpec(Request, kw_only=True):
