@@ -362,8 +362,47 @@ class EnvRewardVerifier(Request, kw_only=True, tag="env_reward"):
     require_done: bool = False
 
 
+#: Thresholds on a step's rewards: a number gates the ``reward`` key, a map each named key.
+MinReward = float | dict[str, float]
+
+
+class RewardFileStep(Request, kw_only=True):
+    """One step of a multi-step reward-file task (Harbor's ``[[steps]]``): its own tests (laid
+    over the task's shared ones) and the minimum its rewards must reach for the next step to count."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    #: The step's test files, by path under ``/tests`` (over the task's shared ``files``).
+    files: dict[str, bytes] = {}
+    script: str = "test.sh"
+    min_reward: MinReward | None = None
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] | None = None
+
+
+class RewardFileVerifier(Request, kw_only=True, tag="reward_file"):
+    """Harbor's rule (Terminal-Bench v1 tasks are mapped onto it as Harbor maps them): in a fresh
+    sandbox of the task's image holding the agent's diff, the test files are put at ``/tests``,
+    ``/tests/<script>`` runs from the task's working directory, and the reward is read from
+    ``/logs/verifier/reward.json`` (named numbers; it wins) or ``reward.txt`` (one number). Every
+    named number is kept as a component; the scalar reward is ``reward``, else the only one.
+    A missing, empty or malformed reward file, or several numbers without ``reward``: no reward
+    (Arena could not verify), never a 0. docs/tasks.md ("Harbor tasks")."""
+
+    #: The task's test files, by path under ``/tests`` (``tests/`` of a Harbor task).
+    files: dict[str, bytes] = {}
+    script: str = "test.sh"
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0
+    env: dict[str, str] = {}
+    #: ``passed`` when the scalar reward reaches this.
+    pass_threshold: float = 1.0
+    #: Multi-step tasks: each step's tests run in order on the agent's final state; grading stops
+    #: at the first step under its ``min_reward``; the reward follows ``strategy`` (Harbor's
+    #: ``multi_step_reward_strategy``: the per-key ``mean`` over the steps graded, or the ``final`` one).
+    steps: list[RewardFileStep] = []
+    strategy: Literal["mean", "final"] = "mean"
+
+
 Verifier = (TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | CompositeVerifier
-            | EnvRewardVerifier)
+            | EnvRewardVerifier | RewardFileVerifier)
 
 
 class Task(Request, kw_only=True):

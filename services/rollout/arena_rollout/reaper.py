@@ -17,7 +17,14 @@ from typing import Any, Protocol
 import msgspec
 
 from arena_core.runtime import every
-from arena_core.schemas import CompositeVerifier, LlmJudgeVerifier, RolloutRecord, RolloutState, TestsVerifier
+from arena_core.schemas import (
+    CompositeVerifier,
+    LlmJudgeVerifier,
+    RewardFileVerifier,
+    RolloutRecord,
+    RolloutState,
+    TestsVerifier,
+)
 from arena_rollout.state import agent_started
 
 log = logging.getLogger("arena.rollout.reaper")
@@ -70,6 +77,8 @@ def verifier_budget_s(verifier: object) -> float:
         return sum(verifier_budget_s(part.verifier) for part in verifier.verifiers)
     if isinstance(verifier, (TestsVerifier, LlmJudgeVerifier)):
         return verifier.timeout_s
+    if isinstance(verifier, RewardFileVerifier):  # each step's script in turn
+        return sum(s.timeout_s or verifier.timeout_s for s in verifier.steps) or verifier.timeout_s
     return 0.0
 
 

@@ -20,13 +20,14 @@ from arena_core.schemas import (
     ExactVerifier,
     LlmJudgeVerifier,
     PythonVerifier,
+    RewardFileVerifier,
     RubricVerifier,
     TestCounts,
     TestsVerifier,
     VerificationResult,
     VerifyJob,
 )
-from arena_verification import answers, judge, plugins
+from arena_verification import answers, judge, plugins, reward_file
 from arena_verification.answers import InvalidRubric, Outcome
 from arena_verification.restore import InvalidTask
 from arena_core.sources import SourceCache
@@ -35,7 +36,8 @@ from arena_verification.tests_verifier import job_budget_s, verify_tests
 
 log = logging.getLogger("arena.verification")
 
-LeafSpec = TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | EnvRewardVerifier
+LeafSpec = (TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | PythonVerifier | EnvRewardVerifier
+            | RewardFileVerifier)
 
 
 def verifier_type(spec: object) -> str:
@@ -59,6 +61,8 @@ def time_budget_s(spec: object) -> float:
         return sum(time_budget_s(part.verifier) for part in spec.verifiers) or 60.0
     if isinstance(spec, TestsVerifier):
         return job_budget_s(spec)
+    if isinstance(spec, RewardFileVerifier):
+        return reward_file.time_budget_s(spec)
     if isinstance(spec, LlmJudgeVerifier):
         return spec.timeout_s + 30.0
     return 120.0
@@ -112,6 +116,10 @@ async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Pat
     if isinstance(spec, TestsVerifier):
         with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
             return await verify_tests(job, spec, Path(tmp), started, sandboxes=sandboxes, sources=sources)
+    if isinstance(spec, RewardFileVerifier):
+        with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
+            return await reward_file.verify_reward_file(job, spec, Path(tmp), started, sandboxes=sandboxes,
+                                                        sources=sources)
     text = job.diff if getattr(spec, "source", "answer") == "diff" else answers.answer_text(job.result)
     judge_calls = []
     try:

@@ -1,0 +1,222 @@
+"""The ``reward_file`` verifier: Harbor's rule. The agent's diff on the pristine task in a fresh
+sandbox of its image, the task's tests at ``/tests``, its test script run, the reward read from
+``/logs/verifier/reward.json`` or ``reward.txt``. docs/tasks.md ("Harbor tasks").
+
+The image carries Arena's layer (``arena images build``): ``/logs`` and ``/tests`` are links into
+``/sandbox/.arena/harbor``, the one place of a read-only container both the test script and this
+worker can reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import posixpath
+import time
+from pathlib import Path, PurePosixPath
+
+from arena_core.errors import VerificationError
+from arena_core.schemas import MinReward, PathSource, RewardFileVerifier, VerificationResult, VerifyJob
+from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
+from arena_verification.restore import InvalidTask
+from arena_verification.tests_verifier import (
+    ARENA_DIR,
+    DIFF_FILE,
+    TEST_ENV,
+    WORKSPACE,
+    Sandboxes,
+    _apply,
+    _Output,
+    _tail,
+)
+
+#: Where ``/logs`` and ``/tests`` point in an image built by ``arena images build``.
+HARBOR_DIR = f"{ARENA_DIR}/harbor"
+REWARD_TXT = "logs/verifier/reward.txt"
+REWARD_JSON = "logs/verifier/reward.json"
+TEST_STDOUT = "logs/verifier/test-stdout.txt"
+MAX_REWARD_BYTES = 1024 * 1024
+MAX_LOG_BYTES = 4 * 1024 * 1024
+#: The exit status of the set-up when the image lacks Arena's layer.
+NO_LAYER = 97
+
+FLAG_NO_REWARD = "reward_missing"
+
+_SETUP = f"""set -u
+H={HARBOR_DIR}
+if [ "$(readlink /logs)" != "$H/logs" ] || [ "$(readlink /tests)" != "$H/tests" ]; then
+  echo "arena: /logs and /tests of this image are not Arena's (build it with arena images build)"; exit {NO_LAYER}
+fi
+rm -rf -- "$H/tests" "$H/logs/verifier" && mkdir -p "$H/tests" "$H/logs/verifier" "$H/logs/agent" "$H/logs/artifacts"
+"""
+_RUN = 'chmod +x "$0" 2>/dev/null; "$0" > /logs/verifier/test-stdout.txt 2>&1'
+
+
+class RewardFileError(ValueError):
+    """The reward file is missing, empty or not what Harbor reads."""
+
+
+def parse_rewards(text_file: bytes | None, json_file: bytes | None) -> dict[str, float]:
+    """Harbor's reading: ``reward.json`` (a map of finite numbers, or one number) wins over
+    ``reward.txt`` (one finite number, as ``reward``)."""
+    if json_file is not None:
+        if not json_file.strip():
+            raise RewardFileError("reward.json is empty")
+        try:
+            value = json.loads(json_file)
+        except ValueError as exc:
+            raise RewardFileError(f"reward.json is not JSON: {exc}") from None
+        rewards = value if isinstance(value, dict) else {"reward": value}
+        for key, number in rewards.items():
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise RewardFileError(f"reward.json: {key} is {number!r}, not a number")
+            if not math.isfinite(number):
+                raise RewardFileError(f"reward.json: {key} is {number!r}, not finite")
+        return {str(k): float(v) for k, v in rewards.items()}
+    if text_file is not None:
+        if not text_file.strip():
+            raise RewardFileError("reward.txt is empty")
+        try:
+            number = float(text_file.decode("utf-8", errors="replace").strip())
+        except ValueError:
+            raise RewardFileError(f"reward.txt is not a number: {text_file[:80]!r}") from None
+        if not math.isfinite(number):
+            raise RewardFileError(f"reward.txt is {number!r}, not finite")
+        return {"reward": number}
+    raise RewardFileError("the test script wrote neither /logs/verifier/reward.txt nor reward.json")
+
+
+def scalar_reward(rewards: dict[str, float]) -> float | None:
+    """Harbor's primary reward: ``reward`` if named, else the only number, else none."""
+    if "reward" in rewards:
+        return rewards["reward"]
+    if len(rewards) == 1:
+        return next(iter(rewards.values()))
+    return None
+
+
+def below_minimum(rewards: dict[str, float] | None, min_reward: MinReward | None) -> str:
+    """Why ``rewards`` miss ``min_reward`` ("" when they reach it): a number gates ``reward``,
+    a map each key; a key missing counts as minus infinity (Harbor's ``_min_reward_failure``)."""
+    if min_reward is None:
+        return ""
+    thresholds = {"reward": min_reward} if isinstance(min_reward, (int, float)) else min_reward
+    for key, threshold in thresholds.items():
+        actual = (rewards or {}).get(key, float("-inf"))
+        if actual < threshold:
+            return f"{key}={actual:g} below min_reward {threshold:g}"
+    return ""
+
+
+def combine_steps(graded: list[dict[str, float]], strategy: str) -> dict[str, float]:
+    """The task's rewards from its steps' (those graded): ``final`` the last step's, ``mean`` the
+    per-key mean with a key a step lacks counted 0 (Harbor's ``_aggregate_step_rewards``)."""
+    if not graded:
+        return {}
+    if strategy == "final":
+        return dict(graded[-1])
+    keys = sorted({key for rewards in graded for key in rewards})
+    return {key: sum(r.get(key, 0.0) for r in graded) / len(graded) for key in keys}
+
+
+def time_budget_s(spec: RewardFileVerifier) -> float:
+    """How long one verification may take, at most: every step's script, set-up and a margin."""
+    return sum(s.timeout_s or spec.timeout_s for s in spec.steps) + 150.0 if spec.steps else spec.timeout_s + 150.0
+
+
+async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Path, started: float, *,
+                             sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
+    task = job.task
+    if not task.image_of():
+        raise InvalidTask("a reward_file task runs in its own image (task.image): build it with arena images build")
+    workspace = root / "workspace"
+    async with sources.lease() as lease:
+        try:
+            tree = await sources.tree(task.source_of(), lease)
+            await asyncio.to_thread(prepare_workspace, tree, workspace)
+        except FileNotFoundError as exc:
+            raise InvalidTask(str(exc)) from exc
+        except (SourceError, GitError) as exc:
+            if isinstance(task.source_of(), PathSource):
+                raise InvalidTask(str(exc)) from exc
+            raise VerificationError(f"cannot get the task's source: {exc}") from exc
+    mount = task.workspace_mount()
+    steps = [(s.name, {**spec.files, **s.files}, s.script, s.min_reward, s.timeout_s or spec.timeout_s)
+             for s in spec.steps] or [("", spec.files, spec.script, None, spec.timeout_s)]
+    graded: list[dict[str, float]] = []
+    notes: list[str] = []
+    log_tail = ""
+    sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
+    try:
+        await sandbox.put_dir(workspace, WORKSPACE)
+        await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": job.diff.encode("utf-8")})
+        workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
+        if job.diff and not job.diff.isspace():
+            error = await _apply(sandbox)
+            if error is not None:
+                return VerificationResult(
+                    rollout_id=job.rollout_id, verifier="reward_file", reward=0.0, passed=False,
+                    started_at=started, finished_at=time.time(), flags=["patch_failed"],
+                    reason=f"the diff does not apply: {error}", log_tail=_tail(error))
+        for name, files, script, min_reward, timeout_s in steps:
+            rewards, log_tail = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
+            label = f"step {name}: " if name else ""
+            if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
+                return _no_reward(job, started, f"{label}{rewards}", log_tail)
+            graded.append(rewards)
+            if name:
+                notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
+            if (missed := below_minimum(rewards, min_reward)):
+                notes.append(f"stopped after step {name}: {missed}")
+                break
+    finally:
+        await asyncio.shield(sandbox.destroy())
+    rewards = combine_steps(graded, spec.strategy)
+    reward = scalar_reward(rewards)
+    if reward is None:
+        return _no_reward(job, started, f"several rewards and none named reward: {sorted(rewards)}", log_tail)
+    components = dict(rewards)
+    for (name, *_), step_rewards in zip(steps, graded, strict=False):
+        if name:
+            components.update({f"{name}.{k}": v for k, v in step_rewards.items()})
+    return VerificationResult(
+        rollout_id=job.rollout_id, verifier="reward_file", reward=reward, passed=reward >= spec.pass_threshold,
+        started_at=started, finished_at=time.time(), components=components, flags=[*job.flags],
+        reason="; ".join(notes), log_tail=log_tail)
+
+
+async def _run_step(sandbox, files: dict[str, bytes], script: str, timeout_s: float, workdir: str,
+                    env: dict[str, str]) -> tuple[dict[str, float] | str, str]:
+    """Put one step's tests at /tests, run its script, read its rewards (or why there are none)."""
+    setup = _Output(64 * 1024)
+    run = await sandbox.exec(["sh", "-c", _SETUP], env={}, workdir=WORKSPACE, timeout_s=60.0, on_output=setup)
+    if run.exit_code == NO_LAYER:
+        raise VerificationError(setup.text().strip())
+    if run.exit_code != 0:
+        raise VerificationError(f"cannot prepare /tests and /logs (exit {run.exit_code}): {setup.text()[-1500:]}")
+    for rel in files:
+        if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+            raise InvalidTask(f"test file {rel!r} is not a path under /tests")
+    await sandbox.put_files({f"{HARBOR_DIR}/tests/{rel}": data for rel, data in files.items()})
+    path = f"/tests/{script}"
+    run = await sandbox.exec(["sh", "-c", _RUN, path], env={**TEST_ENV, "TEST_DIR": "/tests", **env},
+                             workdir=workdir, timeout_s=timeout_s, on_output=_Output(64 * 1024))
+    log = await sandbox.read_file(f"{HARBOR_DIR}/{TEST_STDOUT}", max_bytes=MAX_LOG_BYTES) or b""
+    log_tail = _tail(log.decode("utf-8", errors="replace"))
+    if run.timed_out:
+        return f"the test script timed out after {timeout_s:g}s", log_tail
+    try:
+        rewards = parse_rewards(await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_TXT}", max_bytes=MAX_REWARD_BYTES),
+                                await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_JSON}", max_bytes=MAX_REWARD_BYTES))
+    except RewardFileError as exc:
+        return f"{exc} (the test script exited {run.exit_code})", log_tail
+    return rewards, log_tail
+
+
+def _no_reward(job: VerifyJob, started: float, why: str, log_tail: str) -> VerificationResult:
+    """Harbor has no reward for this trial: neither has Arena (never a made-up 0)."""
+    return VerificationResult(
+        rollout_id=job.rollout_id, verifier="reward_file", reward=None, passed=False, started_at=started,
+        finished_at=time.time(), flags=[FLAG_NO_REWARD, *job.flags], reason=f"no reward: {why}", error=why,
+        log_tail=log_tail)
