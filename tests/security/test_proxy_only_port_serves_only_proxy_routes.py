@@ -163,6 +163,12 @@ async def test_the_proxy_only_port_serves_only_the_proxy_routes(tmp_path, auth):
                 answer = await asyncio.to_thread(raw, pp, method, f"/proxy/{victim}{route}", key=key, body=body)
                 assert answer["status"] == 401, (route, answer)
                 assert json.loads(answer["body"])["error"]["type"] == "authentication_error", answer
+            for route, body in (("/v1/responses", b'{"input": "x"}'),
+                                ("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", b'{"contents": []}')):
+                answer = await asyncio.to_thread(raw, pp, "POST", f"/proxy/{victim}{route}", key=key, body=body)
+                assert answer["status"] == 401, (route, answer)
+                error = json.loads(answer["body"])["error"]
+                assert error.get("type") == "authentication_error" or error.get("status") == "UNAUTHENTICATED", error
 
         # an agent sent to the proxy-only port makes its calls there, with its rollout's key
         caller_task = msgspec.structs.replace(quickstart, budget=budget, agent=msgspec.structs.replace(
