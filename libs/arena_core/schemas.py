@@ -279,6 +279,11 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
     #: Inject canary tests (one must fail, one must pass) beside the listed tests (pytest
     #: parsers): a runner that misreports them flags ``runner_tampered`` (docs/verification.md).
     canaries: bool = True
+    #: Exact-match grading (R2E-Gym's rule) instead of FAIL_TO_PASS/PASS_TO_PASS: reward 1 only
+    #: when the run's tests and their statuses (``PASSED``, ``FAILED``, ``ERROR``) equal this map,
+    #: no test more or less. Keys are R2E-Gym's: the node id after its file, ``::`` read as ``.``
+    #: (``TestX.test_a[1]``), cut at `` - ``.
+    expected_statuses: dict[str, str] = {}
 
 
 class RubricItem(Request, kw_only=True):

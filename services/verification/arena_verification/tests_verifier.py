@@ -416,10 +416,15 @@ def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PureP
             files.append(str(rel))
         if len(files) == 3:
             break
+    if not files and spec.expected_statuses:
+        # exact-match tasks (R2E-Gym) name their tests without a file: the hidden test files host them
+        files = sorted(rel for rel in hidden if _TEST_FILE.search(PurePosixPath(rel).name)
+                       and rel.endswith(".py"))[:3]
     if not files:
         return None
     rng = random.Random(secrets.randbits(64))
     listed = {t.split("::")[-1].split("[")[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]}
+    listed |= {k.split(".")[-1].split("[")[0] for k in spec.expected_statuses}
     planned: dict[str, tuple[str, str, str]] = {}
     for rel in files:
         path = workspace / rel
