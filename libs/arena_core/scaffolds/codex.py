@@ -163,6 +163,11 @@ def config(scaffold: ScaffoldSpec, context: Context) -> dict[str, Any]:
         "approval_policy": "never",
         "sandbox_mode": "danger-full-access",
         "check_for_update_on_startup": False,
+        # only function tools: Codex's hosted web search has no network in a sandbox, and its
+        # sub-agents (a `namespace` tool) would be conversations of their own; Arena's proxy
+        # translates function tools only and refuses a request with either
+        "web_search": "disabled",
+        "features": {"multi_agent": False},
         "model_providers": {PROVIDER: {
             "name": "Arena",
             "base_url": context.openai_base_url,
