@@ -20,6 +20,8 @@ from types import ModuleType
 #: format name -> module. Add a format here and it is a choice of ``arena tasks import``.
 FORMATS: dict[str, str] = {
     "swebench": "arena.formats.swebench",
+    "harbor": "arena.formats.harbor",
+    "terminal-bench": "arena.formats.terminal_bench",
 }
 
 
