@@ -180,8 +180,9 @@ def validate_submission(req: SubmitRolloutRequest | SubmitGroupRequest, *, check
         value = getattr(task.budget, name)
         if value is not None and value < 1:
             problems.append(f"task.budget.{name} must be >= 1")
-    if isinstance(task.verifier, TestsVerifier) and not task.verifier.fail_to_pass and not task.verifier.pass_to_pass:
-        problems.append("task.verifier needs at least one test in fail_to_pass or pass_to_pass")
+    if (isinstance(task.verifier, TestsVerifier) and not task.verifier.fail_to_pass and not task.verifier.pass_to_pass
+            and not task.verifier.expected_statuses):
+        problems.append("task.verifier needs at least one test in fail_to_pass, pass_to_pass or expected_statuses")
     if check_paths and allow_host_paths:
         if isinstance(source, PathSource) and not os.path.isdir(source.path):
             problems.append(f"task repository {source.path!r} is not a directory on the sandbox host")
