@@ -660,10 +660,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("images", help="sandbox images, built locally with Podman (docs/agents.md, Images)")
     images = p.add_subparsers(dest="images_command", required=True)
-    q = images.add_parser("build", help="build images (and those they are built from); kept when current")
+    q = images.add_parser("build", help="build images (and those they are built from); kept when current. "
+                                        "Given an import's output directory or task files: each task's own image")
     q.add_argument("names", nargs="*", help="agent-base, quickstart, agent-node, claude-code, opencode, "
-                                            "mini-swe-agent (default: all)")
+                                            "mini-swe-agent (default: all); or imported tasks (a directory, "
+                                            "task files): their Dockerfiles, built offline with Podman")
     q.add_argument("--rebuild", action="store_true", help="rebuild even the images that are current")
+    q.add_argument("--base-map", default=os.environ.get("ARENA_IMAGE_BASE_MAP", ""),
+                   help="task images: base images as local ones, IMAGE=LOCAL[,...] (default "
+                        "$ARENA_IMAGE_BASE_MAP), e.g. ubuntu:24.04=localhost/arena/quickstart:latest")
     q.set_defaults(func=cmd_images_build)
 
     p = sub.add_parser("backend", help="register, list or remove LLM backend replicas (arena_backends)")
@@ -722,6 +727,11 @@ def cmd_images_build(args) -> int:
     ``deploy/docker-engine.sh``, as ``make images``), else into the user's own Podman store."""
     import subprocess
 
+    paths = [name for name in args.names if os.sep in name or name.endswith(".json") or Path(name).exists()]
+    if paths:
+        if len(paths) != len(args.names):
+            raise ArenaError("give either image names or imported tasks (directories, task files), not both")
+        return _build_task_images(args, [Path(p) for p in paths])
     deploy = REPO_ROOT / "deploy"
     if not (deploy / "images" / "build.sh").is_file():
         raise ArenaError(f"no deploy/images/build.sh under {REPO_ROOT}: images are built from a checkout of Arena")
@@ -734,6 +744,35 @@ def cmd_images_build(args) -> int:
     else:
         command = ["bash", str(deploy / "images" / "build.sh"), *names]
     return subprocess.run(command, env=env, check=False).returncode
+
+
+def _build_task_images(args, paths: list[Path]) -> int:
+    """Each imported task's image (:mod:`arena.images`), then a table; exit 1 if one failed."""
+    from arena import images
+    from arena.table import format_table
+
+    base_map = images.parse_base_map(args.base_map)
+    builds = [b for path in paths for b in images.task_builds(path)]
+    if not builds:
+        raise ArenaError(f"no imported task with a build context (metadata.environment) in {', '.join(map(str, paths))}")
+    results = []
+    done: dict[str, images.BuildResult] = {}
+    for i, (task_file, task) in enumerate(builds, 1):
+        result = done.get(task.image or "") or images.build_task(task_file, task, base_map=base_map,
+                                                                 rebuild=args.rebuild)
+        if result.status != "failed":
+            done[result.tag] = result  # tasks sharing a Dockerfile share its image
+        result = images.BuildResult(task.id, result.tag, result.status, result.seconds, result.log, result.reason)
+        print(f"[{i}/{len(builds)}] {task.id}: {result.status} {result.tag} ({result.seconds:.1f}s)"
+              + (f": {result.reason}" if result.reason else ""), flush=True)
+        results.append(result)
+    rows = [(r.task_id, r.status, r.tag, f"{r.seconds:.1f}", str(r.log or "-")) for r in results]
+    print("\n".join(format_table(["TASK", "BUILD", "IMAGE", "SECONDS", "LOG"], rows, right=["SECONDS"])))
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        print(f"build failed: {r.task_id}: {r.reason}" + (f" (log: {r.log})" if r.log else ""))
+    print(f"{len(results) - len(failed)}/{len(results)} task image(s) ready")
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------- tasks

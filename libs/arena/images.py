@@ -201,3 +201,34 @@ def build(task_id: str, context: Path, tag: str, workdir: str, *, base_map: dict
 
 def exists(tag: str) -> bool:
     return _podman(["image", "exists", tag]).returncode == 0
+
+
+def task_builds(path: Path) -> list[tuple[Path, object]]:
+    """(task file, task) of each imported task under ``path`` (an import's output directory or one
+    task file) that has a build context (``metadata.environment``)."""
+    from arena import datasets
+    from arena.tasks import load_task
+
+    out = []
+    for task_file in datasets.iter_task_files(path):
+        task = load_task(task_file)
+        if task.metadata.get("environment"):
+            out.append((task_file, task))
+    return out
+
+
+def build_task(task_file: Path, task, *, base_map: dict[str, str], rebuild: bool = False,
+               log_dir: Path | None = None) -> BuildResult:
+    """Build the image of one imported task from the context beside its file; refused (a failed
+    result) when the context no longer hashes to the digest the task's image is tagged with."""
+    context = (task_file.parent / task.metadata["environment"]).resolve()
+    workdir = task.metadata.get("workdir") or "/"
+    log_dir = log_dir or task_file.parent / "build-logs"
+    if not (context / DOCKERFILE).is_file():
+        return BuildResult(task.id, task.image or "", "failed", reason=f"no {DOCKERFILE} in {context}")
+    digest = inputs_digest(context, workdir)
+    if task.image != image_tag(digest):
+        return BuildResult(task.id, task.image or "", "failed", reason=(
+            f"{context} changed since the import (its inputs hash to {digest[:32]}, the task names "
+            f"{task.image}): import the task again"))
+    return build(task.id, context, task.image, workdir, base_map=base_map, log_dir=log_dir, rebuild=rebuild)
