@@ -14,6 +14,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from arena_core.schemas import RolloutState, SamplingParams
 from arena_core.sequences import assemble
 from arena_stack.scripted_llm import Faults
 
@@ -166,3 +167,21 @@ async def test_a_client_giving_up_mid_stream_leaves_an_incomplete_step_and_the_r
     steps = await s.steps(rid, 2)
     sequences, breaks = assemble(steps)
     assert len(sequences) == 1 and [b.kind for b in breaks] == ["incomplete"]
+
+
+async def test_budgets_and_sampling_injection_apply_as_on_the_chat_route(stack, tmp_path):
+    s = await stack()
+    rid, key = await s.rollout(tmp_path, sampling=SamplingParams(temperature=0.1, top_p=0.5), max_turns=1)
+    api = client(s, rid, key).aio
+    await api.models.generate_content(model=MODEL, contents="q", config=types.GenerateContentConfig(
+        temperature=0.9, top_p=0.95, stop_sequences=["END"]))
+    with pytest.raises(genai_errors.ClientError) as refused:
+        await api.models.generate_content(model=MODEL, contents="q")
+    assert refused.value.code == 403 and refused.value.status == "PERMISSION_DENIED"
+    assert "turn budget" in refused.value.message
+    (sent,) = [json.loads(r) for r in s.backends["default"].requests]
+    assert (sent["temperature"], sent["top_p"], sent["stop"]) == (0.1, 0.5, ["END"])
+    assert sent["logprobs"] is True and sent["return_token_ids"] is True
+    (step,) = await s.steps(rid, 1)
+    assert step.sampling.temperature == 0.1 and step.sampling.top_p == 0.5
+    assert (await s.service.store.get(rid))[0].state == RolloutState.BUDGET_EXHAUSTED

@@ -6,10 +6,13 @@ merged into one training sequence."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 
+from arena_core.schemas import RolloutState, SamplingParams
 from arena_core.sequences import assemble
 from arena_stack.scripted_llm import Faults
 
@@ -179,3 +182,24 @@ async def test_a_client_giving_up_mid_stream_leaves_an_incomplete_step_and_the_r
     steps = await s.steps(rid, 2)
     sequences, breaks = assemble(steps)
     assert len(sequences) == 1 and [b.kind for b in breaks] == ["incomplete"]
+
+
+async def test_budgets_and_sampling_injection_apply_as_on_the_chat_route(stack, tmp_path):
+    s = await stack()
+    rid, key = await s.rollout(tmp_path, sampling=SamplingParams(temperature=0.1), max_total_tokens=150)
+    api = client(s, rid, key)
+    first = await api.responses.create(model="m", input="q", temperature=0.9)
+    assert first.status == "completed"
+    capped = await api.responses.create(model="m", input="q", max_output_tokens=1000)
+    # capped to what the budget leaves after its prompt: the Responses API's own "incomplete"
+    assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_output_tokens"
+    assert first.usage.total_tokens + capped.usage.total_tokens == 150
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await api.responses.create(model="m", input="q")
+    assert refused.value.body["code"] == "budget_exhausted" and refused.value.body["type"] == "permission_error"
+    sent = [json.loads(r) for r in s.backends["default"].requests]
+    assert [b["temperature"] for b in sent] == [0.1, 0.1] and sent[1]["max_tokens"] < 1000
+    assert all(b["logprobs"] is True and b["return_token_ids"] is True for b in sent)
+    steps = await s.steps(rid, 2)
+    assert [st.sampling.temperature for st in steps] == [0.1, 0.1]
+    assert (await s.service.store.get(rid))[0].state == RolloutState.BUDGET_EXHAUSTED
