@@ -131,6 +131,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: Relay to ``proxy`` through the in-sandbox shim even where the service can make the
     #: sandbox's network namespace itself (:mod:`.netns`, no relay process inside).
     shim_relay: bool = False
+    #: The workspace as an overlay (lower, upper, work) mounted at ``workspace`` in the
+    #: sandbox's own mount namespace, never in the service's (:func:`overlay.in_namespace_argv`).
+    overlay: tuple[Path, Path, Path] | None = None
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -341,7 +344,9 @@ _AUTOGROUP_NICE = ('for _ in 1 2 3 4; do {{ echo {nice} > /proc/self/autogroup; 
 _GATE = 'read -r go && [ "$go" = go ] || exit 125; exec "$@" </dev/null'
 
 
-def _gate_argv(argv: list[str]) -> list[str]:
+def _gate_argv(argv: list[str], spec: SandboxSpec) -> list[str]:
+    if spec.overlay is not None:
+        argv = overlay.in_namespace_argv(spec.overlay, spec.workspace, argv)
     return ["/bin/sh", "-c", _GATE, "sh", *argv]
 
 
@@ -386,8 +391,8 @@ class _Gate:
 _GATE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def _popen_gate(argv: list[str], stdout: int | None, stderr: int | None) -> subprocess.Popen:
-    return subprocess.Popen(_gate_argv(argv), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, bufsize=0,
+def _popen_gate(argv: list[str], spec: SandboxSpec, stdout: int | None, stderr: int | None) -> subprocess.Popen:
+    return subprocess.Popen(_gate_argv(argv, spec), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, bufsize=0,
                             env=_GATE_ENV, start_new_session=True)
 
 
@@ -548,7 +553,7 @@ async def _execute(
             # loop's, which lives as long as the service: bwrap's --die-with-parent is its death)
             net = await netns.create(spec.proxy.inside_port)
             argv = _bwrap_argv(spec, run_dir, shim=None, net=True)
-            popen = netns.inside(net, lambda: _popen_gate(argv, stdout, stderr))
+            popen = netns.inside(net, lambda: _popen_gate(argv, spec, stdout, stderr))
             try:
                 proc = _Gate(popen)
             except BaseException:
@@ -566,7 +571,7 @@ async def _execute(
                 shim = (spec.proxy.inside_port, PROXY_SOCKET)
             argv = _bwrap_argv(spec, run_dir, shim=shim)
             proc = await asyncio.create_subprocess_exec(
-                *_gate_argv(argv),
+                *_gate_argv(argv, spec),
                 stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
@@ -636,6 +641,8 @@ def interactive(spec: SandboxSpec) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix=spec.run_prefix, dir=run_tmp()))
     try:
         argv = _bwrap_argv(spec, run_dir, shim=None)
+        if spec.overlay is not None:
+            argv = overlay.in_namespace_argv(spec.overlay, spec.workspace, argv)
         proc = subprocess.Popen(argv, env=_GATE_ENV, preexec_fn=functools.partial(_limit_process, 0, spec.limits))
         try:
             code = proc.wait()
@@ -675,7 +682,8 @@ def _exclude_pathspecs() -> list[str]:
 
 
 async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 120.0,
-                   run_prefix: str = "arena-run-", max_bytes: int | None = None) -> str:
+                   run_prefix: str = "arena-run-", max_bytes: int | None = None,
+                   layers: tuple[Path, Path, Path] | None = None) -> str:
     """The workspace's changes against ``base`` (new files included), as a binary diff.
 
     Git runs inside a fresh sandbox over the workspace, never on the host: an agent
@@ -683,7 +691,8 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
     :data:`DIFF_EXCLUDES` are left out. Raises :class:`GitError` if git fails, and
     :class:`~arena_core.sources.DiffTooLarge` if the diff is over ``max_bytes``: git writes
     into a pipe drained as it goes, only the first ``max_bytes`` kept (nothing on the disk,
-    memory bounded whatever the agent wrote).
+    memory bounded whatever the agent wrote). ``layers``: the workspace is that overlay (lower,
+    upper, work), mounted in the diff's own sandbox as in the agent's.
     """
     out = sources.BoundedBytes(max_bytes)
     with tempfile.TemporaryDirectory(prefix="arena-diff-", dir=run_tmp()) as tmp:
@@ -695,6 +704,7 @@ async def git_diff(workspace: Path, base: str = "HEAD", *, timeout_s: float = 12
                  **GIT_IDENTITY},
             timeout_s=timeout_s,
             run_prefix=run_prefix,
+            overlay=layers,
         )
         read_end, write_end = os.pipe()
         drained = asyncio.ensure_future(asyncio.to_thread(_drain, read_end, out))

@@ -40,17 +40,27 @@ class LocalSandbox(HostDirSandbox):
         self.run_prefix = run_prefix
         self.ro_binds = ro_binds
         self._overlays = overlays
-        self._overlaid = False  # the workspace is an overlay mount (upper: <root>/upper)
-        self._upper_ctime = 0
+        #: the workspace is an overlay of these layers (lower, upper, work), mounted in each of the
+        #: sandbox's own mount namespaces only (:func:`overlay.in_namespace_argv`)
+        self._layers: tuple[Path, Path, Path] | None = None
+        self._merged: overlay.Merged | None = None  # the service's view of it
+        self._upper_mtime = 0
         self._destroyed = False
 
     async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
-        """A stable ``src`` put as the whole workspace becomes the lower layer of an overlay mounted
-        there (:mod:`.overlay`) instead of being copied, where this service may mount; a copy
-        otherwise."""
+        """A stable ``src`` put as the whole workspace becomes the lower layer of an overlay
+        (:mod:`.overlay`) instead of being copied, where this service may mount one; a copy
+        otherwise. The overlay is mounted in each of the sandbox's own mount namespaces, never in
+        the service's: a service holding a mount per live sandbox would make every new sandbox
+        copy them all (docs/performance.md)."""
         workspace = self.root / "workspace"
-        if (src_stable and self._overlays is not None and self._overlays.usable and not self._overlaid
-                and self.host_path(dest) == workspace):
+        target = Path(super()._host(dest))
+        if self._merged is not None and target.is_relative_to(workspace):
+            rel = str(target.relative_to(workspace))
+            await asyncio.to_thread(self._copy_into_upper, Path(src), rel)
+            return
+        if (src_stable and self._overlays is not None and self._layers is None and target == workspace
+                and await asyncio.to_thread(self._overlays.check, self.root.parent)):
             if await asyncio.to_thread(self._overlay_workspace, Path(src).resolve()):
                 return
         await super().put_dir(src, dest)
@@ -60,24 +70,56 @@ class LocalSandbox(HostDirSandbox):
         if any(workspace.iterdir()):
             return False
         upper, work = self.root / "upper", self.root / "overlay-work"
-        upper.mkdir()
-        work.mkdir()
         try:
-            overlay.mount(lower, upper, work, workspace)
+            overlay.options(lower, upper, work)
         except OSError as exc:
             self._overlays.refused(exc)
-            upper.rmdir()
-            shutil.rmtree(work, ignore_errors=True)
             return False
-        self._overlaid = True
+        upper.mkdir()
+        work.mkdir()
+        self._layers = (lower, upper, work)
+        self._merged = overlay.Merged(lower, upper)
         self._workspace_mark = None
-        self._upper_ctime = upper.stat().st_ctime_ns
+        self._upper_mtime = upper.stat().st_mtime_ns
         return True
 
+    def _copy_into_upper(self, src: Path, rel: str) -> None:
+        assert self._merged is not None
+        shutil.copytree(src, self._merged.writable(rel + "/x").parent, symlinks=True, dirs_exist_ok=True)
+
+    def _host(self, path: str) -> str:
+        """A workspace path as the sandbox sees it while the workspace is an overlay: its host path
+        in the upper or lower layer, or one under ``<root>/absent`` (nothing) where it has none."""
+        host = super()._host(path)
+        if self._merged is None:
+            return host
+        workspace = os.path.join(os.fspath(self.root), "workspace")
+        if host != workspace and not host.startswith(workspace + "/"):
+            return host
+        rel = host[len(workspace) + 1:]
+        return self._merged.lookup(rel) or os.path.join(os.fspath(self.root), "absent", rel)
+
+    async def put_files(self, files: Mapping[str, bytes]) -> None:
+        if self._merged is None:
+            return await super().put_files(files)
+        workspace = os.path.join(os.fspath(self.root), "workspace")
+        plain = {}
+        for path, data in files.items():
+            host = super()._host(path)
+            if host.startswith(workspace + "/"):
+                target = await asyncio.to_thread(self._merged.writable, host[len(workspace) + 1:])
+                target.write_bytes(data)
+            else:
+                plain[path] = data
+        if plain:
+            await super().put_files(plain)
+
     def workspace_unchanged(self) -> bool:
-        if self._overlaid:  # every write, creation, deletion, rename or chmod lands in the upper layer,
-            upper = self.root / "upper"  # and one made and removed again moved its directory's ctime
-            return upper.stat().st_ctime_ns == self._upper_ctime and not any(upper.iterdir())
+        if self._layers is not None:  # every write, creation, deletion, rename or chmod lands in the upper layer,
+            # and one made and removed again moved its directory's mtime (not its ctime: each
+            # overlay's first mount stores its uuid as an extended attribute of the upper directory)
+            upper = self.root / "upper"
+            return upper.stat().st_mtime_ns == self._upper_mtime and not any(upper.iterdir())
         return super().workspace_unchanged()
 
     def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
@@ -93,6 +135,7 @@ class LocalSandbox(HostDirSandbox):
             proxy=proxy,
             log_path=log_path,
             workdir=str(rel),
+            overlay=self._layers,
             limits=ResourceLimits(
                 open_files=self.limits.open_files,
                 file_size_bytes=self.limits.file_size_bytes,
@@ -136,23 +179,19 @@ class LocalSandbox(HostDirSandbox):
         if put_at_base and await asyncio.to_thread(self.workspace_unchanged):
             return ""  # nothing in it changed since it was a clean checkout of base
         return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix,
-                                    max_bytes=max_bytes)
+                                    max_bytes=max_bytes, layers=self._layers)
 
     async def destroy(self) -> None:
         if self._destroyed:
             return
         self._destroyed = True
-        await asyncio.to_thread(_remove, self.root, self.cgroup, self._overlaid)
+        await asyncio.to_thread(_remove, self.root, self.cgroup)
 
 
-def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None, overlaid: bool = False) -> None:
+def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None) -> None:
     if cgroup is not None:
         cgroup.destroy()
-    if overlaid:
-        try:
-            overlay.unmount(root / "workspace")
-        except OSError as exc:  # left mounted: rmtree would empty it through the mount, never the base
-            log.warning("cannot unmount the workspace overlay of %s: %s", root, exc)
+    # the workspace's overlay went with the last process of the sandbox's own mount namespace
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -162,6 +201,16 @@ class _Overlays:
 
     def __init__(self) -> None:
         self.usable = os.geteuid() == 0
+        self._probed = False
+
+    def check(self, scratch_parent: Path) -> bool:
+        """Whether overlays are usable, probed once (a mount in a namespace of its own)."""
+        if self.usable and not self._probed:
+            self._probed = True
+            why = overlay.probe(scratch_parent / f".overlay-probe-{uuid.uuid4().hex[:8]}")
+            if why is not None:
+                self.refused(OSError(why))
+        return self.usable
 
     def refused(self, exc: OSError) -> None:
         if self.usable:
