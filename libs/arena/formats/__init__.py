@@ -22,6 +22,9 @@ FORMATS: dict[str, str] = {
     "swebench": "arena.formats.swebench",
     "harbor": "arena.formats.harbor",
     "terminal-bench": "arena.formats.terminal_bench",
+    "swe-gym": "arena.formats.swe_gym",
+    "swe-smith": "arena.formats.swe_smith",
+    "r2e-gym": "arena.formats.r2e_gym",
 }
 
 
