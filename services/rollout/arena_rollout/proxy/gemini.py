@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any
 
+import msgspec
+
 from arena_core.errors import InvalidRequest
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "function_call": "STOP", "length": "MAX_TOKENS",
@@ -241,7 +243,7 @@ class StreamTranslator:
         self.usage: dict[str, Any] | None = None
 
     def _piece(self, doc: dict[str, Any]) -> bytes:
-        data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        data = msgspec.json.encode(doc)
         if self.sse:
             return b"data: " + data + b"\r\n\r\n"
         head = b"\n,\r\n" if self.opened else b"["

@@ -10,11 +10,12 @@ the API's typed events. docs/rollout.md ("The Responses API").
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import OrderedDict
 from typing import Any
+
+import msgspec
 
 from arena_core.errors import InvalidRequest, NotFound
 
@@ -308,7 +309,7 @@ class StreamTranslator:
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         doc = {"type": kind, **data, "sequence_number": self.seq}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(doc) + b"\n\n"
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
         return response(self.body, response_id=self.id, created_at=self.created_at, model=self.model,
