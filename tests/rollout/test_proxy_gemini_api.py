@@ -107,8 +107,10 @@ async def test_count_tokens_and_the_v1_prefix(stack, tmp_path):
                                  headers={"x-goog-api-key": key}) as http:
         v1 = await http.post(f"/models/{MODEL}:generateContent",
                              json={"contents": [{"parts": [{"text": "fix the median"}]}]})
+        v1_count = await http.post(f"/models/{MODEL}:countTokens", json={"generateContentRequest": {
+            "contents": [{"parts": [{"text": "fix the median"}]}]}})
     assert v1.status_code == 200
-    assert counted.total_tokens == v1.json()["usageMetadata"]["promptTokenCount"]
+    assert counted.total_tokens == v1.json()["usageMetadata"]["promptTokenCount"] == v1_count.json()["totalTokens"]
     (step,) = await s.steps(rid, 1)  # the count is no step
     assert step.usage.prompt_tokens == counted.total_tokens
 
