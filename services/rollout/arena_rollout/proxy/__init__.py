@@ -3,7 +3,10 @@
 | module | what |
 |---|---|
 | ``openai_api`` | validation of OpenAI chat / completions bodies |
+| ``flavours`` | what the handler asks of a translated client API; ``FLAVOURS``, one per API |
 | ``anthropic`` | Anthropic Messages <-> OpenAI chat translation, streaming included |
+| ``responses`` | OpenAI Responses <-> OpenAI chat translation, streaming included; stored responses |
+| ``gemini`` | Gemini generateContent <-> OpenAI chat translation, streaming included |
 | ``policy`` | sampling injection (override / default / clamp), capture forced on |
 | ``budget`` | turns, wall clock, tokens: checked before a call is sent (``admit``: sampling, then budget; the prompt counted only when the budget is tight) |
 | ``capture`` | the backend's token ids, logprobs, tool calls, usage -> ``Step`` |
