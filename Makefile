@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SHELL  := /bin/bash
 
-.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv
+.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv harbor-venv test-datasets
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -140,6 +140,23 @@ test-hacks: venv
 ## 100 rollouts while every service and nats-server are killed with SIGKILL and restarted; prints figures
 test-chaos: venv
 	ARENA_CHAOS=1 $(VENV)/bin/pytest -q -s tests/e2e/test_chaos.py
+
+## PyPI harbor (it needs Python >= 3.12; .venv is 3.11) in a virtualenv of its own: Harbor's own loader
+## and Terminal-Bench mapper read what `arena tasks export harbor` / `import terminal-bench` write (tests)
+HARBOR_PY ?= $(shell for c in python3.12 python3.13 python3.14 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	$$c -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { command -v $$c; break; }; done)
+harbor-venv:
+	@test -n "$(HARBOR_PY)" || { echo "harbor-venv: harbor needs Python >= 3.12 and none was found (HARBOR_PY=...)" >&2; exit 3; }
+	@test -x .arena/harbor-venv/bin/python || $(HARBOR_PY) -m venv .arena/harbor-venv
+	@.arena/harbor-venv/bin/python -c "import harbor" 2>/dev/null || \
+		.arena/harbor-venv/bin/pip install --quiet --disable-pip-version-check 'harbor==0.26.0'
+
+## Harbor and Terminal-Bench datasets: the fast tests, then import -> arena images build (Podman, offline,
+## base mapped to arena/quickstart) -> validate (oracle 1, null 0, 3 runs) through the real stack (as root)
+test-datasets: venv harbor-venv
+	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=quickstart bash deploy/docker-engine.sh images; fi
+	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
+		tests/verification/test_reward_file_rule.py tests/e2e/test_harbor_terminal_bench_datasets.py
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
 ## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman

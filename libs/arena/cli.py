@@ -595,11 +595,27 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(r)
         r.set_defaults(func=cmd_tasks_import)
     q = tasks.add_parser("validate", parents=[stack],
-                         help="gold patch must score 1, empty patch 0 (through the running stack)")
+                         help="each task's oracle (gold patch, solve.sh) must score 1 and a do-nothing agent 0 "
+                              "(through the running stack)")
     q.add_argument("path", help="an import's output directory, or one task file")
     q.add_argument("--timeout", type=float, default=900.0)
+    q.add_argument("--runs", type=int, default=1, help="run each agent this many times: a task whose rewards "
+                                                       "differ is flaky (default %(default)s; 3 finds most)")
+    q.add_argument("--provider", choices=["local", "docker", "mock"],
+                   help="sandbox provider (default: docker for a task with its own image, else local)")
+    q.add_argument("--build", action="store_true", help="build each task's image first (arena images build); "
+                                                        "a failed build is the task's verdict")
+    q.add_argument("--base-map", default=os.environ.get("ARENA_IMAGE_BASE_MAP", ""),
+                   help="with --build: base images as local ones (as arena images build --base-map)")
     q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_tasks_validate)
+    q = tasks.add_parser("export", help="write Arena tasks as tasks of another format (harbor: task "
+                                        "directories and a dataset.toml Harbor's loader accepts)")
+    q.add_argument("format", choices=["harbor"])
+    q.add_argument("path", help="an import's output directory, or one task file (reward_file tasks)")
+    q.add_argument("--out", required=True, help="directory for <name>/ per task and dataset.toml")
+    q.add_argument("--dataset-name", default="arena/exported", help="dataset.toml's [dataset] name (org/name)")
+    q.set_defaults(func=cmd_tasks_export)
     q = tasks.add_parser("init", help="write a skeleton task (instructions, repository, tests verifier, "
                                       "oracle solution) to a new directory NAME")
     q.add_argument("name", help="the directory, named after the task id")
@@ -789,21 +805,32 @@ def cmd_tasks_import(args) -> int:
     return formats.load(args.format).run(args, lambda: _client(args))
 
 
-def _shown_reward(view) -> str:
-    """A final rollout's reward as a table shows it: the reward, ``?`` for a completed rollout
-    without one, else the state (``(infra)`` when an infrastructure error ended it)."""
-    if view.reward is not None:
-        return f"{view.reward:g}"
-    if view.state.value == "completed":
-        return "?"
-    return view.state.value + (" (infra)" if view.infrastructure else "")
-
-
 def cmd_tasks_validate(args) -> int:
-    """Each task's gold patch must score 1 and an empty patch 0, through the running stack."""
+    """Each task's oracle (gold patch, solve.sh) must score 1 and doing nothing 0, through the running stack."""
     from arena import datasets
 
     return _check_tasks(args, list(datasets.iter_task_files(Path(args.path))), oracle_required=False)
+
+
+def cmd_tasks_export(args) -> int:
+    """``arena tasks export harbor PATH --out DIR``: each task as a Harbor task, and a dataset.toml."""
+    from arena import datasets
+    from arena.formats import harbor
+    from arena.tasks import load_task
+
+    tasks = [(p, load_task(p)) for p in datasets.iter_task_files(Path(args.path))]
+    if not tasks:
+        raise InvalidRequest(f"no task files in {args.path}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        exported = harbor.export_dataset(tasks, out, args.dataset_name)
+    except harbor.HarborError as exc:
+        raise InvalidRequest(str(exc)) from None
+    for directory in exported:
+        print(f"{directory}  {harbor.task_digest(directory)}")
+    print(f"wrote {len(exported)} Harbor task(s) and {out / 'dataset.toml'}")
+    return 0
 
 
 def cmd_tasks_check(args) -> int:
@@ -814,52 +841,17 @@ def cmd_tasks_check(args) -> int:
 
 
 def _check_tasks(args, paths: list[Path], *, oracle_required: bool) -> int:
-    """Submit each task twice, its agent replaced by one that applies ``gold/<id>.patch`` (when
-    there is one) and by one that does nothing; wait (with progress) and print a verdict per task."""
-    import tempfile
+    """Each task's oracle must score 1 and doing nothing 0 (:mod:`arena.validate`)."""
+    from arena import validate
 
-    from arena.authoring import oracle_patch
-    from arena.progress import WaitProgress, as_finished, outcome_of
-    from arena_core.schemas import AgentSpec
-    from arena.tasks import load_task
-
-    apply_gold = ("git apply --whitespace=nowarn /sandbox/agent/gold.patch && "
-                  "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done")
-    rows = []
-    with _client(args) as client, tempfile.TemporaryDirectory(prefix="arena-validate-") as tmp:
-        submitted = []
-        for path in paths:
-            task = load_task(path)
-            gold = oracle_patch(path, task) if oracle_required else path.parent / "gold" / f"{task.id}.patch"
-            runs = {"empty": AgentSpec(command=["sh", "-c", "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done"])}
-            if gold.is_file():
-                agent_dir = Path(tmp) / task.id
-                agent_dir.mkdir()
-                (agent_dir / "gold.patch").write_bytes(gold.read_bytes())
-                runs["gold"] = AgentSpec(command=["sh", "-c", apply_gold], path=str(agent_dir))
-            for kind, agent in runs.items():
-                view = client.submit(msgspec.structs.replace(task, agent=agent), metadata={"validate": kind})
-                submitted.append((task.id, kind, view.rollout_id))
-        results: dict[str, dict[str, str]] = {task_id: {} for task_id, _, _ in submitted}
-        progress = WaitProgress(len(submitted), "validate")
-        with progress:
-            for (task_id, kind, rid), view in as_finished(submitted, lambda s: client.wait(s[2], timeout=args.timeout)):
-                progress.finished(f"{task_id} {kind} {rid} reward "
-                                  f"{'-' if view.reward is None else format(view.reward, 'g')}",
-                                  outcome_of(view) if view.state.is_final else "failed")
-                results[task_id][kind] = _shown_reward(view)
-                rows.append((task_id, kind, view))
-    bad = 0
-    print(f"{'instance':<40} {'gold':>8} {'empty':>8}  verdict")
-    for task_id, got in results.items():
-        ok = got.get("gold") == "1" and got.get("empty") == "0"
-        bad += not ok
-        print(f"{task_id:<40} {got.get('gold', '-'):>8} {got.get('empty', '-'):>8}  {'ok' if ok else 'INVALID'}")
-    if args.verbose:
-        for task_id, kind, view in rows:
-            print(f"  {task_id} {kind}: {view.state.value}: {view.reason}")
-    print(f"{len(results) - bad}/{len(results)} valid")
-    return 1 if bad else 0
+    runs = getattr(args, "runs", 1)
+    if not 1 <= runs <= 20:
+        raise InvalidRequest(f"--runs takes 1 to 20, not {runs}")
+    with _client(args) as client:
+        return validate.validate(client, paths, oracle_required=oracle_required, runs=runs,
+                                 provider=getattr(args, "provider", None), timeout=args.timeout,
+                                 verbose=args.verbose, build=getattr(args, "build", False),
+                                 base_map=getattr(args, "base_map", ""))
 
 
 def cmd_tasks_init(args) -> int:

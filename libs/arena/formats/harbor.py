@@ -369,3 +369,120 @@ def write_all(imported: list[Imported], out: Path, label: str) -> int:
               + (", oracle" if item.solution else ", no oracle"), flush=True)
     print(f"wrote {len(imported)} {label} task(s) to {out}")
     return 0
+
+
+# --------------------------------------------------------------------------- export
+
+_STEP_HEADING = re.compile(r"^## Step \d+: (\S+)\n\n", re.M)
+
+
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(float(value)) if isinstance(value, float) else str(value)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))
+
+
+def step_instructions(instructions: str, names: list[str]) -> dict[str, str]:
+    """Each step's instruction back out of the one prompt the import made of them."""
+    parts = _STEP_HEADING.split(instructions)
+    found = {parts[i]: parts[i + 1].strip() + "\n" for i in range(1, len(parts) - 1, 2)}
+    return {name: found.get(name, f"Step {name}.\n") for name in names}
+
+
+def export_task(task_file: Path, task, out: Path) -> Path:
+    """An imported (or hand-written) Arena task with a ``reward_file`` verifier as a Harbor task
+    directory under ``out``; returns it. Its environment is the build context beside the task
+    file, else ``FROM`` the task's image."""
+    from arena_core.schemas import RewardFileVerifier
+
+    verifier = task.verifier
+    if not isinstance(verifier, RewardFileVerifier):
+        kind = type(verifier).__struct_config__.tag if verifier is not None else "none"
+        raise HarborError(f"task {task.id}: its verifier is {kind}; only reward_file tasks (Harbor's rule) "
+                          "export as Harbor tasks")
+    name = task.metadata.get("harbor_name") or f"arena/{task.id}"
+    if "/" not in name:
+        name = f"arena/{name}"
+    directory = out / task_id(name.split("/", 1)[1])
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    workdir = task.metadata.get("workdir") or task.workspace_mount() or DEFAULT_WORKDIR
+    lines = ['schema_version = "1.4"']
+    if verifier.steps:
+        lines.append(f'multi_step_reward_strategy = "{verifier.strategy}"')
+    lines += ["", "[task]", f"name = {_toml_value(name)}", ""]
+    meta = {k.removeprefix("harbor."): v for k, v in task.metadata.items() if k.startswith("harbor.")}
+    meta.update({"arena_task_id": task.id})
+    lines += ["[metadata]", *(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in sorted(meta.items())), ""]
+    lines += ["[verifier]", f"timeout_sec = {float(verifier.timeout_s)}"]
+    if verifier.env:
+        lines += [f"env = {_toml_value(verifier.env)}"]
+    lines += ["", "[agent]", f"timeout_sec = {float(task.budget.wall_clock_s)}", "",
+              "[environment]", f"workdir = {_toml_value(workdir)}", ""]
+    for step in verifier.steps:
+        lines += ["[[steps]]", f"name = {_toml_value(step.name)}"]
+        if step.min_reward is not None:
+            lines.append(f"min_reward = {_toml_value(step.min_reward)}")
+        if step.timeout_s:
+            lines += [f"verifier = {{ timeout_sec = {float(step.timeout_s)} }}"]
+        lines.append("")
+    (directory / "task.toml").write_text("\n".join(lines))
+    context = task_file.parent / task.metadata["environment"] if task.metadata.get("environment") else None
+    if context is not None and (context / "Dockerfile").is_file():
+        shutil.copytree(context, directory / "environment", symlinks=True)
+    else:
+        if not task.image_of():
+            raise HarborError(f"task {task.id}: no build context and no image to make its environment from")
+        (directory / "environment").mkdir()
+        (directory / "environment" / "Dockerfile").write_text(f"FROM {task.image_of()}\nWORKDIR {workdir}\n")
+
+    def put(top: Path, files: dict[str, bytes], executable: str) -> None:
+        for rel, data in files.items():
+            path = top / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if rel == executable:
+                path.chmod(0o755)
+
+    put(directory / "tests", verifier.files, verifier.script)
+    solutions = task_file.parent / "solutions" / task.id
+    if verifier.steps:
+        texts = step_instructions(task.instructions, [s.name for s in verifier.steps])
+        for step in verifier.steps:
+            step_dir = directory / "steps" / step.name
+            step_dir.mkdir(parents=True)
+            (step_dir / "instruction.md").write_text(texts[step.name])
+            put(step_dir / "tests", step.files, step.script)
+            if (solutions / "steps" / step.name).is_dir():
+                shutil.copytree(solutions / "steps" / step.name, step_dir / "solution")
+    else:
+        (directory / "instruction.md").write_text(task.instructions)
+    if solutions.is_dir():
+        for item in solutions.iterdir():
+            if item.name == "steps" and verifier.steps:
+                continue
+            target = directory / "solution" / item.name
+            target.parent.mkdir(exist_ok=True)
+            shutil.copytree(item, target) if item.is_dir() else shutil.copy(item, target)
+        if (directory / "solution" / "solve.sh").is_file():
+            (directory / "solution" / "solve.sh").chmod(0o755)
+    return directory
+
+
+def export_dataset(paths: list[tuple[Path, Any]], out: Path, dataset_name: str) -> list[Path]:
+    """Every task as a Harbor task under ``out``, and ``out/dataset.toml`` pinning each by its digest."""
+    exported = []
+    for task_file, task in paths:
+        exported.append(export_task(task_file, task, out))
+    lines = ["# written by arena tasks export harbor", "[dataset]", f"name = {_toml_value(dataset_name)}", ""]
+    for directory in exported:
+        name = read_toml(directory / "task.toml")["task"]["name"]
+        lines += ["[[tasks]]", f"name = {_toml_value(name)}", f'digest = "{task_digest(directory)}"', ""]
+    (out / "dataset.toml").write_text("\n".join(lines))
+    return exported

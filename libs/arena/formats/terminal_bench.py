@@ -140,7 +140,8 @@ def to_harbor(task_dir: Path, dest: Path) -> Path:
         if any(f"{verb} {prefix}{what}" in text for verb in ("COPY", "ADD") for prefix in ("", "./")):
             raise harbor.HarborError(f"task {name}: its Dockerfile copies {what} into the image, where the agent "
                                      "would read it: Arena keeps tests and solutions out of the agent's sandbox")
-    dockerfile.write_text(text.rstrip("\n") + "\n" + "".join(f"{line}\n" for line in _dockerfile_additions(main)))
+    dockerfile.write_text((text if text.endswith("\n") else text + "\n") + "\n# Mapped from docker-compose.yaml\n"
+                          + "".join(f"{line}\n" for line in _dockerfile_additions(main)))
     tests = dest / "tests"
     if (task_dir / "tests").is_dir():
         shutil.copytree(task_dir / "tests", tests)
@@ -169,15 +170,26 @@ def _toml_str(value: str) -> str:
 
 
 def _dockerfile_additions(service: dict[str, Any]) -> list[str]:
-    """What Harbor's mapper moves from the compose service into the Dockerfile: ``TEST_DIR``, the
-    service's own environment, its working directory."""
+    """What Harbor's mapper moves from the compose service into the Dockerfile
+    (``extract_dockerfile_additions``): ``TEST_DIR``, the service's own environment, its working
+    directory, exposed ports, entrypoint."""
+    import json
+
     lines = ["ENV TEST_DIR=/tests"]
     env = service.get("environment")
-    items = env.items() if isinstance(env, dict) else [tuple(e.split("=", 1)) for e in env or [] if "=" in e
-                                                         and e not in _DEFAULT_ENV]
-    for key, value in items:
-        if key != "TEST_DIR":
-            lines.append(f"ENV {key}={value}")
-    if service.get("working_dir"):
+    if isinstance(env, list):
+        for item in env:
+            if item in _DEFAULT_ENV:
+                continue
+            lines.append(f"ENV {item}")
+    elif isinstance(env, dict):
+        lines += [f"ENV {k}={v}" for k, v in env.items() if f"{k}={v}" not in _DEFAULT_ENV]
+    if "working_dir" in service and "${" not in str(service["working_dir"]):
         lines.append(f"WORKDIR {service['working_dir']}")
+    if "expose" in service:
+        ports = service["expose"] if isinstance(service["expose"], list) else [service["expose"]]
+        lines += [f"EXPOSE {port}" for port in ports]
+    if "entrypoint" in service:
+        entry = service["entrypoint"]
+        lines.append(f"ENTRYPOINT {json.dumps(entry if isinstance(entry, list) else [entry])}")
     return lines
