@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SHELL  := /bin/bash
 
-.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv harbor-venv test-datasets
+.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images images-newest test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv harbor-venv test-datasets
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -40,7 +40,9 @@ demo-rl: venv
 ## the scaffolds' end-to-end tests that need images or Python 3.12 virtualenvs: `make test-agents`
 AGENT_TESTS := tests/e2e/test_agent_claude_code.py tests/e2e/test_agent_opencode.py \
 	tests/e2e/test_agent_mini_swe_agent_image.py tests/e2e/test_agent_openhands.py tests/e2e/test_agent_terminus2.py \
-	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py
+	tests/e2e/test_agent_openhands_image.py tests/e2e/test_agent_terminus2_image.py \
+	tests/e2e/test_agent_qwen_code.py tests/e2e/test_agent_codex.py tests/e2e/test_agent_gemini_cli.py \
+	tests/e2e/test_agent_newest_releases.py
 
 ## SmolLM2-135M-Instruct's GGUF file, OpenPipe ART and veRL, each without its own dependencies
 ## (they pull GPU stacks): deploy/rl-deps.txt
@@ -164,9 +166,14 @@ images:
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES="$${ARENA_IMAGES:-all}" bash deploy/docker-engine.sh images; \
 	else bash deploy/images/build.sh $${ARENA_IMAGES:-all}; fi
 
+## the newest release of each scaffold (npm view / pip index versions) where it is not the pinned one, as
+## arena/<name>:newest (deploy/images/releases.py; run by tests/e2e/test_agent_newest_releases.py)
+images-newest: venv
+	$(PY) deploy/images/releases.py --build
+
 ## the scaffolds in their images through the real stack (docker provider on Podman, scripted LLM), and
-## OpenHands and Terminus-2 on the local provider too (their Python 3.12 virtualenvs)
-test-agents: venv images
+## OpenHands and Terminus-2 on the local provider too (their Python 3.12 virtualenvs); the newest releases
+test-agents: venv images images-newest
 	$(PY) -m arena_core.scaffolds.install openhands terminus-2 && $(VENV)/bin/pytest -q -rs $(AGENT_TESTS)
 
 ## regenerate proto/ from the msgspec schemas

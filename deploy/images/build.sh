@@ -373,6 +373,19 @@ for name in "${order[@]:1}"; do
     esac) | h)"
 done
 
+version_of() {  # the scaffold version image $1 installs ("" for the bases): its label arena.version
+  case "$1" in
+    claude-code) echo "$claude_code_version" ;;
+    opencode) echo "$opencode_version" ;;
+    mini-swe-agent) echo "$mini_swe_agent_version" ;;
+    qwen-code) echo "$qwen_code_version" ;;
+    codex) echo "$codex_version" ;;
+    gemini-cli) echo "$gemini_cli_version" ;;
+    openhands|terminus-2)
+      "$py" -c 'import sys; from arena_core.scaffolds import install as i; print(i.requirements(sys.argv[1])[0].split("==")[-1])' "$1" ;;
+  esac
+}
+
 current() {  # image is present with build hash $2
   [ "${ARENA_REBUILD_IMAGES:-0}" != "1" ] && pm image exists "$1" &&
     [ "$(pm image inspect --format '{{ index .Labels "arena.build" }}' "$1")" = "$2" ]
@@ -402,7 +415,8 @@ for name in "${order[@]}"; do
     mkdir -p "$ctx/rootfs" "$ctx/site" "$ctx/data"
     "stage_$name" "$ctx"
     cp "$here/$name/Containerfile" "$ctx/"
-    pm build -q --label "arena.build=${hash[$name]}" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
+    pm build -q --label "arena.build=${hash[$name]}" --label "arena.version=$(version_of "$name")" \
+      -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
     rm -rf "$ctx"; trap - EXIT
   fi
   echo "built $image ($((SECONDS - start)) s)" >&2

@@ -14,6 +14,7 @@ import argparse
 import fcntl
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,14 @@ def requirements(name: str) -> tuple[str, ...]:
     reqs = getattr(module, "REQUIREMENTS", ())
     if not reqs:
         raise ValueError(f"scaffold {name!r} has no pip requirements to install (it ships in its image)")
+    # ARENA_<NAME>_VERSION (e.g. ARENA_OPENHANDS_VERSION=1.17.0) pins the scaffold's own package at
+    # another version: deploy/images/releases.py builds the newest releases beside the pinned ones
+    override = os.environ.get(f"ARENA_{name.upper().replace('-', '_')}_VERSION", "").strip()
+    if override:
+        if not re.fullmatch(r"[0-9A-Za-z.+!-]+", override):
+            raise ValueError(f"scaffold {name!r}: version override {override!r} is not a version")
+        first = re.split(r"[=<>!~\[ ]", reqs[0], maxsplit=1)[0]
+        reqs = (f"{first}=={override}", *reqs[1:])
     return tuple(reqs)
 
 
