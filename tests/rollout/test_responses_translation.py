@@ -52,6 +52,14 @@ def test_items_become_chat_messages_one_assistant_turn_per_answer():
     assert sent["parallel_tool_calls"] is False and sent["reasoning_effort"] == "high"
 
 
+def test_reasoning_with_only_encrypted_content_adds_no_empty_message():
+    sent, _ = responses.to_openai({"input": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {"role": "user", "content": "again"}]})
+    assert sent["messages"] == [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+
+
 def test_a_structured_output_format_becomes_the_chat_response_format():
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
     sent, _ = responses.to_openai({"input": "x", "text": {"format": {"type": "json_schema", "name": "v",

@@ -96,9 +96,10 @@ def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def close() -> None:
         nonlocal turn
-        if turn is not None:
-            out.append(turn)
-            turn = None
+        if turn is not None and (turn["content"] is not None or turn.get("tool_calls")
+                                 or turn.get("reasoning_content")):
+            out.append(turn)  # (a turn of nothing but encrypted reasoning is no message)
+        turn = None
 
     def open_turn(fresh: bool) -> dict[str, Any]:
         nonlocal turn
