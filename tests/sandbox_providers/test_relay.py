@@ -47,6 +47,19 @@ def test_route_of_lets_through_only_the_rollouts_proxy_routes(method, target, ro
     assert relay.route_of(method, target, PREFIX) == route
 
 
+@pytest.mark.parametrize(("target", "anthropic", "shape"), [
+    (b"/v1/rollouts", False, {"code": "not_found", "message": "m"}),
+    (b"/proxy/r-1/v1/embeddings", False, {"message": "m", "type": "not_found_error", "param": None,
+                                          "code": "not_found"}),
+    (b"/proxy/r-1/v1/responses?x=1", False, {"message": "m", "type": "not_found_error", "param": None,
+                                             "code": "not_found"}),
+    (b"/proxy/r-1/v1/messages/x", False, {"type": "not_found_error", "message": "m"}),
+    (b"/proxy/r-1/v1beta/models/g:embedContent?key=k", False, {"code": 404, "message": "m", "status": "NOT_FOUND"}),
+])
+def test_a_refusal_has_the_error_shape_of_the_api_its_path_names(target, anthropic, shape):
+    assert json.loads(relay.error_body(404, "not_found", "m", target, anthropic))["error"] == shape
+
+
 class Upstream:
     """A minimal HTTP/1.1 server: answers each request with its own target and body, whole or
     (``stream``) chunked; ``hang`` keeps the request unanswered, ``half`` breaks off an answer
