@@ -134,3 +134,15 @@ def test_errors_are_googles_shape_on_gemini_paths():
     broken = b"".join(tr.feed(CHUNKS[1])) + tr.error("backend replica died mid-stream")
     assert json.loads(broken)[-1] == {"error": {"code": 502, "message": "backend replica died mid-stream",
                                                 "status": "UNAVAILABLE"}}
+
+
+def test_the_answer_and_every_chunk_validate_as_the_google_genai_sdks_own_types():
+    from google.genai import types
+
+    answer = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "content": "Looking.", "reasoning_content": "think", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+    types.GenerateContentResponse.model_validate(gemini.from_openai(answer, model="g", response_id="r"))
+    for doc in json.loads(run(gemini.StreamTranslator(model="g", response_id="r", sse=False))):
+        types.GenerateContentResponse.model_validate(doc)

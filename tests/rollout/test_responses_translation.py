@@ -168,3 +168,26 @@ def test_a_stream_broken_by_the_backend_ends_with_response_failed():
     (failed,) = events([tr.error("backend replica r died mid-stream")])
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"]["message"] == "backend replica r died mid-stream"
+
+
+def test_the_answer_and_every_event_validate_as_the_openai_sdks_own_types():
+    """The SDK builds its objects without validating them; validated here, every field the
+    SDK's types require is there, with its type."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    answer = chat_answer({"role": "assistant", "content": "Looking.", "reasoning_content": "think", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]}, "tool_calls")
+    body = {"input": "x", "tools": TOOLS, "instructions": "You code.", "max_output_tokens": 9}
+    Response.model_validate(responses.from_openai(answer, body, response_id="resp_1", created_at=1, model="m"))
+    tr = responses.StreamTranslator(body, response_id="resp_1", model="m")
+    pieces = []
+    for chunk in ({"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
+                  {"choices": [{"index": 0, "delta": {"content": "Do"}}]},
+                  {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {
+                      "name": "shell", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]}):
+        pieces += tr.feed(chunk)
+    pieces += [*tr.end(), tr.error("cut")]
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for event in events(pieces):
+        adapter.validate_python(event)

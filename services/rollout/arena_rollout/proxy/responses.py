@@ -224,7 +224,7 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
     reasoning = int(((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")) or 0)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion}
 
