@@ -123,6 +123,9 @@ def test_the_stream_as_server_sent_events_and_as_a_json_array_says_the_same():
     assert [p for d in docs for p in d["candidates"][0]["content"]["parts"]] == [
         {"text": "Do"}, {"functionCall": {"id": "call_7", "name": "shell", "args": {"cmd": "ls"}}}]
     assert docs[-1]["candidates"][0]["finishReason"] == "STOP" and docs[-1]["usageMetadata"]["totalTokenCount"] == 7
+    # the last text piece goes with the last chunk: no chunk is a lone empty text part
+    assert docs[-1]["candidates"][0]["content"]["parts"][0] == {"text": "Do"}
+    assert all(p != {"text": ""} for d in docs for p in d["candidates"][0]["content"]["parts"])
 
 
 def test_errors_are_googles_shape_on_gemini_paths():

@@ -231,14 +231,17 @@ def from_openai(answer: dict[str, Any], *, model: str, response_id: str) -> dict
 
 class StreamTranslator:
     """OpenAI chat chunks in, ``GenerateContentResponse`` chunks out: server-sent events
-    (``sse``) or the pieces of one JSON array. Text and thoughts go as they come; function
-    calls, the finish reason and the usage with the last chunk (Gemini sends a call whole)."""
+    (``sse``) or the pieces of one JSON array. Text and thoughts go as they come, one piece
+    behind: the last piece goes with the function calls (Gemini sends a call whole), the
+    finish reason and the usage, as Google's last chunk does (Gemini CLI takes a chunk whose
+    only part is empty text for an invalid one)."""
 
     def __init__(self, *, model: str, response_id: str, sse: bool):
         self.model, self.id, self.sse = model, response_id, sse
         self.content_type = b"text/event-stream; charset=utf-8" if sse else b"application/json; charset=utf-8"
         self.opened = False  # the JSON array's "[" went out
         self.calls: dict[int, dict[str, Any]] = {}
+        self.held: list[dict[str, Any]] = []  # the last text or thought parts, not sent yet
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
 
@@ -270,7 +273,9 @@ class StreamTranslator:
             if delta.get("content"):
                 parts.append({"text": delta["content"]})
             if parts:
-                out.append(self._chunk(parts))
+                if self.held:
+                    out.append(self._chunk(self.held))
+                self.held = parts
             for call in delta.get("tool_calls") or []:
                 held = self.calls.setdefault(int(call.get("index") or 0), {"id": None, "name": "", "arguments": ""})
                 fn = call.get("function") or {}
@@ -282,15 +287,17 @@ class StreamTranslator:
         return out
 
     def end(self) -> list[bytes]:
-        parts = [{"functionCall": {"id": c["id"], "name": c["name"], "args": _args(c["arguments"])}}
-                 for _, c in sorted(self.calls.items())] or [{"text": ""}]
+        parts = [*self.held, *({"functionCall": {"id": c["id"], "name": c["name"], "args": _args(c["arguments"])}}
+                               for _, c in sorted(self.calls.items()))] or [{"text": ""}]
         out = [self._chunk(parts, self.finish or "stop", self.usage or {})]
         if not self.sse:
             out.append(b"\n]")
         return out
 
     def error(self, message: str) -> bytes:
-        piece = self._piece({"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}})
+        """The last pieces when the backend broke mid-answer: the text held back, then the error."""
+        held = self._chunk(self.held) if self.held else b""
+        piece = held + self._piece({"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}})
         return piece if self.sse else piece + b"\n]"
 
 
