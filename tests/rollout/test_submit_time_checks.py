@@ -36,7 +36,7 @@ def body(**task_changes) -> dict:
 @pytest.mark.parametrize(("changes", "where", "valid"), [
     ({"provider": "dockr"}, "$.provider", "docker, local, mock"),
     ({"task": body(agent={"scaffold": {"name": "mini-swe"}})["task"]}, "$.task.agent.scaffold.name",
-     "claude-code, mini-swe-agent, opencode, openhands, terminus-2"),
+     "claude-code, codex, gemini-cli, mini-swe-agent, opencode, openhands, qwen-code, terminus-2"),
     ({"task": body(verifier={"type": "tests", "command": "pytest", "parser": "pytset"})["task"]},
      "$.task.verifier.parser", "pytest"),
 ])
@@ -123,9 +123,10 @@ async def test_a_submission_for_a_model_no_replica_serves_is_a_422(rollout_serve
 
 
 def test_the_local_provider_can_launch_the_scaffolds_installed_and_those_that_need_no_install(tmp_path):
-    assert launchable(None) == ["claude-code", "opencode"]  # nothing installed: only those shipping no install
+    shipped = ["claude-code", "opencode", "qwen-code", "codex", "gemini-cli"]  # in their images: no install
+    assert launchable(None) == shipped  # nothing installed: only those shipping no install
     (tmp_path / "mini-swe-agent" / "bin").mkdir(parents=True)
-    assert launchable(tmp_path) == ["mini-swe-agent", "claude-code", "opencode"]
+    assert launchable(tmp_path) == ["mini-swe-agent", *shipped]
 
 
 async def test_a_scaffold_no_sandbox_worker_can_launch_is_refused_at_submission(bus, rollout_server, tmp_path):
