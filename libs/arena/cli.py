@@ -609,6 +609,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --build: base images as local ones (as arena images build --base-map)")
     q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_tasks_validate)
+    q = tasks.add_parser("audit", parents=[stack],
+                         help="the hack suite against each task (through the running stack): the share of hacks "
+                              "that scored above a do-nothing agent, per task and in total (arena.audit)")
+    q.add_argument("path", help="an import's output directory, or one task file")
+    q.add_argument("--hack", action="append", help="only this hack (repeatable; default: all of arena.hacks)")
+    q.add_argument("--provider", choices=["local", "docker"],
+                   help="sandbox provider (default: docker for a task with its own image, else local)")
+    q.add_argument("--timeout", type=float, default=900.0)
+    q.add_argument("-v", "--verbose", action="store_true")
+    q.set_defaults(func=cmd_tasks_audit)
     q = tasks.add_parser("export", help="write Arena tasks as tasks of another format (harbor: task "
                                         "directories and a dataset.toml Harbor's loader accepts)")
     q.add_argument("format", choices=["harbor"])
@@ -810,6 +820,18 @@ def cmd_tasks_validate(args) -> int:
     from arena import datasets
 
     return _check_tasks(args, list(datasets.iter_task_files(Path(args.path))), oracle_required=False)
+
+
+def cmd_tasks_audit(args) -> int:
+    """``arena tasks audit PATH``: every hack agent and a do-nothing agent on each task (:mod:`arena.audit`)."""
+    from arena import audit, datasets
+
+    paths = list(datasets.iter_task_files(Path(args.path)))
+    if not paths:
+        raise InvalidRequest(f"no task files in {args.path}")
+    with _client(args) as client:
+        return audit.audit(client, paths, hacks=args.hack, provider=args.provider, timeout=args.timeout,
+                           verbose=args.verbose)
 
 
 def cmd_tasks_export(args) -> int:
