@@ -5,7 +5,8 @@ their registries (`npm view <package> version`, `pip index versions <package>`).
     python deploy/images/releases.py --build    # build arena/<name>:newest for every scaffold whose newest
                                                 # release is not the pinned one (build.sh with ARENA_IMAGE_TAG=
                                                 # newest and the version variables); as root through the docker
-                                                # engine's store (deploy/docker-engine.sh images)
+                                                # engine's store (deploy/docker-engine.sh images); the JSON is
+                                                # kept in .arena/scaffold-releases.json for the test
 
 Pinned versions come from build.sh's defaults (the npm scaffolds, mini-swe-agent) and from the presets'
 REQUIREMENTS (OpenHands, Terminus-2: their images are built by the local provider's installer).
@@ -23,6 +24,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+#: What the last `--build` resolved (tests/e2e/test_agent_newest_releases.py reads it: the test itself
+#: never asks a registry, so `make test` stays offline).
+RESOLVED = REPO / ".arena" / "scaffold-releases.json"
 
 #: name -> (registry, package, build.sh's version variable, where the pin is)
 SCAFFOLDS = {
@@ -94,4 +98,6 @@ if __name__ == "__main__":
     found = releases()
     if "--build" in sys.argv[1:]:
         build(found)
+        RESOLVED.parent.mkdir(parents=True, exist_ok=True)
+        RESOLVED.write_text(json.dumps(found, indent=1))
     print(json.dumps(found, indent=1))
