@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -221,3 +222,35 @@ def test_gemini_cli_wrapper_is_not_done_after_an_error(tmp_path):
     code, arena, log = run_wrapper(tmp_path, "gemini-cli", FAKE_GEMINI, "api-error")
     assert code == 1 and not (arena / "done").exists()
     assert json.loads((arena / "result.json").read_text())["status"] == "error"
+
+
+# --------------------------------------------------------------------------- versions beside the pins
+
+def test_a_version_variable_pins_a_python_scaffold_at_another_release(monkeypatch):
+    """``ARENA_<NAME>_VERSION``: how deploy/images/releases.py builds the newest OpenHands or harbor."""
+    from arena_core.scaffolds import install
+
+    (pinned,) = install.requirements("terminus-2")
+    assert pinned.startswith("harbor==")
+    monkeypatch.setenv("ARENA_TERMINUS_2_VERSION", "0.27.1")
+    assert install.requirements("terminus-2") == ("harbor==0.27.1",)
+    monkeypatch.setenv("ARENA_TERMINUS_2_VERSION", "0.27; rm -rf /")
+    with pytest.raises(ValueError, match="not a version"):
+        install.requirements("terminus-2")
+
+
+def test_the_releases_script_reads_the_pins_of_the_images_and_the_presets():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("releases", Path(__file__).resolve().parents[2] / "deploy" /
+                                                  "images" / "releases.py")
+    releases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(releases)
+    from arena_core.scaffolds import openhands, terminus2
+
+    for name in releases.SCAFFOLDS:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", releases.pinned(name)), name
+    assert f"openhands=={releases.pinned('openhands')}" in openhands.REQUIREMENTS
+    assert f"harbor=={releases.pinned('terminus-2')}" in terminus2.REQUIREMENTS
+    build = (Path(releases.__file__).parent / "build.sh").read_text()
+    assert f'ARENA_CLAUDE_CODE_VERSION:-{releases.pinned("claude-code")}' in build
