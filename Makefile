@@ -109,7 +109,9 @@ demo-openenv: venv
 ## logs printed after, each with its slowest tests), the rest (where the docker engine and its images are
 ## set up) in the third; `make test-serial` runs them as one process. mini-swe-agent's end-to-end tests
 ## run last in the second: its virtualenv builds in the background meanwhile (tests/conftest.py).
-TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS))
+ROW_IMAGE_TESTS := tests/e2e/test_row_datasets_in_images.py
+TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
+	$(ROW_IMAGE_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
 TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
@@ -154,11 +156,14 @@ harbor-venv:
 		.arena/harbor-venv/bin/pip install --quiet --disable-pip-version-check 'harbor==0.26.0'
 
 ## Harbor and Terminal-Bench datasets: the fast tests, then import -> arena images build (Podman, offline,
-## base mapped to arena/quickstart) -> validate (oracle 1, null 0, 3 runs) through the real stack (as root)
+## base mapped to arena/quickstart) -> validate (oracle 1, null 0, 3 runs) through the real stack (as root);
+## SWE-smith and R2E-Gym rows in images built here (FROM arena/quickstart): import --from-images ->
+## validate --runs 3 -> audit of every task (no hack above a do-nothing agent)
 test-datasets: venv harbor-venv
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=quickstart bash deploy/docker-engine.sh images; fi
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
 		tests/verification/test_reward_file_rule.py tests/e2e/test_harbor_terminal_bench_datasets.py
+	$(PY) -m pytest -q -p no:cacheprovider $(ROW_IMAGE_TESTS)
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
 ## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman

@@ -208,7 +208,7 @@ def agent_tree(files: ImageFiles, dest: Path, hidden: Path) -> None:
     import shutil
 
     shutil.copytree(files.testbed, dest, symlinks=True,
-                    ignore=lambda d, names: [n for n in names if Path(d) == files.testbed and n in HIDDEN_NAMES])
+                    ignore=lambda d, names: [n for n in names if Path(d) == files.testbed and n in (*HIDDEN_NAMES, ".git")])
     shutil.copytree(files.tests, hidden / TESTS_DIR, symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
@@ -241,12 +241,32 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("file", help="JSONL, JSON or Parquet rows (docker_image, repo_name, problem_statement, "
                                 "expected_output_json, parsed_commit_content)")
     q.add_argument("--out", required=True, help="directory for <id>.json and gold/<id>.patch")
-    q.add_argument("--roots", required=True,
-                   help="directory of image roots, one per docker_image (owner/name:tag -> owner__name--tag/), "
-                        "each with testbed/, r2e_tests/ and run_tests.sh as in the image")
+    where = q.add_mutually_exclusive_group(required=True)
+    where.add_argument("--roots",
+                       help="directory of image roots, one per docker_image (owner/name:tag -> owner__name--tag/), "
+                            "each with testbed/, r2e_tests/ and run_tests.sh as in the image")
+    where.add_argument("--from-images", action="store_true",
+                       help="read each row's docker_image (local store) and derive the agent's image from it "
+                            "with Podman, without /r2e_tests and run_tests.sh")
     q.add_argument("--image", help="tasks run in this image (default: the provider's)")
     q.add_argument("--agent-command", help="the agent (sh -c) every task runs; default: none yet")
     q.add_argument("--test-timeout", type=float, default=300.0, help="R2E-Gym's own is 300 s")
+
+
+#: Every place an R2E-Gym image (or its set-up) keeps what the agent must not see.
+HIDDEN_PATHS = ("/r2e_tests", "/root/r2e_tests", "/testbed/r2e_tests", "/testbed/run_tests.sh", "/root/run_tests.sh")
+
+
+def image_root(row: R2eGymRow, work: Path) -> tuple[Path, Source]:
+    """The row's image read into a root directory, and the agent's image derived from it without
+    the hidden tests and the script (an :class:`ImageSource` at ``/testbed``)."""
+    from arena.formats import row_images
+    from arena_core.schemas import ImageSource
+
+    root = row_images.read_paths(row.docker_image, ["/testbed", "/r2e_tests", "/root/r2e_tests",
+                                                    "/root/run_tests.sh"], work / "root")
+    tag = row_images.derive(row.docker_image, ["RUN rm -rf " + " ".join(HIDDEN_PATHS)], label=row.instance_id())
+    return root, ImageSource(image=tag, path="/testbed")
 
 
 def run(args: argparse.Namespace, connect) -> int:
@@ -258,20 +278,23 @@ def run(args: argparse.Namespace, connect) -> int:
     from arena_core.schemas import BundleSource
 
     rows = read_rows(args.file)
-    roots = Path(args.roots)
+    roots = Path(args.roots) if args.roots else None
     agent = AgentSpec(command=["sh", "-c", args.agent_command]) if args.agent_command else datasets.UNSET_AGENT
     out = Path(args.out)
     with connect() as client, WaitProgress(len(rows), "import") as progress:
         for i, row in enumerate(rows, 1):
-            root = roots / image_dir_name(row.docker_image)
-            if not root.is_dir():
-                raise InvalidRequest(f"{row.instance_id()}: no root of {row.docker_image} in {roots} "
-                                     f"(expected {image_dir_name(row.docker_image)}/)")
-            files = image_files(root)
             with tempfile.TemporaryDirectory(prefix="arena-import-") as tmp:
+                if roots is None:
+                    root, image_source = image_root(row, Path(tmp))
+                else:
+                    root, image_source = roots / image_dir_name(row.docker_image), None
+                    if not root.is_dir():
+                        raise InvalidRequest(f"{row.instance_id()}: no root of {row.docker_image} in {roots} "
+                                             f"(expected {image_dir_name(row.docker_image)}/)")
+                files = image_files(root)
                 tree, hidden = Path(tmp) / "repo", Path(tmp) / "hidden"
                 agent_tree(files, tree, hidden)
-                source = BundleSource(digest=client.push_bundle(tree))
+                source = image_source or BundleSource(digest=client.push_bundle(tree))
                 hidden_digest = client.push_bundle(hidden)
             task = to_task(row, source=source, hidden_files=hidden_digest, run_tests=files.run_tests, agent=agent,
                            timeout_s=args.test_timeout, image=args.image)

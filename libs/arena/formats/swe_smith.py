@@ -164,9 +164,13 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("file", help="JSONL, JSON or Parquet rows (instance_id, repo, patch, FAIL_TO_PASS, PASS_TO_PASS, "
                                 "image_name, problem_statement)")
     q.add_argument("--out", required=True, help="directory for <instance_id>.json and gold/<instance_id>.patch")
-    q.add_argument("--mirrors", required=True,
-                   help="directory of local mirrors: owner__name.<commit>.bundle, owner__name.bundle, .git or a "
-                        "directory (the clean repository the bug patch applies to)")
+    where = q.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mirrors",
+                       help="directory of local mirrors: owner__name.<commit>.bundle, owner__name.bundle, .git or a "
+                            "directory (the clean repository the bug patch applies to)")
+    where.add_argument("--from-images", action="store_true",
+                       help="read each row's repository from its image_name (/testbed, in the local store) and "
+                            "derive the agent's image from it with Podman (the bug in, the F2P test files out)")
     q.add_argument("--image", help="tasks run in this image (default: the provider's; a row's image_name is kept "
                                    "in the task's metadata)")
     q.add_argument("--profiles", help="JSON of repo profiles: {\"owner__name.<commit>\": {\"test_cmd\": ..., "
@@ -186,6 +190,27 @@ def mirror_path(mirrors: Path, row: SweSmithRow) -> Path:
     return datasets.mirror_of(mirrors, slug)
 
 
+def image_source(row: SweSmithRow, work: Path) -> tuple[Source, Path]:
+    """The row's image made the agent's: its ``/testbed`` read, the bug applied and the F2P test
+    files moved out (to the returned directory), and an image derived with that tree at ``/testbed``."""
+    import shutil
+
+    from arena.formats import row_images
+    from arena_core.schemas import ImageSource
+
+    if not row.image_name:
+        raise InvalidRequest(f"{row.instance_id}: no image_name (give --mirrors instead)")
+    root = row_images.read_paths(row.image_name, ["/testbed"], work / "root")
+    tree, hidden = root / "testbed", work / "hidden"
+    if not tree.is_dir():
+        raise InvalidRequest(f"{row.instance_id}: image {row.image_name} has no /testbed")
+    shutil.rmtree(tree / ".git", ignore_errors=True)  # the agent's copy has no history
+    prepare_trees(row, tree, hidden)
+    tag = row_images.derive(row.image_name, ["RUN rm -rf /testbed", "COPY testbed /testbed"], context=root,
+                            label=row.instance_id)
+    return ImageSource(image=tag, path="/testbed"), hidden
+
+
 def run(args: argparse.Namespace, connect) -> int:
     import tempfile
 
@@ -202,16 +227,20 @@ def run(args: argparse.Namespace, connect) -> int:
         for i, row in enumerate(rows, 1):
             _, commit = row.mirror_and_commit()
             with tempfile.TemporaryDirectory(prefix="arena-import-") as tmp:
-                tree, hidden = Path(tmp) / "repo", Path(tmp) / "hidden"
-                datasets.checkout(mirror_path(Path(args.mirrors), row), commit, tree)
-                prepare_trees(row, tree, hidden)
-                source = BundleSource(digest=client.push_bundle(tree))
+                if args.from_images:
+                    source, hidden = image_source(row, Path(tmp))
+                else:
+                    tree, hidden = Path(tmp) / "repo", Path(tmp) / "hidden"
+                    datasets.checkout(mirror_path(Path(args.mirrors), row), commit, tree)
+                    prepare_trees(row, tree, hidden)
+                    source = BundleSource(digest=client.push_bundle(tree))
                 hidden_digest = client.push_bundle(hidden)
             task = to_task(row, source=source, hidden_files=hidden_digest, profile=profile_for(profiles, row),
                            agent=agent, timeout_s=args.test_timeout, image=args.image)
             write_task(out, task, gold_patch(row))
             print(f"[{i}/{len(rows)}] {task.id}: {len(row.FAIL_TO_PASS)} FAIL_TO_PASS, {len(row.PASS_TO_PASS)} "
-                  f"PASS_TO_PASS, F2P test files hidden", flush=True)
+                  f"PASS_TO_PASS, F2P test files hidden, source {source.__struct_config__.tag}"
+                  + (f" {source.image}" if args.from_images else ""), flush=True)
             progress.finished(task.id, "completed")
     print(f"wrote {len(rows)} task(s) to {out}")
     return 0
