@@ -18,6 +18,7 @@ from arena_core.schemas import RolloutState, SamplingParams
 from arena_core.sequences import assemble
 from arena_stack.scripted_llm import Faults
 
+from tests.rollout.test_proxy_responses_api import backend_reasons
 from tests.rollout.test_proxy_with_sdks import SCRIPT, assert_exact, stack  # noqa: F401 - the fixture
 
 MODEL = "gemini-2.5-pro"
@@ -187,3 +188,27 @@ async def test_budgets_and_sampling_injection_apply_as_on_the_chat_route(stack, 
     (step,) = await s.steps(rid, 1)
     assert step.sampling.temperature == 0.1 and step.sampling.top_p == 0.5
     assert (await s.service.store.get(rid))[0].state == RolloutState.BUDGET_EXHAUSTED
+
+
+async def test_reasoning_comes_back_as_thought_parts_and_goes_back_to_the_backend(stack, tmp_path, monkeypatch):
+    backend_reasons(monkeypatch, "think")
+    s = await stack()
+    rid, key = await s.rollout(tmp_path)
+    api = client(s, rid, key).aio
+    tools = [types.Tool(function_declarations=[READ_FILE])]
+    first = await api.models.generate_content(model=MODEL, contents="fix the median", config=config(tools=tools))
+    parts = first.candidates[0].content.parts
+    assert (parts[0].thought, parts[0].text) == (True, "think") and parts[1].function_call.name == "read_file"
+    (call,) = first.function_calls
+    history = [types.Content(role="user", parts=[types.Part(text="fix the median")]), first.candidates[0].content,
+               types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+                   id=call.id, name="read_file", response={"output": "def median(): ..."}))])]
+    chunks = [c async for c in await api.models.generate_content_stream(model=MODEL, contents=history,
+                                                                        config=config(tools=tools))]
+    thoughts = [p.text for c in chunks for p in c.candidates[0].content.parts if p.thought]
+    assert thoughts == ["think"] and "".join(c.text or "" for c in chunks) == SCRIPT.responses[0].content
+    sent = json.loads(s.backends["default"].requests[1])["messages"]
+    assert sent[2]["reasoning_content"] == "think" and sent[2]["tool_calls"][0]["id"] == call.id
+    steps = await s.steps(rid, 2)
+    sequences, breaks = assemble(steps)
+    assert len(sequences) == 1 and breaks == []

@@ -14,7 +14,7 @@ import pytest
 
 from arena_core.schemas import RolloutState, SamplingParams
 from arena_core.sequences import assemble
-from arena_stack.scripted_llm import Faults
+from arena_stack.scripted_llm import Faults, ScriptedLLM
 
 from tests.rollout.test_proxy_with_sdks import SCRIPT, assert_exact, stack  # noqa: F401 - the fixture
 
@@ -203,3 +203,47 @@ async def test_budgets_and_sampling_injection_apply_as_on_the_chat_route(stack, 
     steps = await s.steps(rid, 2)
     assert [st.sampling.temperature for st in steps] == [0.1, 0.1]
     assert (await s.service.store.get(rid))[0].state == RolloutState.BUDGET_EXHAUSTED
+
+
+def backend_reasons(monkeypatch, thought: str = "Check the median's middle pair first.") -> None:
+    """The scripted backend answers with ``reasoning_content`` too, whole and streamed, as
+    vLLM does with a reasoning parser (its token ids stay the content's)."""
+    complete, chunks = ScriptedLLM.complete, ScriptedLLM.chunks
+
+    def reasoned(self, body):
+        answer = complete(self, body)
+        answer["choices"][0]["message"]["reasoning_content"] = thought
+        return answer
+
+    def reasoned_chunks(self, body, *, chat):
+        out = chunks(self, body, chat=chat)
+        if chat:
+            out.insert(1, {**out[0], "choices": [{"index": 0, "delta": {"reasoning_content": thought},
+                                                  "logprobs": None, "finish_reason": None}]})
+        return out
+
+    monkeypatch.setattr(ScriptedLLM, "complete", reasoned)
+    monkeypatch.setattr(ScriptedLLM, "chunks", reasoned_chunks)
+
+
+async def test_reasoning_comes_back_as_a_reasoning_item_and_goes_back_to_the_backend(stack, tmp_path, monkeypatch):
+    backend_reasons(monkeypatch, "think")
+    s = await stack()
+    rid, key = await s.rollout(tmp_path)
+    api = client(s, rid, key)
+    first = await api.responses.create(model="m", input="fix the median", tools=TOOLS)
+    assert [i.type for i in first.output] == ["reasoning", "function_call"]
+    assert first.output[0].content[0].text == "think"
+    call = first.output[1]
+    history = [{"role": "user", "content": "fix the median"}, *(i.model_dump(exclude_none=True) for i in first.output),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "def median(): ..."}]
+    stream = await api.responses.create(model="m", input=history, tools=TOOLS, stream=True)
+    events = [e async for e in stream]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "think"
+    assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+    sent = json.loads(s.backends["default"].requests[1])["messages"]
+    assert sent[1] == {"role": "assistant", "content": None, "reasoning_content": "think", "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]}
+    steps = await s.steps(rid, 2)
+    sequences, breaks = assemble(steps)
+    assert len(sequences) == 1 and breaks == []
