@@ -63,6 +63,7 @@ log = logging.getLogger("arena.rollout.proxy")
 
 _SIDE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 _SAMPLED_PER_ROLLOUT = 1024
+_SSE = b"text/event-stream; charset=utf-8"
 
 
 def _path(api: str) -> str:
@@ -140,8 +141,7 @@ class Relay:
     the piece just returned is the stream's last: the server sends it together with the
     end of the response (one write, so the client is done one wake-up sooner)."""
 
-    def __init__(self, gen: AsyncIterator[bytes], on_unstarted,
-                 content_type: bytes = b"text/event-stream; charset=utf-8"):
+    def __init__(self, gen: AsyncIterator[bytes], on_unstarted, content_type: bytes = _SSE):
         self._gen = gen
         self._on_unstarted = on_unstarted
         self._started = False
@@ -247,7 +247,7 @@ class ProxyHandler:
         translator = translation.stream() if translation is not None else None
         relay = Relay(self._relay(call, up, translator, client_usage=client_usage,
                                   mark_final=lambda: setattr(relay, "final", True)), unstarted,
-                      *(() if translator is None else (translator.content_type,)))
+                      _SSE if translator is None else translator.content_type)
         return relay
 
     def _memory_of(self, rollout_id: str, api: str) -> Any:
