@@ -65,7 +65,7 @@ def imported(stack, tmp_path_factory):
     assert built.returncode == 0, built.stdout + built.stderr
     assert "7/7 task image(s) ready" in built.stdout
     again = arena(stack_, "images", "build", str(tbench), "--base-map", BASE_MAP)
-    assert again.stdout.count(" cached ") == 3, again.stdout  # the digest of the inputs: kept
+    assert again.stdout.count(": cached ") == 3, again.stdout  # the digest of the inputs: kept
     return harbor, tbench
 
 
