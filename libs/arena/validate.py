@@ -99,6 +99,7 @@ def validate(client, paths: list[Path], *, oracle_required: bool = False, runs: 
 
     checks: list[Check] = []
     submitted = []
+    details: list[str] = []  # -v: each rollout, after the table
     with tempfile.TemporaryDirectory(prefix="arena-validate-") as tmp:
         for path in paths:
             task = load_task(path)
@@ -129,12 +130,12 @@ def validate(client, paths: list[Path], *, oracle_required: bool = False, runs: 
                                   outcome_of(view) if view.state.is_final else "failed")
                 check.rewards[kind].append(shown)
                 check.reasons[kind].append(view.reason or "")
-                if verbose:
-                    print(f"  {check.task.id} {kind} {rid}: {view.state.value}: reward {shown}: {view.reason}",
-                          flush=True)
+                details.append(f"  {check.task.id} {kind} {rid}: {view.state.value}: reward {shown}: {view.reason}")
     rows = [(c.task.id, " ".join(c.rewards["oracle"]) or "-", " ".join(c.rewards["null"]) or "-",
              "ok" if c.verdict() == "ok" else "INVALID") for c in checks]
     print("\n".join(format_table(["TASK", "ORACLE", "NULL", "VERDICT"], rows)))
+    if verbose:
+        print("\n".join(sorted(details)))
     bad = [c for c in checks if c.verdict() != "ok"]
     for c in bad:
         print(f"invalid: {c.task.id}: {c.verdict()}")
