@@ -17,13 +17,16 @@ import difflib
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
 import msgspec
 
 from arena_core.errors import InvalidRequest
-from arena_core.schemas import ID_PATTERN, AgentSpec, PathSource, ScaffoldName, ScaffoldSpec, Task
+from arena_core.schemas import (ID_PATTERN, AgentSpec, BundleSource, GitSource, ImageSource, PathSource, ScaffoldName,
+                                ScaffoldSpec, Task)
+from arena_core.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART_AGENT = REPO_ROOT / "examples" / "quickstart" / "agent" / "agent.py"
@@ -156,31 +159,75 @@ def with_agent(task: Task, *, scaffold: str | None, model: str | None) -> Task:
     return msgspec.structs.replace(task, agent=agent)
 
 
-def shell(task: Task, command: list[str]) -> int:
+def shell(task: Task, command: list[str], *, fetch_bundle: Callable[[str], bytes] | None = None,
+          settings: Settings | None = None) -> int:
     """Run ``command`` (a shell) in the task's sandbox as its agent would have it: the local
     provider's bubblewrap sandbox (``arena_sandbox_providers.local``), the task's source as a git
     repository with one base commit at /sandbox/workspace, its public part at
     /sandbox/.arena/task.json, its agent's files at /sandbox/agent; no network (no rollout, no LLM
-    proxy). Nothing is kept: the workspace goes when the shell exits."""
+    proxy). Nothing is kept: the workspace goes when the shell exits.
+
+    The source is had as a worker has it (:func:`source_tree`): ``fetch_bundle`` reads a bundle
+    (and the agent's ``bundle``) from the running stack; ``settings`` bound what it unpacks to
+    and where a git source may come from."""
     from arena_core import sources
     from arena_sandbox_providers import local
 
+    if isinstance(source := task.source_of(), ImageSource):
+        raise InvalidRequest(f"task {task.id}: its source is the image {source.image} ({source.path}), which `arena "
+                             f"tasks shell` (bubblewrap) does not run; open one with `podman run --rm -it --network "
+                             f"none -w {source.path} {source.image} sh` (or `docker run`), or submit it with "
+                             "--provider docker")
     if (problem := local.available()) is not None:
         raise InvalidRequest(f"no local sandbox on this machine: {problem}")
-    source = task.source_of()
-    if not isinstance(source, PathSource):
-        kind = "none" if source is None else source.__struct_config__.tag
-        raise InvalidRequest(f"task {task.id}: `arena tasks shell` needs a source that is a local directory "
-                             f"(`repo` or a path source), not {kind}")
+    settings = settings or Settings.from_env()
     with tempfile.TemporaryDirectory(prefix="arena-shell-") as tmp:
         root = Path(tmp)
         workspace, arena_dir = root / "workspace", root / "arena"
-        sources.prepare_workspace(Path(source.path), workspace)
+        sources.prepare_workspace(source_tree(task, root / "source", fetch_bundle=fetch_bundle, settings=settings),
+                                  workspace)
         arena_dir.mkdir()
         (arena_dir / "task.json").write_bytes(msgspec.json.encode({"rollout_id": "shell", "task": task.public()}))
         agent_dir = Path(task.agent.path) if task.agent.path else None
+        if agent_dir is None and task.agent.bundle:
+            agent_dir = root / "agent"
+            sources.extract_bundle(_bundle(task.agent.bundle, fetch_bundle, "its agent"), agent_dir,
+                                   sources.unpack_limits(settings))
         spec = local.SandboxSpec(command=command, workspace=workspace, arena_dir=arena_dir, agent_dir=agent_dir,
                                  env={"ARENA_ROLLOUT_ID": "shell", "PS1": f"[{task.id}] \\w $ ",
                                       **task.agent.env},
                                  workdir=task.workdir, run_prefix="arena-shell-run-")
         return local.interactive(spec)
+
+
+def source_tree(task: Task, dest: Path, *, fetch_bundle: Callable[[str], bytes] | None,
+                settings: Settings) -> Path:
+    """The files of ``task``'s source on this machine: a local directory as it is; a bundle read
+    with ``fetch_bundle`` and unpacked into ``dest`` (``arena_core.sources.extract_bundle``, within
+    the unpack limits); a git commit fetched into ``dest`` under the services' URL policy
+    (``ARENA_GIT_ALLOWED_SCHEMES`` / ``_HOSTS`` / ``_ALLOW_PRIVATE_HOSTS``; ``file://`` too: this
+    is the user's own machine, as a path source is). An image source is an ``InvalidRequest``:
+    its sandbox is the image, which bubblewrap does not run (:func:`shell` says how to open one)."""
+    from arena_core import sources
+
+    source = task.source_of()
+    if source is None:
+        raise InvalidRequest(f"task {task.id} has no source (`repo`, or `source`: a path, bundle, git or image)")
+    if isinstance(source, PathSource):
+        return Path(source.path)
+    if isinstance(source, BundleSource):
+        sources.extract_bundle(_bundle(source.digest, fetch_bundle, "its source"), dest,
+                               sources.unpack_limits(settings))
+        return dest
+    if isinstance(source, GitSource):
+        sources.fetch_git(source, dest, allow_file=True, policy=sources.git_policy(settings),
+                          limits=sources.unpack_limits(settings))
+        return dest
+    raise InvalidRequest(f"task {task.id}: its source is the image {source.image}; `arena tasks shell` opens "
+                         "directories, bundles and git commits")
+
+
+def _bundle(digest: str, fetch_bundle: Callable[[str], bytes] | None, what: str) -> bytes:
+    if fetch_bundle is None:
+        raise InvalidRequest(f"{what} is the bundle {digest}: reading it needs the running stack")
+    return fetch_bundle(digest)

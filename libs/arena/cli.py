@@ -637,8 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--timeout", type=float, default=600.0)
     q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_tasks_check)
-    q = tasks.add_parser("shell", help="an interactive shell in the task's sandbox, as its agent has it "
-                                       "(bubblewrap, the task's source in /sandbox/workspace)")
+    q = tasks.add_parser("shell", parents=[stack],
+                         help="an interactive shell in the task's sandbox, as its agent has it (bubblewrap, the "
+                              "task's source in /sandbox/workspace: a directory, a bundle of the stack, a git commit)")
     q.add_argument("task", help="task.json or a directory holding one")
     q.add_argument("command", nargs=argparse.REMAINDER, help="a command instead of the shell (after --)")
     q.set_defaults(func=cmd_tasks_shell)
@@ -896,7 +897,12 @@ def cmd_tasks_shell(args) -> int:
               "is thrown away on exit (`exit` or Ctrl-D)", file=sys.stderr)
     shell = ["/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"] + (["-i"] if sys.stdin.isatty() else [])
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return authoring.shell(task, command or shell)
+
+    def fetch_bundle(digest: str) -> bytes:  # a bundle source (or agent): from the running stack, with its key
+        with _client(args) as client:
+            return client.fetch_bundle(digest)
+
+    return authoring.shell(task, command or shell, fetch_bundle=fetch_bundle)
 
 
 def cmd_backend(args) -> int:

@@ -124,6 +124,20 @@ class ArenaClient:
                             headers={"content-type": "application/gzip"}, timeout=max(self._http.timeout.read or 0, 600))
         return answer["digest"]
 
+    def fetch_bundle(self, digest: str) -> bytes:
+        """A stored bundle's bytes (``GET /v1/bundles/{digest}/archive``, the ``submit`` scope),
+        checked against ``digest``."""
+        try:
+            resp = self._http.get(f"/v1/bundles/{digest}/archive", timeout=max(self._http.timeout.read or 0, 600))
+        except httpx.ConnectError as exc:
+            raise Unavailable(endpoints.not_running(str(self._http.base_url), exc)) from exc
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach {self._http.base_url}: {exc}") from exc
+        data = self._check(resp)
+        if sources.digest_of(data) != digest:
+            raise sources.SourceError(f"bundle {digest}: the bytes received do not match their digest")
+        return data
+
     def prepare(self, task: Task) -> Task:
         """``task`` with every local directory it names (``repo`` / a path source, the agent's
         ``path``) uploaded as a bundle, so it runs on any worker of any machine."""

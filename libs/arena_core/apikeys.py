@@ -35,6 +35,8 @@ OWN_KEYS = ("/proxy/", "/judge/")
 #: OpenEnv's client sends no headers: its base URL may carry the key instead,
 #: ``/openenv/k/{key}/{name}`` (docs/openenv.md, "Authentication").
 OPENENV_KEYED = "/openenv/k/"
+#: A bundle's bytes, ``GET /v1/bundles/{digest}/archive``: the ``submit`` scope (:func:`scope_for`).
+BUNDLES, BUNDLE_ARCHIVE = "/v1/bundles/", "/archive"
 #: Where ``KeyGuard`` leaves the record of the key that called (an ASGI scope extension):
 #: routes read it with :func:`caller` to record and check who owns what (``arena_core.owners``).
 CALLER = "arena.api_key"
@@ -236,9 +238,13 @@ def key_id_of(key: str) -> str | None:
 
 
 def scope_for(method: str, path: str) -> Scope | None:
-    """The scope a request needs; None for a public route or one with its own keys."""
+    """The scope a request needs; None for a public route or one with its own keys. A bundle's
+    bytes (``GET /v1/bundles/{digest}/archive``) need ``submit``, the scope that uploads them: a
+    task's files, hidden tests included, are not for read-only keys (dashboard sessions)."""
     if path in PUBLIC_PATHS or path.startswith(OWN_KEYS):
         return None
+    if path.startswith(BUNDLES) and path.endswith(BUNDLE_ARCHIVE):
+        return "submit"
     return "read" if method in ("GET", "HEAD", "OPTIONS") else "submit"
 
 

@@ -119,3 +119,84 @@ def test_submit_with_a_scaffold_and_model_from_the_command_line(stack, tmp_path)
     refused = arena("submit", str(QUICKSTART), "--scaffold", "aider", "--model", "m", cwd=tmp_path,
                     env=env_of(stack))
     assert refused.returncode == 2 and "invalid choice: 'aider'" in refused.stderr
+
+
+def _task_file(directory: Path, source: dict, **extra) -> Path:
+    """A task.json in ``directory`` whose repository is ``source`` (the skeleton's instructions)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    task = {"id": directory.name, "source": source, "instructions": "Fix greeting.",
+            "agent": {"command": ["true"]}, "verifier": {"type": "exact", "answers": ["x"]}, **extra}
+    (directory / "task.json").write_bytes(msgspec.json.encode(task))
+    return directory
+
+
+@needs_bwrap
+@pytest.mark.timeout(600)
+def test_shell_unpacks_a_bundle_source_from_the_stack_with_the_clients_key(stack, tmp_path):
+    """A task whose source and agent are bundles (as `tasks import` writes them): the shell reads
+    both from the running stack with the key the CLI finds, and a read-only key may not."""
+    assert arena("tasks", "init", "greet", cwd=tmp_path).returncode == 0
+    (tmp_path / "greet" / "repo" / "README.md").write_text("a bundled greeting\n")
+    pushed = [arena("tasks", "push", str(tmp_path / "greet" / part), cwd=tmp_path, env=env_of(stack))
+              for part in ("repo", "agent")]
+    assert all(p.returncode == 0 for p in pushed), [p.stderr for p in pushed]
+    source, agent = (p.stdout.strip() for p in pushed)
+    assert source.startswith("sha256:") and agent.startswith("sha256:")
+    _task_file(tmp_path / "bundled", {"type": "bundle", "digest": source},
+               agent={"command": ["python3", "/sandbox/agent/agent.py"], "bundle": agent})
+
+    ran = arena("tasks", "shell", "bundled", cwd=tmp_path, env=env_of(stack),
+                stdin="cat README.md; ls /sandbox/agent; git log --format=%s; python -m pytest -q tests | tail -1; "
+                      "exit 3\n")
+    assert ran.returncode == 3, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[:3] == ["a bundled greeting", "agent.py", "base"], ran.stdout
+    assert lines[3].startswith("2 failed, 1 passed"), ran.stdout
+    assert "Traceback" not in ran.stderr
+
+    # a bundle the stack does not hold, and a key that may only read: one line, exit 2
+    _task_file(tmp_path / "missing", {"type": "bundle", "digest": "sha256:" + "0" * 64})
+    missing = arena("tasks", "shell", "missing", "--", "true", cwd=tmp_path, env=env_of(stack))
+    assert missing.returncode == 2 and missing.stderr.startswith("arena: not_found: bundle sha256:000"), missing.stderr
+    made = arena("keys", "create", "--name", "reader", "--scope", "read", cwd=tmp_path,
+                 env={**env_of(stack), "ARENA_NATS_URL": stack.settings.nats_url})
+    assert made.returncode == 0, made.stderr
+    reader = made.stdout.strip().splitlines()[-1]
+    refused = arena("tasks", "shell", "bundled", "--", "true", cwd=tmp_path,
+                    env={**env_of(stack), "ARENA_API_KEY": reader})
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("arena: forbidden:") and "'submit'" in refused.stderr, refused.stderr
+
+
+@needs_bwrap
+def test_shell_fetches_a_git_source_under_the_services_url_policy(tmp_path):
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "README.md").write_text("from git\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(upstream)], check=True)
+    subprocess.run([*git, "-C", str(upstream), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(upstream), "commit", "-q", "-m", "upstream"], check=True)
+    commit = subprocess.run(["git", "-C", str(upstream), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    _task_file(tmp_path / "cloned", {"type": "git", "url": f"file://{upstream}", "commit": commit})
+    ran = arena("tasks", "shell", "cloned", cwd=tmp_path, stdin="cat README.md; git log --format=%s\n")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["from git", "base"]  # the commit's tree, as one base commit
+
+    # the URL policy the services apply (ARENA_GIT_ALLOWED_SCHEMES, public hosts only): refused, one line
+    _task_file(tmp_path / "plain-http", {"type": "git", "url": "http://127.0.0.1/x.git", "commit": commit})
+    refused = arena("tasks", "shell", "plain-http", "--", "true", cwd=tmp_path)
+    assert refused.returncode == 2 and "scheme must be one of https" in refused.stderr, refused.stderr
+    _task_file(tmp_path / "loopback", {"type": "git", "url": "https://127.0.0.1/x.git", "commit": commit})
+    refused = arena("tasks", "shell", "loopback", "--", "true", cwd=tmp_path)
+    assert refused.returncode == 2 and "not a public address" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_shell_of_an_image_source_says_how_to_open_one(tmp_path):
+    _task_file(tmp_path / "imaged", {"type": "image", "image": "arena/quickstart", "path": "/testbed"})
+    refused = arena("tasks", "shell", "imaged", cwd=tmp_path)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "podman run --rm -it --network none -w /testbed arena/quickstart sh" in refused.stderr
+    assert "--provider docker" in refused.stderr

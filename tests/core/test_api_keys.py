@@ -39,6 +39,9 @@ def test_each_route_needs_read_to_look_and_submit_to_change_health_and_proxies_a
     assert scope_for("POST", "/v1/rollouts") == "submit"
     assert scope_for("POST", "/v1/rollouts/r1/cancel") == "submit"
     assert scope_for("POST", "/v1/trainer-metrics") == "submit"
+    # a bundle's bytes are a task's files (hidden tests included): the scope that uploads them
+    assert scope_for("GET", f"/v1/bundles/sha256:{'0' * 64}/archive") == "submit"
+    assert scope_for("GET", f"/v1/bundles/sha256:{'0' * 64}") == "read"
     for public in ("/healthz", "/readyz", "/openapi.json"):
         assert scope_for("GET", public) is None
     # the LLM proxy and the judge route take their own keys (the rollout's, the judge's)

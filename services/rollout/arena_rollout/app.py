@@ -217,6 +217,19 @@ def create_app(service: RolloutService) -> RolloutApp:
             raise NotFound(f"bundle {digest} is not stored")
         return json_response({"digest": digest})
 
+    @app.get("/v1/bundles/{digest}/archive", responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+              "description": "the bundle's bytes, as uploaded"}, **openapi.errors(404)})
+    async def bundle_archive(digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
+        """A bundle's bytes (``arena tasks shell`` unpacks a task's source from them); the
+        ``submit`` scope, as uploading: a task's files are not for read-only keys."""
+        if not sources.DIGEST.fullmatch(digest):
+            raise InvalidRequest("a bundle digest is sha256: followed by 64 lower-case hex digits")
+        if not await sources.bundle_exists(service.bus, digest):
+            raise NotFound(f"bundle {digest} is not stored")
+        data = await sources.fetch_bundle(service.bus, digest)  # checked against its digest
+        return Response(data, media_type="application/octet-stream")
+
     @app.get("/v1/rollouts", responses={200: openapi.answer(obj)})
     async def list_rollouts(state: RolloutState | None = None,
                             group_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
