@@ -17,7 +17,7 @@ import msgspec
 from arena import endpoints
 from arena_core import sources
 from arena_core.apikeys import auth_headers
-from arena_core.errors import BY_CODE, ArenaError, NotFound, Overloaded, Unavailable
+from arena_core.errors import BY_CODE, ArenaError, InvalidRequest, NotFound, Overloaded, Unavailable
 from arena_core.schemas import (
     AgentSpec,
     BundleSource,
@@ -89,6 +89,8 @@ class ArenaClient:
     def _call(self, client: httpx.Client, method: str, path: str, type_: type[T] | None = None, **kw) -> Any:
         try:
             resp = client.request(method, path, **kw)
+        except httpx.InvalidURL as exc:  # an id that cannot be in a URL (a newline pasted in, say)
+            raise InvalidRequest(f"{path!r} cannot be asked for: {exc}") from None
         except httpx.ConnectError as exc:
             raise Unavailable(endpoints.not_running(str(client.base_url), exc)) from exc
         except httpx.HTTPError as exc:

@@ -84,6 +84,13 @@ def test_a_verifier_file_that_does_not_exist(tmp_path):
     assert "typo.json" in line
 
 
+def test_an_id_that_cannot_be_in_a_url_is_one_line(tmp_path):
+    # two ids captured by a shell's $(...) (a newline between them), passed as one
+    line = one_line_error(arena("verify", "r-1\nr-1", "--verifier", '{"type": "exact", "answers": ["1"]}',
+                                cwd=tmp_path))
+    assert line.startswith("arena: invalid_request: '/v1/trajectories/r-1\\nr-1' cannot be asked for")
+
+
 @pytest.mark.parametrize("command", [["status"], ["trajectory", "r1"], ["submit", str(QUICKSTART)],
                                      ["export", "--view", "sft", "--format", "jsonl", "--out", "x.jsonl"]])
 def test_a_stack_that_is_not_running_is_named_with_arena_up(tmp_path, command):
