@@ -399,6 +399,10 @@ class RewardFileVerifier(Request, kw_only=True, tag="reward_file"):
     env: dict[str, str] = {}
     #: ``passed`` when the scalar reward reaches this.
     pass_threshold: float = 1.0
+    #: Terminal-Bench v1's own rule as well: the script's output must hold pytest's short test
+    #: summary (``-rA``) listing at least one test, each passed (skipped and xfailed count as
+    #: passed, as Terminal-Bench's parser counts them); otherwise the reward is 0, whatever the file says.
+    pytest_summary: bool = False
     #: Multi-step tasks: each step's tests run in order on the agent's final state; grading stops
     #: at the first step under its ``min_reward``; the reward follows ``strategy`` (Harbor's
     #: ``multi_step_reward_strategy``: the per-key ``mean`` over the steps graded, or the ``final`` one).

@@ -105,6 +105,7 @@ def test_a_terminal_bench_task_is_graded_as_harbors_mapper_grades_it(tbench_out)
     assert test_sh.endswith(terminal_bench.REWARD_LOGGING_SUFFIX)
     assert task.verifier.files["test_outputs.py"] == (source / "tests" / "test_outputs.py").read_bytes()
     assert task.verifier.timeout_s == 60.0 and task.budget.wall_clock_s == 360.0
+    assert task.verifier.pytest_summary  # and Terminal-Bench's own rule: every test in pytest's summary passed
     assert task.instructions.startswith("Create a file called hello.txt")
     assert (tbench_out / "solutions" / task.id / "solve.sh").read_bytes() == (source / "solution.sh").read_bytes()
     dockerfile = (tbench_out / "environments" / task.id / "Dockerfile").read_text()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import io
 import tarfile
+import tempfile
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from arena import images
-from arena.formats import harbor
+from arena.formats import harbor, terminal_bench
 from arena_core.errors import VerificationError
 from arena_core.schemas import VerifyJob
 from arena_core.settings import Settings
@@ -45,6 +46,9 @@ def tasks(docker_url, tmp_path_factory):
     require_image(docker_url, "arena/quickstart:latest")
     out = tmp_path_factory.mktemp("imported")
     harbor.write_all(harbor.import_source(FIXTURES / "harbor" / "dataset.toml"), out, "harbor")
+    with tempfile.TemporaryDirectory() as staging:
+        imported = terminal_bench.import_source(FIXTURES / "terminal-bench", Path(staging))
+        harbor.write_all(imported, out, "terminal-bench")
     found = {task.id: task for _, task in images.task_builds(out)}
     for task_file, task in images.task_builds(out):
         result = images.build_task(task_file, task, base_map=BASE_MAP)
@@ -115,3 +119,24 @@ async def test_no_reward_file_is_no_reward_and_an_image_without_the_layer_is_an_
         bare = msgspec.structs.replace(task, image=tag, source=msgspec.structs.replace(task.source, image=tag))
         with pytest.raises(VerificationError, match="not Arena's \\(build it with arena images build\\)"):
             await verifier(bare, "")
+
+
+async def test_terminal_bench_code_that_ends_pytest_early_scores_zero(tasks, verifier):
+    task = tasks["fix-fizzbuzz"]
+    fixed = (FIXTURES / "terminal-bench" / "fix-fizzbuzz" / "solution.sh").read_text().split("<<'PY'\n")[1]
+    fixed = fixed.split("PY\n")[0]
+    old = (FIXTURES / "terminal-bench" / "fix-fizzbuzz" / "fizzbuzz.py").read_text()
+
+    def rewrite(text: str) -> str:
+        minus = "".join(f"-{line}\n" for line in old.splitlines())
+        plus = "".join(f"+{line}\n" for line in text.splitlines())
+        return (f"diff --git a/fizzbuzz.py b/fizzbuzz.py\n--- a/fizzbuzz.py\n+++ b/fizzbuzz.py\n"
+                f"@@ -1,{len(old.splitlines())} +1,{len(text.splitlines())} @@\n{minus}{plus}")
+
+    solved = await verifier(task, rewrite(fixed))
+    assert solved.reward == 1.0 and solved.flags == []
+    # pytest imports the module and the module ends the process with 0: the mapped test.sh writes
+    # reward 1 (Harbor's rule alone), pytest's summary is missing (Terminal-Bench's rule): 0
+    hack = await verifier(task, rewrite("import os\nos._exit(0)\n"))
+    assert hack.reward == 0.0 and "tests_not_all_passed" in hack.flags
+    assert "no pytest short test summary" in hack.reason

@@ -18,6 +18,7 @@ from arena_verification.reward_file import (
     below_minimum,
     combine_steps,
     parse_rewards,
+    pytest_summary_failure,
     scalar_reward,
     time_budget_s,
 )
@@ -98,3 +99,24 @@ def test_the_verification_budget_covers_every_step():
     spec = RewardFileVerifier(timeout_s=100.0, steps=[RewardFileStep(name="a"), RewardFileStep(name="b", timeout_s=30)])
     assert time_budget_s(spec) == 100.0 + 30.0 + 150.0
     assert time_budget_s(RewardFileVerifier(timeout_s=60.0)) == 210.0
+
+
+def pytest_output(tmp_path: Path, body: str) -> tuple[int, str]:
+    test = tmp_path / "test_outputs.py"
+    test.write_text(body)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", str(test)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_terminal_bench_passes_only_when_every_test_in_the_summary_passed(tmp_path):
+    code, log = pytest_output(tmp_path, "import pytest\n\ndef test_a():\n    pass\n\n"
+                                        "@pytest.mark.skip\ndef test_b():\n    pass\n")
+    assert code == 0 and pytest_summary_failure(log) == ""
+    code, log = pytest_output(tmp_path, "def test_a():\n    pass\n\ndef test_b():\n    assert 1 == 2, 'a - b'\n")
+    # (a message holding " - " keeps its head in the name, as Terminal-Bench's parser cuts only the last part)
+    assert code == 1 and pytest_summary_failure(log).startswith("1 of 2 test(s) did not pass: test_b")
+    # code under test that ends the run "successfully" before any test: Harbor's exit-code rule
+    # would write 1; Terminal-Bench's own rule finds no summary
+    code, log = pytest_output(tmp_path, "import os\nos._exit(0)\n\ndef test_a():\n    assert False\n")
+    assert code == 0 and "no pytest short test summary" in pytest_summary_failure(log)

@@ -70,8 +70,11 @@ def import_source(source: Path, staging: Path, *, agent_command: str | None = No
         for task_dir in find_tasks(source):
             mapped = to_harbor(task_dir, staging / task_dir.name)
             item = harbor.import_task(harbor.Found(mapped, name=task_dir.name), agent_command=agent_command)
-            item.task = msgspec.structs.replace(item.task, metadata={
-                **item.task.metadata, "dataset": "terminal-bench", "digest": harbor.task_digest(mapped)})
+            item.task = msgspec.structs.replace(
+                item.task, metadata={**item.task.metadata, "dataset": "terminal-bench",
+                                     "digest": harbor.task_digest(mapped)},
+                # Terminal-Bench's own rule besides Harbor's: every test in the pytest summary passed
+                verifier=msgspec.structs.replace(item.task.verifier, pytest_summary=True))
             imported.append(item)
     except harbor.HarborError as exc:
         raise InvalidRequest(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import posixpath
 import time
 from pathlib import Path, PurePosixPath
@@ -42,6 +43,8 @@ MAX_LOG_BYTES = 4 * 1024 * 1024
 NO_LAYER = 97
 
 FLAG_NO_REWARD = "reward_missing"
+#: Terminal-Bench's rule (``pytest_summary``) overruled the reward file.
+FLAG_SUMMARY = "tests_not_all_passed"
 
 _SETUP = f"""set -u
 H={HARBOR_DIR}
@@ -85,6 +88,36 @@ def parse_rewards(text_file: bytes | None, json_file: bytes | None) -> dict[str,
             raise RewardFileError(f"reward.txt is {number!r}, not finite")
         return {"reward": number}
     raise RewardFileError("the test script wrote neither /logs/verifier/reward.txt nor reward.json")
+
+
+_SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
+_PASSING = {"PASSED", "SKIPPED", "XFAIL"}
+_FAILING = {"FAILED", "XPASS", "ERROR"}
+
+
+def pytest_summary_failure(log: str) -> str:
+    """Why pytest's output fails Terminal-Bench v1's rule ("" when it passes): its short test
+    summary (``-rA``) must list at least one test and every one PASSED, SKIPPED or XFAIL (the
+    statuses Terminal-Bench's parser counts as passed). A FAILED line's `` - message`` is cut first."""
+    parts = _SUMMARY.split(log, maxsplit=1)
+    if len(parts) < 2:
+        return "no pytest short test summary in the test output (Terminal-Bench's rule needs -rA)"
+    statuses: dict[str, str] = {}
+    for line in parts[1].splitlines():
+        if line.startswith("FAILED") and " - " in line:
+            line = " - ".join(line.split(" - ")[:-1])
+        words = line.split(maxsplit=1)
+        if len(words) < 2 or words[0].strip(":") not in _PASSING | _FAILING:
+            continue
+        name = words[1].strip().split("::", 1)[-1]
+        if name:
+            statuses[name] = words[0].strip(":")
+    if not statuses:
+        return "pytest's short test summary lists no test"
+    failing = sorted(name for name, status in statuses.items() if status in _FAILING)
+    if failing:
+        return f"{len(failing)} of {len(statuses)} test(s) did not pass: {', '.join(failing[:5])}"
+    return ""
 
 
 def scalar_reward(rewards: dict[str, float]) -> float | None:
@@ -146,6 +179,7 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
              for s in spec.steps] or [("", spec.files, spec.script, None, spec.timeout_s)]
     graded: list[dict[str, float]] = []
     notes: list[str] = []
+    flags: list[str] = []
     log_tail = ""
     sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
     try:
@@ -160,10 +194,14 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
                     started_at=started, finished_at=time.time(), flags=["patch_failed"],
                     reason=f"the diff does not apply: {error}", log_tail=_tail(error))
         for name, files, script, min_reward, timeout_s in steps:
-            rewards, log_tail = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
+            rewards, log_tail, log = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
             label = f"step {name}: " if name else ""
             if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
                 return _no_reward(job, started, f"{label}{rewards}", log_tail)
+            if spec.pytest_summary and (failure := pytest_summary_failure(log)):
+                rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
+                notes.append(f"{label}reward 0: {failure}")
+                flags.append(FLAG_SUMMARY)
             graded.append(rewards)
             if name:
                 notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
@@ -182,12 +220,12 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
             components.update({f"{name}.{k}": v for k, v in step_rewards.items()})
     return VerificationResult(
         rollout_id=job.rollout_id, verifier="reward_file", reward=reward, passed=reward >= spec.pass_threshold,
-        started_at=started, finished_at=time.time(), components=components, flags=[*job.flags],
+        started_at=started, finished_at=time.time(), components=components, flags=[*flags, *job.flags],
         reason="; ".join(notes), log_tail=log_tail)
 
 
 async def _run_step(sandbox, files: dict[str, bytes], script: str, timeout_s: float, workdir: str,
-                    env: dict[str, str]) -> tuple[dict[str, float] | str, str]:
+                    env: dict[str, str]) -> tuple[dict[str, float] | str, str, str]:
     """Put one step's tests at /tests, run its script, read its rewards (or why there are none)."""
     setup = _Output(64 * 1024)
     run = await sandbox.exec(["sh", "-c", _SETUP], env={}, workdir=WORKSPACE, timeout_s=60.0, on_output=setup)
@@ -202,16 +240,17 @@ async def _run_step(sandbox, files: dict[str, bytes], script: str, timeout_s: fl
     path = f"/tests/{script}"
     run = await sandbox.exec(["sh", "-c", _RUN, path], env={**TEST_ENV, "TEST_DIR": "/tests", **env},
                              workdir=workdir, timeout_s=timeout_s, on_output=_Output(64 * 1024))
-    log = await sandbox.read_file(f"{HARBOR_DIR}/{TEST_STDOUT}", max_bytes=MAX_LOG_BYTES) or b""
-    log_tail = _tail(log.decode("utf-8", errors="replace"))
+    log = (await sandbox.read_file(f"{HARBOR_DIR}/{TEST_STDOUT}", max_bytes=MAX_LOG_BYTES) or b"").decode(
+        "utf-8", errors="replace")
+    log_tail = _tail(log)
     if run.timed_out:
-        return f"the test script timed out after {timeout_s:g}s", log_tail
+        return f"the test script timed out after {timeout_s:g}s", log_tail, log
     try:
         rewards = parse_rewards(await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_TXT}", max_bytes=MAX_REWARD_BYTES),
                                 await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_JSON}", max_bytes=MAX_REWARD_BYTES))
     except RewardFileError as exc:
-        return f"{exc} (the test script exited {run.exit_code})", log_tail
-    return rewards, log_tail
+        return f"{exc} (the test script exited {run.exit_code})", log_tail, log
+    return rewards, log_tail, log
 
 
 def _no_reward(job: VerifyJob, started: float, why: str, log_tail: str) -> VerificationResult:
