@@ -162,7 +162,8 @@ harbor-venv:
 test-datasets: venv harbor-venv
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=quickstart bash deploy/docker-engine.sh images; fi
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
-		tests/verification/test_reward_file_rule.py tests/e2e/test_harbor_terminal_bench_datasets.py
+		tests/verification/test_reward_file_rule.py tests/verification/test_reward_file_in_image.py \
+		tests/e2e/test_harbor_terminal_bench_datasets.py
 	$(PY) -m pytest -q -p no:cacheprovider $(ROW_IMAGE_TESTS)
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
