@@ -264,11 +264,11 @@ def cmd_submit(args) -> int:
     with _client(args) as client:
         if args.n > 1:
             group = client.submit_group(task, n=args.n, seed=args.seed, model=model, first_k=args.first_k,
-                                        deadline_s=args.deadline)
+                                        deadline_s=args.deadline, provider=args.provider)
             print(f"group {group.group_id}")
             ids = group.rollout_ids
         else:
-            view = client.submit(task, model=model)
+            view = client.submit(task, model=model, provider=args.provider)
             ids = [view.rollout_id]
         for rid in ids:
             print(rid)
@@ -561,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run this agent scaffold (its preset, docs/agents.md) instead of the task's agent")
     p.add_argument("--model", help="the rollout's model (the proxy sends it to the backend); also the model "
                                    "of the task's scaffold or of --scaffold")
+    p.add_argument("--provider", choices=["local", "docker", "mock"], default="local",
+                   help="sandbox provider (default %(default)s; docker: the task's own image, e.g. an imported "
+                        "Harbor or Terminal-Bench task)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("duel", parents=[stack],
