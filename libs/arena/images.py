@@ -143,7 +143,12 @@ class BuildResult:
 
 
 def _podman(args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    return subprocess.run([*podman_command(), *args], capture_output=True, text=True, timeout=timeout, check=False)
+    command = podman_command()
+    try:
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise InvalidRequest(f"{command[0]} is not installed here: task images are built and found with Podman "
+                             "(apt-get install podman)") from None
 
 
 def image_label(tag: str, label: str) -> str | None:
