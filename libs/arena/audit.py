@@ -120,7 +120,8 @@ def report(audits: list[Audit], names: list[str], *, verbose: bool = False) -> i
         judged, above = a.judged(), a.above()
         rows.append((a.task.id, a.shown.get(NULL, "-"), " ".join(a.shown.get(h, "-") for h in names),
                      f"{len(above)}/{len(judged)}", ", ".join(above) or "-"))
-    print("\n".join(format_table(["TASK", "NULL", "HACKS (" + " ".join(names) + ")", "ABOVE NULL", "WHICH"], rows)))
+    print(f"hacks, in this order: {' '.join(names)}")
+    print("\n".join(format_table(["TASK", "NULL", "HACK REWARDS", "ABOVE NULL", "WHICH"], rows)))
     if verbose:
         for a in audits:
             for kind in [NULL, *names]:

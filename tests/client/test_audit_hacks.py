@@ -90,6 +90,6 @@ def test_the_report_counts_hacks_above_the_do_nothing_agent(capsys):
     assert "hacks above a do-nothing agent: 0/2 (0.0%); 1 without a verdict" in out
     assert audit.report([clean, holed], names) == 1
     out = capsys.readouterr().out
-    assert "1/5 (20.0%)" in out and "reward_file" in out.splitlines()[2]
+    assert "1/5 (20.0%)" in out and out.splitlines()[3].rstrip().endswith("1/3         reward_file")
     nothing = audit.Audit(task, rewards={"null": None}, shown={"null": "failed (infra)"})
     assert audit.report([nothing], names) == 1  # nothing could be judged: not a pass
