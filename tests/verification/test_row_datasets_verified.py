@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from arena import datasets
@@ -157,6 +158,11 @@ def runs(tmp_path_factory) -> dict[tuple[str, str], tuple[Task, VerificationResu
             }
         for name, diff in cases.items():
             jobs[(row.instance_id(), name)] = VerifyJob(rollout_id=f"r2e-{len(jobs)}", task=task, diff=diff)
+        if row is R2E[0]:
+            # the same in-process hack against the task without its canaries: what they are there for
+            bare = msgspec.structs.replace(task, verifier=msgspec.structs.replace(task.verifier, canaries=False))
+            jobs[(row.instance_id(), "in_process_reports_without_canaries")] = VerifyJob(
+                rollout_id=f"r2e-{len(jobs)}", task=bare, diff=cases["in_process_reports"])
 
     async def all_runs() -> list[VerificationResult]:
         sem = asyncio.Semaphore(3)
@@ -202,6 +208,13 @@ def test_r2e_oracle_scores_one_and_doing_nothing_zero_by_exact_match(runs, index
     assert gold.reason == f"the {len(row.expected())} tests' statuses equal the expected ones"
     _, empty = runs[(row.instance_id(), "empty")]
     assert empty.reward == 0.0 and empty.reason.startswith("statuses differ"), why(empty)
+
+
+def test_without_canaries_the_in_process_hack_would_pass_r2e_exact_match(runs):
+    """R2E-Gym's own rule alone is fooled by a runner patched in-process (every expected status is
+    PASSED here); the canaries in the hidden test files are what catch it."""
+    _, r = runs[(R2E[0].instance_id(), "in_process_reports_without_canaries")]
+    assert r.reward == 1.0 and "runner_tampered" not in r.flags, why(r)
 
 
 @pytest.mark.parametrize("case", ["own_r2e_tests", "r2e_conftest", "in_process_reports", "gold_and_a_new_test"])
