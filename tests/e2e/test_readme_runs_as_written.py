@@ -2,13 +2,24 @@
 order, against a stack started the way the README starts it (`arena up --llm-script ...`,
 keys on, the CLI and the SDK finding the stack and its key by themselves), in a fresh working
 directory. A command that exits non-zero, prints a traceback or prints nothing fails the test.
+Then, on the same stack, the quick starts of docs/: every block of docs/*.md marked
+``<!-- run ... -->`` on the line before its fence (``tests/e2e/docs_blocks.py``), each as one bash
+script in a fresh working directory beside the README's (the stack's ``.arena`` linked in, the
+suite's virtualenv on ``PATH``, as an activated one has it: the docs write ``arena ...``), failing
+the same ways.
 
 What is not run, and why (each named in ``NOT_RUN``): the `make` targets (they create the
 virtualenv and run whole suites; this test runs inside `make test`, and `make demo` is
 `arena demo`, which tests/e2e/test_stack.py runs). The stack listens on free ports rather
 than the README's 9090/9092 (other stacks may run on this host): the test sets them in the
-environment, as a user moving ports would (``ARENA_URL``, ``ARENA_TRAJECTORY_URL``), and
-rewrites the one literal URL (``127.0.0.1:9090``) a snippet could hold.
+environment, as a user moving ports would (``ARENA_URL``, ``ARENA_TRAJECTORY_URL``,
+``ARENA_NATS_URL``), and rewrites the one literal URL (``127.0.0.1:9090``) a snippet could hold.
+Quick starts of docs/ left unmarked, and why: docs/tasks.md's SWE-bench import and validate (the
+README's, run above); docs/rollout.md's duel (it names models no backend here serves; the
+README's duel runs); docs/trajectory.md's exports (``--store`` needs the trajectory service
+stopped; the README's exports run); docs/rl.md's policy server and trackers (servers that run
+until stopped: an MLflow server, ``tensorboard``); docs/deploy.md's compose and
+docs/kubernetes.md (Docker Compose, a cluster).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import httpx
 import pytest
 
 from arena_stack.natsserver import free_port, wait_port
+from tests.e2e.docs_blocks import DOCS, QUICK_START_PAGES, code_blocks, marked_blocks, run_docs_quick_starts
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -37,21 +49,6 @@ NOT_RUN = ("make ",)
 PLACEHOLDERS = {"path/to/repo": "examples/quickstart"}
 #: Ports the README names for processes of its own (the duel's two scripted LLMs): free ones here.
 README_PORTS = (9095, 9096)
-
-
-def code_blocks(text: str) -> list[tuple[str, str, int]]:
-    """(language, body, line number of the opening fence) of each fenced block."""
-    out, lang, body, start = [], None, [], 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith("```"):
-            if lang is None:
-                lang, body, start = line[3:].strip(), [], number
-            else:
-                out.append((lang, "\n".join(body), start))
-                lang = None
-        elif lang is not None:
-            body.append(line)
-    return out
 
 
 def shell_commands(body: str) -> list[str]:
@@ -79,6 +76,13 @@ def test_the_readme_code_blocks_are_what_this_test_runs():
     assert sum(lang == "python" for lang, _, _ in blocks) >= 2
 
 
+def test_the_docs_quick_starts_are_marked_to_run():
+    """Each quick start this test keeps true is marked in its page, and every marked block is a shell block."""
+    for page in QUICK_START_PAGES:
+        assert marked_blocks(DOCS / page), f"docs/{page} has no block marked <!-- run -->"
+    assert sum(len(marked_blocks(page)) for page in DOCS.glob("*.md")) >= len(QUICK_START_PAGES)
+
+
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -93,7 +97,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 18
     raise AssertionError(f"arena up not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
+@pytest.mark.timeout(900)  # a few minutes on a loaded 2-core machine; the default 300 s is too tight
+def test_every_readme_command_and_snippet_then_the_docs_quick_starts_run_as_written(tmp_path):
+    began = time.monotonic()
     work = tmp_path / "work"
     work.mkdir()
     (work / ".venv").symlink_to(Path(sys.executable).parent.parent)  # this suite's virtualenv
@@ -169,6 +175,18 @@ def test_every_readme_command_and_snippet_runs_as_written(tmp_path):
         assert any((work / "data" / "grpo").rglob("*.parquet"))
         assert (work / "tokens.jsonl").stat().st_size > 0
         assert up is not None and ran
+
+        print(f"README: {len(ran)} commands and snippets in {time.monotonic() - began:.0f} s")
+        # the docs' quick starts, on the same stack, from a fresh directory of the same clone
+        docs = tmp_path / "docs-work"
+        docs.mkdir()
+        for name in (".venv", "examples", ".arena"):
+            (docs / name).symlink_to(work / name)
+        docs_env = {**env, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"}
+        docs_ran = run_docs_quick_starts(docs, docs_env, rollout_port=rollout, trajectory_port=trajectory)
+        assert len(docs_ran) >= len(QUICK_START_PAGES), docs_ran
+        print("\n".join(docs_ran))
+        assert (docs / "my-task" / "task.json").is_file()  # docs/tasks.md's task, written and checked
     finally:
         for proc in background:
             if proc.poll() is None:
