@@ -1,5 +1,5 @@
 """The row formats (SWE-smith, R2E-Gym, SWE-Gym) read from their real fixture datasets
-(tests/fixtures/datasets, made by its build.py from real projects and their test suites): what
+(tests/fixtures/datasets, made by its row_fixtures.py from real projects and their test suites): what
 each row becomes, what the agent's tree holds and what only the verifier gets."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from arena_core.schemas import BundleSource, PathSource
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
 MIRRORS = Path(__file__).resolve().parents[2] / "examples" / "swebench-mini" / "repos"
 sys.path.insert(0, str(FIXTURES))
-import build as fixture_build  # noqa: E402
+import row_fixtures as fixture_build  # noqa: E402
 
 AGENT = datasets.UNSET_AGENT
 
@@ -226,7 +226,7 @@ def test_every_row_format_is_a_module_with_the_import_interface():
 
 
 def test_the_fixture_builder_reads_logs_as_r2e_gym_does():
-    """build.py's copy of R2E-Gym's parser keys tests by the node id after the file."""
+    """row_fixtures.py's copy of R2E-Gym's parser keys tests by the node id after the file."""
     log = ("===== short test summary info =====\nPASSED r2e_tests/test_1.py::TestA::test_x[1]\n"
            "FAILED r2e_tests/test_1.py::test_y - assert 1 == 2\n")
     assert fixture_build.r2e_parse_log_pytest(log) == {"TestA.test_x[1]": "PASSED", "test_y": "FAILED"}

@@ -42,7 +42,7 @@ def stack(docker_url, tmp_path_factory):
     row_images.swe_smith_images()
     row_images.r2e_images()
     data_dir = tmp_path_factory.mktemp("arena-row-images")
-    with docker_stack(engine, data_dir, SCRIPT, "rows", verify_concurrency=2) as (stack, settings):
+    with docker_stack(engine, data_dir, SCRIPT, "rows") as (stack, settings):
         yield stack, ArenaClient(settings.rollout_url, settings.trajectory_url, timeout=120, api_key=stack.api_key)
 
 
@@ -88,7 +88,7 @@ def test_audit_of_every_task_in_images_finds_no_hack_above_doing_nothing(stack, 
 
 def test_the_r2e_agent_image_holds_no_hidden_tests(stack, imported):
     _, client = stack
-    path = sorted(imported["r2e-gym"].glob("inflection*.json"))[0]
+    path = sorted(imported["r2e-gym"].glob("*inflection*.json"))[0]
     task = load_task(path)
     spy = ("A=r2e_; B=tests; C=run_tests; D=.sh; "
            "{ ls -la / /root /testbed 2>&1; find / -xdev \\( -name \"$A$B\" -o -name \"$C$D\" \\) 2>/dev/null; } "

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
 MIRRORS = ROOT / "examples" / "swebench-mini" / "repos"
 sys.path.insert(0, str(FIXTURES))
-import build as fixture_build  # noqa: E402
+import row_fixtures as fixture_build  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.timeout(2400)]

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no sandb
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
 MIRRORS = Path(__file__).resolve().parents[2] / "examples" / "swebench-mini" / "repos"
 sys.path.insert(0, str(FIXTURES))
-import build as fixture_build  # noqa: E402
+import row_fixtures as fixture_build  # noqa: E402
 
 SMITH = swe_smith.read_rows(FIXTURES / "swe-smith" / "dataset.jsonl")
 PROFILES = swe_smith.read_profiles(FIXTURES / "swe-smith" / "profiles.json")
