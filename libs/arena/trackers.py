@@ -5,13 +5,14 @@ A :class:`Tracker` logs scalars at a step, a table, a run summary, and is closed
 makes one; :func:`group_metrics` turns a completed group into its figures (reward mean/std, pass
 rate, tokens, infrastructure outcomes) and :func:`track_groups` follows the trainer stream and logs
 them per group. The RL trainer logs each step's metrics to a tracker it is given
-(``GRPOTrainer.run(tracker=...)``). See docs/trajectory.md ("Trackers").
+(``GRPOTrainer.run(tracker=...)``). See docs/rl.md ("Trackers").
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import math
 import os
 import time
@@ -76,6 +77,10 @@ class WandbTracker:
         self.run.finish()
 
 
+#: Tracking URIs of MLflow's SQLAlchemy store: the full ``mlflow`` package, not ``mlflow-skinny``.
+MLFLOW_DB_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
+
+
 class MlflowTracker:
     """An MLflow run through ``MlflowClient`` (``mlflow-skinny``). ``tracking_uri`` is a server or a
     local directory (``file:...`` or a path; MLflow keeps such stores in maintenance mode, which
@@ -93,6 +98,10 @@ class MlflowTracker:
             uri = Path(uri).resolve().as_uri()
         if uri is not None and uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        scheme = (uri or "").split(":", 1)[0].split("+", 1)[0].lower()
+        if scheme in MLFLOW_DB_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+            raise TrackerUnavailable(f"MLflow's database store ({scheme}:) needs the full mlflow package "
+                                     "(mlflow-skinny has no SQLAlchemy): pip install mlflow")
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)

@@ -8,6 +8,7 @@ real stack the quickstart group's rewards are what the tracker followed from the
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -185,6 +186,17 @@ def test_a_missing_library_is_one_line_naming_the_extra(kind, module, tmp_path, 
         open_tracker(kind, dir=tmp_path)
     message = str(err.value)
     assert "\n" not in message and "pip install 'arena[trackers]'" in message and module in message
+
+
+def test_an_mlflow_database_uri_without_the_full_mlflow_is_one_line(tmp_path):
+    pytest.importorskip("mlflow")
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        pytest.skip("SQLAlchemy is installed here (the full mlflow package)")
+    with pytest.raises(TrackerUnavailable) as err:
+        open_tracker("mlflow", dir=f"sqlite:///{tmp_path}/mlflow.db")
+    assert str(err.value) == ("MLflow's database store (sqlite:) needs the full mlflow package (mlflow-skinny has "
+                              "no SQLAlchemy): pip install mlflow")
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 async def test_the_rl_trainer_logs_each_steps_metrics_to_a_tracker(bus, nats_server, tmp_path):
