@@ -110,8 +110,10 @@ demo-openenv: venv
 ## set up) in the third; `make test-serial` runs them as one process. mini-swe-agent's end-to-end tests
 ## run last in the second: its virtualenv builds in the background meanwhile (tests/conftest.py).
 ROW_IMAGE_TESTS := tests/e2e/test_row_datasets_in_images.py
+## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider): `make test-datasets`
+HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/verification/test_reward_file_in_image.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
-	$(ROW_IMAGE_TESTS))
+	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
 TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
