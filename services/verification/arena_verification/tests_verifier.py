@@ -424,13 +424,14 @@ def plan_canaries(spec: TestsVerifier, workspace: Path, hidden_paths: list[PureP
         return None
     rng = random.Random(secrets.randbits(64))
     listed = {t.split("::")[-1].split("[")[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]}
-    listed |= {k.split(".")[-1].split("[")[0] for k in spec.expected_statuses}
+    # R2E-Gym's keys: ``Class.test[param]`` (a parameter may hold dots): the name before the parameter
+    listed |= {k.split("[")[0].split(".")[-1] for k in spec.expected_statuses}
     planned: dict[str, tuple[str, str, str]] = {}
     for rel in files:
         path = workspace / rel
         text = path.read_text(errors="replace") if path.is_file() and not path.is_symlink() else ""
         text += hidden.get(rel, b"").decode(errors="replace") + spec.test_patch
-        existing = set(_TEST_DEF.findall(text)) | listed
+        existing = {name for name in set(_TEST_DEF.findall(text)) | listed if name.isidentifier()}
         must_fail, must_pass = _canary_name(existing, rng), _canary_name(existing, rng)
         tests = [(must_fail, _canary_body(rng, fail=True)), (must_pass, _canary_body(rng, fail=False))]
         rng.shuffle(tests)
