@@ -58,9 +58,14 @@ def arena(stack, *args: str, timeout: float = 3000) -> subprocess.CompletedProce
 def imported(stack, tmp_path_factory) -> dict[str, Path]:
     stack_, _ = stack
     out = tmp_path_factory.mktemp("imported")
+    import row_images
+
     extra = {"swe-smith": ["--profiles", str(FIXTURES / "swe-smith" / "profiles.json")], "r2e-gym": []}
+    rows = {"swe-smith": FIXTURES / "swe-smith" / "dataset.jsonl",
+            # R2E-Gym's expected statuses are the image's: computed in it, as R2E-Gym does
+            "r2e-gym": row_images.r2e_rows_in_images(out / "r2e-rows.jsonl")}
     for fmt in ("swe-smith", "r2e-gym"):
-        done = arena(stack_, "tasks", "import", fmt, str(FIXTURES / fmt / "dataset.jsonl"), "--from-images",
+        done = arena(stack_, "tasks", "import", fmt, str(rows[fmt]), "--from-images",
                      *extra[fmt], "--out", str(out / fmt))
         assert done.returncode == 0, done.stdout + done.stderr
     return {fmt: out / fmt for fmt in extra}
