@@ -40,6 +40,14 @@ class Check:
             got = self.rewards[kind]
             if not got:
                 continue
+            infra = [i for i, shown in enumerate(got) if shown.endswith("(infra)")]
+            if infra:  # Arena could not run it: no verdict on the task from that run
+                reason = self.reasons[kind][infra[0]] if infra[0] < len(self.reasons[kind]) else ""
+                why.append(f"infrastructure: {len(infra)} of {len(got)} {kind} run(s) ended without a reward"
+                           + (f" ({reason[:200]})" if reason else "") + "; validate again")
+                got = [shown for shown in got if not shown.endswith("(infra)")]
+                if not got:
+                    continue
             if len(set(got)) > 1:
                 why.append(f"flaky: {kind} scored {', '.join(got)} across {len(got)} runs")
             elif got[0] != want:
@@ -132,7 +140,8 @@ def validate(client, paths: list[Path], *, oracle_required: bool = False, runs: 
                 check.reasons[kind].append(view.reason or "")
                 details.append(f"  {check.task.id} {kind} {rid}: {view.state.value}: reward {shown}: {view.reason}")
     rows = [(c.task.id, " ".join(c.rewards["oracle"]) or "-", " ".join(c.rewards["null"]) or "-",
-             "ok" if c.verdict() == "ok" else "INVALID") for c in checks]
+             "ok" if c.verdict() == "ok" else "INFRA" if c.verdict().startswith("infrastructure")
+             else "INVALID") for c in checks]
     print("\n".join(format_table(["TASK", "ORACLE", "NULL", "VERDICT"], rows)))
     if verbose:
         print("\n".join(sorted(details)))

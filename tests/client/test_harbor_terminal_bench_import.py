@@ -277,3 +277,8 @@ def test_validation_verdicts_name_what_failed():
     assert wrong.verdict() == "oracle: scored 0, not 1 (tests failed); null: scored 1, not 0"
     assert Check(task, problem="build: base image x is not in the local store").verdict().startswith("build: ")
     assert Check(task, rewards={"oracle": [], "null": ["0"]}).verdict().startswith("oracle: none")
+    # a run Arena could not do says so; it is neither the task's failure nor flakiness
+    infra = Check(task, rewards={"oracle": ["1", "1", "1"], "null": ["0", "failed (infra)", "0"]},
+                  reasons={"oracle": ["", "", ""], "null": ["", "no container engine", ""]})
+    assert infra.verdict() == ("infrastructure: 1 of 3 null run(s) ended without a reward (no container engine); "
+                               "validate again")
