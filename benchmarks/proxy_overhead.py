@@ -258,11 +258,14 @@ def start_litellm(tmp: Path, backend_url: str) -> tuple[subprocess.Popen, str]:
     config = tmp / "litellm.yaml"
     config.write_text(json.dumps({
         "model_list": [{"model_name": "scripted", "litellm_params": {
-            "model": "openai/scripted", "api_base": backend_url, "api_key": "none"}}],
+            # custom_openai: an OpenAI-compatible server reached through LiteLLM's chat completions
+            # for every client API (its openai/ and hosted_vllm/ providers send a Responses call
+            # on to the backend's own /responses, which vLLM serves and the stand-in does not)
+            "model": "custom_openai/scripted", "api_base": backend_url, "api_key": "none"}}],
         "litellm_settings": {"telemetry": False, "drop_params": True},
     }))
     env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "HOME": str(tmp),
-           "LITELLM_MASTER_KEY": LITELLM_KEY}
+           "LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.Popen([str(VENV / "bin" / "python"), str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                              "--num_workers", "1"], env=env, stdout=open(tmp / "litellm.log", "wb"),
                             stderr=subprocess.STDOUT)
