@@ -110,14 +110,19 @@ demo-openenv: venv
 ## set up) in the last; `make test-serial` runs them as one process. mini-swe-agent's end-to-end tests
 ## run last in the stack-heavy one: its virtualenv builds in the background meanwhile (tests/conftest.py).
 ROW_IMAGE_TESTS := tests/e2e/test_row_datasets_in_images.py
+## SWE-smith, R2E-Gym and SWE-Gym rows through the real stack (import, validate, audit) and their verification
+## on the fixtures: minutes of sandboxes, in `make test-datasets` (the row formats' fast tests stay here)
+ROW_STACK_TESTS := tests/e2e/test_row_datasets_through_the_stack.py tests/verification/test_row_datasets_verified.py
+## Harbor's own loader reads the exported tasks: it needs a Python 3.12 venv with harbor (make harbor-venv)
+HARBOR_LOADER_TEST := tests/client/test_harbor_terminal_bench_import.py::test_exported_tasks_load_in_harbors_own_loader
 ## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider): `make test-datasets`
 HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/verification/test_reward_file_in_image.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
-	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS))
+	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS)) --deselect=$(HARBOR_LOADER_TEST)
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 ## the longest end-to-end files, in a fourth process of their own
 TEST_E2E_B   := tests/e2e/test_readme_runs_as_written.py tests/e2e/test_api_fuzz.py \
-	tests/e2e/test_row_datasets_through_the_stack.py tests/e2e/test_many_waiting_agents_complete_within_backend_limit.py
+	tests/e2e/test_many_waiting_agents_complete_within_backend_limit.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS) $(addprefix --ignore=,$(TEST_E2E_B))
 TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
 TEST_REST    := tests/core tests/sandbox tests/sandbox_providers tests/verification tests/trajectory tests/rollout
@@ -170,7 +175,7 @@ test-datasets: venv harbor-venv
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
 		tests/verification/test_reward_file_rule.py tests/verification/test_reward_file_in_image.py \
 		tests/e2e/test_harbor_terminal_bench_datasets.py
-	$(PY) -m pytest -q -p no:cacheprovider $(ROW_IMAGE_TESTS)
+	$(PY) -m pytest -q -p no:cacheprovider $(ROW_STACK_TESTS) $(ROW_IMAGE_TESTS)
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
 ## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman
