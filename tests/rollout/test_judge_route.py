@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import httpx
 import msgspec
@@ -28,6 +27,7 @@ from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
 from arena_verification import judge
 from arena_verification.runner import verify
+from tests.steps_reader import read_steps
 
 JUDGE_KEY = "judge-secret-for-tests"
 SCRIPT = Script(responses=[ScriptedResponse(label="grade", content="Correct and explained.\nSCORE: 0.75")])
@@ -83,19 +83,7 @@ async def arena(bus, tmp_path):
 
 
 async def steps_of(bus, rid: str) -> list[Step]:
-    sub = await bus.js.pull_subscribe(subjects.step(rid), stream="ARENA_STEPS")
-    out: list[Step] = []
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        try:
-            msgs = await sub.fetch(batch=50, timeout=0.5)
-        except Exception:  # noqa: BLE001 - fetch timeout: nothing more
-            break
-        for m in msgs:
-            out.append(msgspec.json.decode(m.data, type=Step))
-            await m.ack()
-    await sub.unsubscribe()
-    return out
+    return await read_steps(bus, rid, within=3)
 
 
 def env(url: str, key: str = JUDGE_KEY) -> dict[str, str]:

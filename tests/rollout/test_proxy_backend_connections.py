@@ -8,15 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 
 import httpx
-import msgspec
 import pytest
-from nats.js import api as jsapi
 
 from arena_core import subjects
-from arena_core.packing import unpack
 from arena_core.runtime import serve
 from arena_core.schemas import AgentSpec, BackendReplica, Budget, RolloutState, SamplingParams, Step, \
     SubmitRolloutRequest, Task, TestsVerifier
@@ -26,6 +22,7 @@ from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
+from tests.steps_reader import read_steps
 
 Piece = bytes | None | asyncio.Event
 
@@ -142,30 +139,8 @@ class Proxy:
         return f"{self.url}/proxy/{record.rollout_id}/v1/chat/completions", record.api_key
 
     async def steps(self, url: str, n: int) -> list[Step]:
-        rid = rollout_of(url)
         await self.service.proxy.drain()
-        # steps published in the same moment travel as one Pack on arena.steps (arena_core.packing):
-        # read both subjects, as the trajectory service does, and keep this rollout's
-        durable = f"test-steps-{rid}"
-        await self.bus.js.add_consumer("ARENA_STEPS", jsapi.ConsumerConfig(
-            durable_name=durable, ack_policy=jsapi.AckPolicy.EXPLICIT, deliver_policy=jsapi.DeliverPolicy.ALL,
-            filter_subjects=[subjects.step(rid), subjects.STEP_PACKS]))
-        sub = await self.bus.js.pull_subscribe_bind(durable, "ARENA_STEPS")
-        out: list[Step] = []
-        deadline = time.monotonic() + 30  # generous: a loaded machine delays the steps' stream
-        while len(out) < n and time.monotonic() < deadline:
-            try:
-                msgs = await sub.fetch(batch=50, timeout=0.5)
-            except Exception:  # noqa: BLE001 - fetch timeout
-                continue
-            for m in msgs:
-                bodies = ([p.data for p in unpack(m.data) if p.subject == subjects.step(rid)]
-                          if m.subject == subjects.STEP_PACKS else [m.data])
-                out += [msgspec.json.decode(b, type=Step) for b in bodies]
-                await m.ack()
-        await sub.unsubscribe()
-        await self.bus.js.delete_consumer("ARENA_STEPS", durable)
-        return sorted(out, key=lambda s: s.step_index)
+        return await read_steps(self.bus, rollout_of(url), n)  # generous: a loaded machine delays the stream
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import anthropic
 import httpx
@@ -28,6 +27,7 @@ from arena_rollout.proxy.routing import Router
 from arena_rollout.proxy.upstream import UpstreamClient
 from arena_rollout.service import RolloutService
 from arena_rollout.store import RolloutStore
+from tests.steps_reader import read_steps
 
 SCRIPT = Script(responses=[
     ScriptedResponse(label="text", content="The fix: use ordered[mid - 1] — naïve ✓ indexing was off by one."),
@@ -149,19 +149,7 @@ class Stack:
 
     async def steps(self, rid: str, n: int) -> list[Step]:
         await self.service.proxy.drain()
-        sub = await self.bus.js.pull_subscribe(subjects.step(rid), stream="ARENA_STEPS")
-        out: list[Step] = []
-        deadline = time.monotonic() + 10
-        while len(out) < n and time.monotonic() < deadline:
-            try:
-                msgs = await sub.fetch(batch=50, timeout=0.5)
-            except Exception:  # noqa: BLE001 - fetch timeout
-                continue
-            for m in msgs:
-                out.append(msgspec.json.decode(m.data, type=Step))
-                await m.ack()
-        await sub.unsubscribe()
-        return sorted(out, key=lambda s: s.step_index)
+        return await read_steps(self.bus, rid, n, within=10)
 
 
 @pytest.fixture
