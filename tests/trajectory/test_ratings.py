@@ -1,4 +1,4 @@
-"""Bradley–Terry ratings on the Elo scale with bootstrap intervals (services/trajectory/arena_trajectory/ratings.py)."""
+"""Bradley–Terry ratings on the Elo scale with bootstrap intervals (libs/arena_core/ratings.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from arena_trajectory.ratings import Game, rate
+from arena_core.ratings import Game, rate
 
 
 def by_policy(ratings):

@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from arena_trajectory.ratings import Game, Rating, rate
+from arena_core.ratings import Game, Rating, rate
 from arena_core.schemas import DuelRoundDone, Trajectory
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import DATABASE, duel_columns
@@ -79,7 +79,7 @@ class DuelList(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Leaderboard(msgspec.Struct, frozen=True, kw_only=True):
-    """Bradley–Terry ratings over every decided round of every duel (``arena_trajectory.ratings``)."""
+    """Bradley–Terry ratings over every decided round of every duel (``arena_core.ratings``)."""
 
     method: str
     games: int

@@ -1,5 +1,6 @@
 """Ratings of policies from their duels: Bradley–Terry by maximum likelihood, on the Elo scale,
-with bootstrap confidence intervals. Pure: games in, ratings out. docs/trajectory.md (Duels).
+with bootstrap confidence intervals. Pure: games in, ratings out (the leaderboard
+of duels, and the evaluation reports). docs/trajectory.md (Duels).
 """
 
 from __future__ import annotations
