@@ -1,0 +1,1 @@
+"""Evaluation jobs over a dataset: statistics, the job, cost and reports (docs/evaluation.md)."""
