@@ -59,6 +59,7 @@ def build_job(trajectory: Trajectory, task: Task, spec: Verifier, name: str) -> 
         diff=trajectory.sandbox.diff,
         result=trajectory.sandbox.result,
         name=name,
+        step_turns=list(trajectory.sandbox.step_turns),
     )
 
 

@@ -4,7 +4,7 @@ score 1 and a do-nothing agent 0, on every run; a per-task table, and why each f
 
 The oracle is what the import left beside the task file: ``gold/<id>.patch`` (SWE-bench-style rows:
 applied with ``git apply``) or ``solutions/<id>/`` (Harbor and Terminal-Bench: ``solve.sh`` run from the
-task's working directory, or each step's ``steps/<name>/solve.sh`` in order), mounted as the agent's
+task's working directory, or in each step's turn that step's ``steps/<name>/solve.sh``), mounted as the agent's
 files, read-only, in the oracle's runs only.
 """
 
@@ -79,7 +79,10 @@ def oracle_agent(task_file: Path, task: Task, staging: Path, *, required: bool) 
     missing = [s for s in scripts if not (solution / s).is_file()]
     if missing:
         return None
-    run = " && ".join(f"(cd {shlex.quote(workdir)} && bash /sandbox/agent/{shlex.quote(s)})" for s in scripts)
+    if steps and task.steps:  # a turn per step: this turn's solve.sh (ARENA_STEP names the step)
+        run = f'cd {shlex.quote(workdir)} && bash "/sandbox/agent/steps/$ARENA_STEP/solve.sh"'
+    else:
+        run = " && ".join(f"(cd {shlex.quote(workdir)} && bash /sandbox/agent/{shlex.quote(s)})" for s in scripts)
     return AgentSpec(command=["sh", "-c", f"{run}; {DONE}"], path=str(solution.resolve()))
 
 

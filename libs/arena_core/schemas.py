@@ -414,6 +414,17 @@ Verifier = (TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | 
             | EnvRewardVerifier | RewardFileVerifier)
 
 
+class TaskStep(Request, kw_only=True):
+    """One step of a multi-step task (Harbor's ``[[steps]]``; public): the agent gets a turn per
+    step, in order, in the same sandbox, with this step's instruction in ``task.json`` (and
+    ``ARENA_STEP``); its tests (the verifier's step of the same name) grade the state it leaves."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    instructions: Annotated[str, msgspec.Meta(max_length=1024 * 1024)]
+    #: This turn's wall clock (``None``: what is left of the task's ``budget.wall_clock_s``).
+    wall_clock_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_WALL_CLOCK_S)] | None = None
+
+
 class Task(Request, kw_only=True):
     """What to do: the source, the instructions, the agent, the budgets (the public part),
     and the verifier (the private part: never in the agent's sandbox nor in API views).
@@ -438,11 +449,18 @@ class Task(Request, kw_only=True):
     image: str | None = None
     #: An unmodified OpenEnv environment the rollout plays (the agent is then ``external``).
     environment: OpenEnvServer | None = None
+    #: A multi-step task: one agent turn per step, in order, in one sandbox (docs/tasks.md,
+    #: "Multi-step tasks"); ``instructions`` is then their overview. Empty: one turn.
+    steps: Annotated[list[TaskStep], msgspec.Meta(max_length=64)] = []
 
     def __post_init__(self) -> None:
         if self.environment is not None and not self.agent.external:
             raise ValueError("a task with an `environment` is played by an OpenEnv client: its agent must be "
                              "{\"external\": true} (docs/openenv.md)")
+        if self.steps and (self.environment is not None or self.agent.external):
+            raise ValueError("a task with `steps` gives a turn to its own agent per step; an OpenEnv episode has none")
+        if len({s.name for s in self.steps}) != len(self.steps):
+            raise ValueError("two of the task's `steps` have the same name")
 
     def source_of(self) -> Source | None:
         """The task's source, with ``repo`` read as a :class:`PathSource`."""
@@ -725,6 +743,18 @@ class EnvStep(Base, kw_only=True):
     duration_ms: float = 0.0
 
 
+class StepTurn(Base, kw_only=True):
+    """One step's agent turn of a multi-step task, as the sandbox plane ran it."""
+
+    name: str
+    #: The workspace's diff against the base commit when the turn ended (what this step's tests grade).
+    diff: str = ""
+    #: The agent wrote ``/sandbox/.arena/done`` in this turn (else it exited, timed out or could
+    #: not start: the turns end here, this step is still graded on the state it left).
+    completed: bool = False
+    reason: str = ""
+
+
 class SandboxDone(Base, kw_only=True):
     """``arena.sandbox.done.{rollout_id}``: what the sandbox ended with."""
 
@@ -753,6 +783,9 @@ class SandboxDone(Base, kw_only=True):
     #: saw the proxy refuse the connection or break it before the answer ended. The outcome is
     #: then ``error``: an infrastructure outcome, no reward (docs/reliability.md).
     proxy_fault: str = ""
+    #: A multi-step task (``task.steps``): each turn the agent had, in order; a step after the
+    #: last one listed had none (docs/tasks.md, "Multi-step tasks").
+    step_turns: list[StepTurn] = []
 
 
 # --------------------------------------------------------------------------- verification plane
@@ -770,6 +803,9 @@ class VerifyJob(Base, kw_only=True):
     verifier_ref: str = ""
     #: What the sandbox plane saw the agent do that the verdict must know (``git_tampered``).
     flags: list[str] = []
+    #: A multi-step task's turns (``SandboxDone.step_turns``): each step is graded on the diff its
+    #: own turn left. Empty: every step is graded on ``diff`` (a replay, a single-turn run).
+    step_turns: list[StepTurn] = []
 
 
 class TestStatus(str, enum.Enum):

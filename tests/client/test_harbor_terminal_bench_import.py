@@ -95,6 +95,10 @@ def test_a_multi_step_task_keeps_each_steps_instruction_tests_and_minimum(harbor
     assert sorted(p.relative_to(harbor_out / "solutions" / task.id).as_posix()
                   for p in (harbor_out / "solutions" / task.id).rglob("*.sh")) == [
         "steps/summarize/solve.sh", "steps/write-csv/solve.sh"]
+    # the public part: a turn per step, each with its own instruction and the task's agent timeout
+    assert [(t.name, t.wall_clock_s) for t in task.steps] == [("write-csv", 300.0), ("summarize", 300.0)]
+    assert task.steps[1].instructions.startswith("Write the sum of the `amount` column")
+    assert task.budget.wall_clock_s == 600.0 and task.public().steps == task.steps
 
 
 def test_a_terminal_bench_task_is_graded_as_harbors_mapper_grades_it(tbench_out):

@@ -2,8 +2,9 @@
 through its dataset.toml, digests checked), `arena images build` (each task's Dockerfile with Podman,
 offline, its base mapped to a local image), `arena tasks validate --runs 3` (each oracle scores 1
 and a do-nothing agent 0, every time) in docker sandboxes (Podman's engine); then Harbor's grading
-rule as it lands in the trajectory (named metrics beside the reward, a multi-step task stopped at
-its first step under its minimum), and what an agent can see (neither tests nor solution).
+rule as it lands in the trajectory (named metrics beside the reward, a multi-step task's turn per
+step, each step graded on its own turn's state, stopped at its first step under its minimum), and
+what an agent can see (neither tests nor solution).
 
 Needs the Docker-API engine (``docker_url``) and ``arena/quickstart`` on it (``make images``);
 ``make test-datasets`` runs it.
@@ -101,26 +102,43 @@ def test_named_metrics_from_reward_json_are_kept_beside_the_reward(stack, import
     assert "3/3 checks passed" in traj.verification.log_tail
 
 
-def test_a_multi_step_task_stops_at_the_first_step_under_its_minimum(stack, imported):
+def per_step(**turns: str) -> AgentSpec:
+    """An agent whose turn runs the shell of its step (``ARENA_STEP``), then writes done."""
+    cases = " ".join(f"{name}) {body};;" for name, body in turns.items())
+    return AgentSpec(command=["sh", "-c", f'case "$ARENA_STEP" in {cases} esac; '
+                                          "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done"])
+
+
+def test_a_multi_step_task_gives_a_turn_per_step_and_grades_each_on_its_own_state(stack, imported):
     _, client = stack
     harbor, _ = imported
     task = load_task(harbor / "arena-fixtures.csv-pipeline.json")
-    done = "mkdir -p /sandbox/.arena && touch /sandbox/.arena/done"
-    only_first = AgentSpec(command=["sh", "-c", f"printf 'name,amount\\na,1\\nb,2\\nc,4\\n' > /app/data.csv; {done}"])
-    only_second = AgentSpec(command=["sh", "-c", f"echo 7 > /app/total.txt; {done}"])
-    views = [client.submit(msgspec.structs.replace(task, agent=a), provider="docker") for a in (only_first, only_second)]
-    first, second = (client.wait(v.rollout_id, timeout=600) for v in views)
-    # step 1 passed (1), step 2 did not (0): the mean of both
-    assert first.reward == 0.5, first.reason
-    traj = client.wait_trajectory(first.rollout_id, timeout=60)
-    assert traj.verification.components["write-csv.reward"] == 1.0
-    assert traj.verification.components["summarize.reward"] == 0.0
-    assert traj.verification.components["summarize.total_ok"] == 0.0
+    csv = "printf 'name,amount\\na,1\\nb,2\\nc,4\\n' > /app/data.csv"
+    agents = {
+        "right-then-wrong": per_step(**{"write-csv": csv, "summarize": "echo 8 > /app/total.txt"}),
+        "wrong-first": per_step(**{"write-csv": "true", "summarize": "echo 7 > /app/total.txt"}),
+        # step 1 is graded on what its own turn left, whatever turn 2 does to it later
+        "undo-later": per_step(**{"write-csv": csv, "summarize": "rm /app/data.csv; echo 7 > /app/total.txt"}),
+    }
+    views = {name: client.submit(msgspec.structs.replace(task, agent=a), provider="docker")
+             for name, a in agents.items()}
+    ended = {name: client.wait(v.rollout_id, timeout=600) for name, v in views.items()}
+    traj = {name: client.wait_trajectory(v.rollout_id, timeout=60) for name, v in ended.items()}
+    # each step its own turn, the diff taken after each
+    turns = traj["right-then-wrong"].sandbox.step_turns
+    assert [(t.name, t.completed) for t in turns] == [("write-csv", True), ("summarize", True)]
+    assert "data.csv" in turns[0].diff and "total.txt" not in turns[0].diff and "total.txt" in turns[1].diff
+    # step 1 passed (1), step 2 did not (0): the mean of both, each step's rewards named beside it
+    assert ended["right-then-wrong"].reward == 0.5, ended["right-then-wrong"].reason
+    components = traj["right-then-wrong"].verification.components
+    assert components["write-csv.reward"] == 1.0 and components["summarize.reward"] == 0.0
+    assert components["summarize.total_ok"] == 0.0
     # step 1 under its minimum: grading stops there; step 2 (which would pass) never counts
-    assert second.reward == 0.0, second.reason
-    traj = client.wait_trajectory(second.rollout_id, timeout=60)
-    assert "stopped after step write-csv" in traj.verification.reason
-    assert "summarize.reward" not in traj.verification.components
+    assert ended["wrong-first"].reward == 0.0, ended["wrong-first"].reason
+    assert "stopped after step write-csv" in traj["wrong-first"].verification.reason
+    assert "summarize.reward" not in traj["wrong-first"].verification.components
+    assert ended["undo-later"].reward == 1.0, ended["undo-later"].reason
+    assert traj["undo-later"].verification.components["write-csv.reward"] == 1.0
 
 
 def test_the_agent_sees_neither_tests_nor_solution(stack, imported):

@@ -17,12 +17,13 @@ from arena_verification.reward_file import (
     RewardFileError,
     below_minimum,
     combine_steps,
+    grading_plan,
     parse_rewards,
     pytest_summary_failure,
     scalar_reward,
     time_budget_s,
 )
-from arena_core.schemas import RewardFileStep, RewardFileVerifier
+from arena_core.schemas import AgentSpec, RewardFileStep, RewardFileVerifier, StepTurn, Task, VerifyJob
 
 HARBOR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "datasets" / "harbor"
 
@@ -97,8 +98,24 @@ def test_a_multi_step_task_stops_at_the_first_step_under_its_minimum(tmp_path):
 
 def test_the_verification_budget_covers_every_step():
     spec = RewardFileVerifier(timeout_s=100.0, steps=[RewardFileStep(name="a"), RewardFileStep(name="b", timeout_s=30)])
-    assert time_budget_s(spec) == 100.0 + 30.0 + 150.0
+    assert time_budget_s(spec) == 100.0 + 30.0 + 2 * 60.0 + 150.0
     assert time_budget_s(RewardFileVerifier(timeout_s=60.0)) == 210.0
+
+
+def test_each_step_is_graded_on_the_diff_its_own_turn_left():
+    spec = RewardFileVerifier(files={"shared.sh": b"s"}, steps=[
+        RewardFileStep(name="a", files={"test.sh": b"a"}, min_reward=1.0), RewardFileStep(name="b"),
+        RewardFileStep(name="c", timeout_s=5)])
+    task = Task(id="t", instructions="x", agent=AgentSpec(command=["true"]), verifier=spec)
+    turns = [StepTurn(name="a", diff="A", completed=True), StepTurn(name="b", diff="AB", completed=False)]
+    groups, skipped = grading_plan(VerifyJob(rollout_id="r", task=task, diff="AB", step_turns=turns), spec)
+    assert [(diff, [step[0] for step in steps]) for diff, steps in groups] == [("A", ["a"]), ("AB", ["b"])]
+    assert groups[0][1][0][1] == {"shared.sh": b"s", "test.sh": b"a"} and groups[0][1][0][3] == 1.0
+    assert skipped == ["steps c: no agent turn, not graded"]
+    # no turns (a replay, a task whose steps had one turn): every step on the final diff, in one sandbox
+    groups, skipped = grading_plan(VerifyJob(rollout_id="r", task=task, diff="F"), spec)
+    assert [(diff, [step[0] for step in steps]) for diff, steps in groups] == [("F", ["a", "b", "c"])]
+    assert skipped == []
 
 
 def pytest_output(tmp_path: Path, body: str) -> tuple[int, str]:

@@ -246,7 +246,7 @@ class Imported:
 def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
     """One Harbor task directory as an Arena task (refused with a :class:`HarborError`)."""
     from arena.datasets import UNSET_AGENT
-    from arena_core.schemas import AgentSpec, Budget, ImageSource, RewardFileStep, RewardFileVerifier, Task
+    from arena_core.schemas import AgentSpec, Budget, ImageSource, RewardFileStep, RewardFileVerifier, Task, TaskStep
 
     from arena import images
 
@@ -277,7 +277,9 @@ def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
     steps_cfg = config.get("steps") or []
     shared_tests = read_tree(path / "tests", f"task {name}")
     steps = []
+    task_steps = []
     instructions = []
+    wall = float(agent_cfg.get("timeout_sec") or 600.0)
     solution: dict[str, bytes] = {}
     if steps_cfg:
         for step in steps_cfg:
@@ -293,8 +295,11 @@ def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
             timeout = (step.get("verifier") or {}).get("timeout_sec")
             steps.append(RewardFileStep(name=step_name, files=files, min_reward=step.get("min_reward"),
                                         timeout_s=float(timeout) if timeout else None))
-            instructions.append(f"## Step {len(instructions) + 1}: {step_name}\n\n"
-                                + strip_canary((step_dir / "instruction.md").read_text()).strip())
+            text = strip_canary((step_dir / "instruction.md").read_text())
+            turn = (step.get("agent") or {}).get("timeout_sec")
+            task_steps.append(TaskStep(name=step_name, instructions=text,
+                                       wall_clock_s=float(turn) if turn else wall))
+            instructions.append(f"## Step {len(instructions) + 1}: {step_name}\n\n" + text.strip())
             for rel, data in read_tree(step_dir / "solution", f"task {name} step {step_name}").items():
                 solution[f"steps/{step_name}/{rel}"] = data
         instruction = ("This task has steps; do them in order.\n\n" + "\n\n".join(instructions) + "\n")
@@ -316,14 +321,16 @@ def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
                                   env={str(k): str(v) for k, v in (verifier_cfg.get("env") or {}).items()},
                                   steps=steps, strategy=strategy)
     agent = AgentSpec(command=["sh", "-c", agent_command]) if agent_command else UNSET_AGENT
-    wall = float(agent_cfg.get("timeout_sec") or 600.0)
+    if task_steps:  # each turn has its own clock; the rollout's is their sum
+        wall = sum(t.wall_clock_s or wall for t in task_steps)
     metadata = {"dataset": "harbor", "harbor_name": name, "digest": found.digest or task_digest(path),
                 "environment": f"environments/{ident}", "workdir": workdir, "image_inputs": digest}
     for key, value in (config.get("metadata") or {}).items():
         if isinstance(value, (str, int, float, bool)):
             metadata.setdefault(f"harbor.{key}", str(value))
     task = Task(id=ident, instructions=instruction, agent=agent, source=ImageSource(image=image, path=workdir),
-                image=image, verifier=verifier, budget=Budget(wall_clock_s=wall), metadata=metadata)
+                image=image, verifier=verifier, budget=Budget(wall_clock_s=wall), metadata=metadata,
+                steps=task_steps)
     return Imported(task=task, environment=context, solution=solution, synthesized_dockerfile=synthesized)
 
 
@@ -425,8 +432,11 @@ def export_task(task_file: Path, task, out: Path) -> Path:
         lines += [f"env = {_toml_value(verifier.env)}"]
     lines += ["", "[agent]", f"timeout_sec = {float(task.budget.wall_clock_s)}", "",
               "[environment]", f"workdir = {_toml_value(workdir)}", ""]
+    turns = {t.name: t.wall_clock_s for t in task.steps}
     for step in verifier.steps:
         lines += ["[[steps]]", f"name = {_toml_value(step.name)}"]
+        if turns.get(step.name):
+            lines += [f"agent = {{ timeout_sec = {float(turns[step.name])} }}"]
         if step.min_reward is not None:
             lines.append(f"min_reward = {_toml_value(step.min_reward)}")
         if step.timeout_s:
@@ -453,7 +463,8 @@ def export_task(task_file: Path, task, out: Path) -> Path:
     put(directory / "tests", verifier.files, verifier.script)
     solutions = task_file.parent / "solutions" / task.id
     if verifier.steps:
-        texts = step_instructions(task.instructions, [s.name for s in verifier.steps])
+        texts = {t.name: t.instructions for t in task.steps} or step_instructions(
+            task.instructions, [s.name for s in verifier.steps])
         for step in verifier.steps:
             step_dir = directory / "steps" / step.name
             step_dir.mkdir(parents=True)

@@ -25,7 +25,7 @@ from arena_core.schemas import AgentSpec, OpenEnvServer, SandboxDone, SandboxJob
 from arena_core.sources import DiffTooLarge, Lease, SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
-from arena_sandbox import episode, hosted
+from arena_sandbox import episode, hosted, turns
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
@@ -69,6 +69,9 @@ class TaskFile(msgspec.Struct, frozen=True, kw_only=True):
 
     rollout_id: str
     task: Task
+    #: A multi-step task's turn: its step's name and 1-based index (the task's ``instructions`` are that step's).
+    step: str = ""
+    step_index: int = 0
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -144,9 +147,14 @@ def scaffold_home(provider: SandboxProvider | WarmPool, name: str) -> str:
     return str(Path(base) / name)
 
 
-def task_json(job: SandboxJob) -> bytes:
-    """The public part of the task only: the verifier never enters the agent's sandbox."""
-    return msgspec.json.encode(TaskFile(rollout_id=job.rollout_id, task=job.task.public()))
+def task_json(job: SandboxJob, task: Task | None = None, step_index: int | None = None) -> bytes:
+    """The public part of the task only: the verifier never enters the agent's sandbox. A
+    multi-step task's turn ``step_index`` (0-based) has that step's ``task``."""
+    task = (task or job.task).public()
+    if step_index is None:
+        return msgspec.json.encode(TaskFile(rollout_id=job.rollout_id, task=task))
+    return msgspec.json.encode(TaskFile(rollout_id=job.rollout_id, task=task, step=task.steps[step_index].name,
+                                        step_index=step_index + 1))
 
 
 def log_tail(data: bytes, *, lines: int = 40, max_chars: int = 4000) -> str:
@@ -333,6 +341,7 @@ async def run_job(
         log.info("sandbox starting (%s %s)", name, sandbox.id, extra=extra)
         output = _LogBuffer(config.max_log_bytes)
         ended: episode.EpisodeEnd | None = None
+        steps: turns.StepRuns | None = None
         try:
             with telemetry.tracer().start_as_current_span("sandbox.run", attributes=attributes) as span:
                 if job.task.agent.external:
@@ -340,6 +349,13 @@ async def run_job(
                     output(ended.log)
                     run = ExecResult(exit_code=None if ended.failed else 0, timed_out=ended.timed_out,
                                      killed=ended.cancelled, duration_s=ended.duration_s)
+                elif job.task.steps:
+                    steps = await turns.run_steps(
+                        job, sandbox, launch=lambda task: _turn_launch(job, task, plan, home),
+                        task_file=lambda task, i: task_json(job, task, i), base=base, workdir=plan.workdir,
+                        proxy=plan.proxy, cancel=cancel, on_output=output, diff_timeout_s=config.diff_timeout_s,
+                        max_diff_bytes=config.max_diff_bytes)
+                    run = steps.run
                 else:
                     run = await sandbox.exec(
                         plan.command, env=plan.env, workdir=plan.workdir, timeout_s=job.task.budget.wall_clock_s,
@@ -352,10 +368,16 @@ async def run_job(
         tail = log_tail(full_log, lines=config.log_tail_lines, max_chars=config.log_tail_chars)
         if ended is not None:
             done_seen = ended.done
+        elif steps is not None:
+            done_seen = steps.first_done
         else:
             done_seen = await sandbox.exists(f"{local.ARENA_DIR}/done")
         outcome, reason = decide_outcome(run, done=done_seen, tail=tail, memory_bytes=config.sandbox_limits.memory_bytes,
                                          wall_clock_s=job.task.budget.wall_clock_s)
+        if steps is not None:
+            reason = f"{reason}; turns: " + ", ".join(f"{t.name}: {t.reason}" for t in steps.turns)
+            if steps.failure and outcome is SandboxOutcome.COMPLETED:
+                outcome, reason = SandboxOutcome.FAILED, f"{steps.failure}; {reason}"
         if ended is not None and not run.killed:
             reason = ended.reason
             if ended.failed:  # the environment broke, not the policy: no reward (an infrastructure outcome)
@@ -412,7 +434,7 @@ async def run_job(
         log.info("sandbox finished: %s", outcome.value, extra=extra)
         done = finish(outcome, reason, exit_code=run.exit_code, diff=diff, result=result, log_tail=tail,
                       oom_killed=run.oom_killed, flags=flags, env_steps=ended.steps if ended is not None else [],
-                      proxy_fault=run.proxy_fault)
+                      proxy_fault=run.proxy_fault, step_turns=steps.turns if steps is not None else [])
         return JobRun(done=done, log=full_log, run=run, artifacts=artifacts)
     finally:
         if sandbox is not None:
@@ -566,6 +588,18 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     files: dict[str, bytes] = {}
     #: a scaffold's records to keep: artifact name -> path in the sandbox
     artifacts: dict[str, str] = {}
+
+
+def _turn_launch(job: SandboxJob, task: Task, plan: _Plan, home: str) -> tuple[list[str], dict[str, str],
+                                                                              dict[str, bytes]]:
+    """A multi-step turn's command, environment and files: a scaffold preset is launched again
+    with the turn's instruction; a raw command is the same every turn (it reads ``task.json``)."""
+    if job.task.agent.scaffold is None:
+        return plan.command, plan.env, plan.files
+    launch = scaffold_launch(msgspec.structs.replace(job, task=task), plan.workdir, home)
+    env = agent_env(job, launch.env)
+    local.validate_env(env)
+    return launch.command, env, launch.files
 
 
 async def agent_files(owner: AgentSpec | OpenEnvServer, cache: SourceCache, lease: Lease | None = None) -> Path | None:

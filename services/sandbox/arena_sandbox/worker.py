@@ -263,7 +263,7 @@ class SandboxWorker:
             await self.bus.publish(
                 subjects.VERIFY_RUN,
                 VerifyJob(rollout_id=rid, task=job.task, diff=done.diff, result=done.result,
-                          verifier_ref=job.verifier_ref, flags=list(done.flags)),
+                          verifier_ref=job.verifier_ref, flags=list(done.flags), step_turns=list(done.step_turns)),
                 msg_id=subjects.msg_id(rid, "verify-job", job.attempt),
             )
         return done.outcome

@@ -154,8 +154,29 @@ def combine_steps(graded: list[dict[str, float]], strategy: str) -> dict[str, fl
 
 
 def time_budget_s(spec: RewardFileVerifier) -> float:
-    """How long one verification may take, at most: every step's script, set-up and a margin."""
-    return sum(s.timeout_s or spec.timeout_s for s in spec.steps) + 150.0 if spec.steps else spec.timeout_s + 150.0
+    """How long one verification may take, at most: every step's script, set-up and a margin (a
+    step graded on its own turn's diff has a fresh sandbox: a minute more each)."""
+    if not spec.steps:
+        return spec.timeout_s + 150.0
+    return sum((s.timeout_s or spec.timeout_s) + 60.0 for s in spec.steps) + 150.0
+
+
+def grading_plan(job: VerifyJob, spec: RewardFileVerifier) -> tuple[list[tuple[str, list[tuple]]], list[str]]:
+    """Which diff each step is graded on, grouped by diff (one fresh sandbox per group), in order,
+    and notes on steps left out. With the sandbox plane's turns (``job.step_turns``) each step is
+    graded on the diff its own turn left, and a step the agent had no turn for is not graded (as
+    Harbor leaves out the steps after it stopped); without them, every step on the final diff."""
+    steps = [(s.name, {**spec.files, **s.files}, s.script, s.min_reward, s.timeout_s or spec.timeout_s)
+             for s in spec.steps] or [("", spec.files, spec.script, None, spec.timeout_s)]
+    if not (spec.steps and job.step_turns):
+        return [(job.diff, steps)], []
+    diffs = {turn.name: turn.diff for turn in job.step_turns}
+    groups: list[tuple[str, list[tuple]]] = []
+    for i, step in enumerate(steps):
+        if step[0] not in diffs:
+            return groups, [f"steps {', '.join(s[0] for s in steps[i:])}: no agent turn, not graded"]
+        groups.append((diffs[step[0]], [step]))
+    return groups, []
 
 
 async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Path, started: float, *,
@@ -175,47 +196,54 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
                 raise InvalidTask(str(exc)) from exc
             raise VerificationError(f"cannot get the task's source: {exc}") from exc
     mount = task.workspace_mount()
-    steps = [(s.name, {**spec.files, **s.files}, s.script, s.min_reward, s.timeout_s or spec.timeout_s)
-             for s in spec.steps] or [("", spec.files, spec.script, None, spec.timeout_s)]
-    graded: list[dict[str, float]] = []
+    groups, skipped = grading_plan(job, spec)
+    graded: list[tuple[str, dict[str, float]]] = []
     notes: list[str] = []
     flags: list[str] = []
     log_tail = ""
-    sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
-    try:
-        await sandbox.put_dir(workspace, WORKSPACE)
-        await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": job.diff.encode("utf-8")})
-        workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
-        if job.diff and not job.diff.isspace():
-            error = await _apply(sandbox)
-            if error is not None:
-                return VerificationResult(
-                    rollout_id=job.rollout_id, verifier="reward_file", reward=0.0, passed=False,
-                    started_at=started, finished_at=time.time(), flags=["patch_failed"],
-                    reason=f"the diff does not apply: {error}", log_tail=_tail(error))
-        for name, files, script, min_reward, timeout_s in steps:
-            rewards, log_tail, log = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
-            label = f"step {name}: " if name else ""
-            if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
-                return _no_reward(job, started, f"{label}{rewards}", log_tail)
-            if spec.pytest_summary and (failure := pytest_summary_failure(log)):
-                rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
-                notes.append(f"{label}reward 0: {failure}")
-                flags.append(FLAG_SUMMARY)
-            graded.append(rewards)
-            if name:
-                notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
-            if (missed := below_minimum(rewards, min_reward)):
-                notes.append(f"stopped after step {name}: {missed}")
-                break
-    finally:
-        await asyncio.shield(sandbox.destroy())
-    rewards = combine_steps(graded, spec.strategy)
+    workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
+    stopped = False
+    for diff, steps in groups:
+        sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
+        try:
+            await sandbox.put_dir(workspace, WORKSPACE)
+            await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": diff.encode("utf-8")})
+            if diff and not diff.isspace():
+                error = await _apply(sandbox)
+                if error is not None:
+                    label = f" of step {steps[0][0]}" if steps[0][0] else ""
+                    return VerificationResult(
+                        rollout_id=job.rollout_id, verifier="reward_file", reward=0.0, passed=False,
+                        started_at=started, finished_at=time.time(), flags=["patch_failed"],
+                        reason=f"the diff{label} does not apply: {error}", log_tail=_tail(error))
+            for name, files, script, min_reward, timeout_s in steps:
+                rewards, log_tail, log = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
+                label = f"step {name}: " if name else ""
+                if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
+                    return _no_reward(job, started, f"{label}{rewards}", log_tail)
+                if spec.pytest_summary and (failure := pytest_summary_failure(log)):
+                    rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
+                    notes.append(f"{label}reward 0: {failure}")
+                    flags.append(FLAG_SUMMARY)
+                graded.append((name, rewards))
+                if name:
+                    notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
+                if (missed := below_minimum(rewards, min_reward)):
+                    notes.append(f"stopped after step {name}: {missed}")
+                    stopped = True
+                    break
+        finally:
+            await asyncio.shield(sandbox.destroy())
+        if stopped:
+            break
+    if not stopped:
+        notes += skipped
+    rewards = combine_steps([r for _, r in graded], spec.strategy)
     reward = scalar_reward(rewards)
     if reward is None:
         return _no_reward(job, started, f"several rewards and none named reward: {sorted(rewards)}", log_tail)
     components = dict(rewards)
-    for (name, *_), step_rewards in zip(steps, graded, strict=False):
+    for name, step_rewards in graded:
         if name:
             components.update({f"{name}.{k}": v for k, v in step_rewards.items()})
     return VerificationResult(
