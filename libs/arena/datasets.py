@@ -92,16 +92,44 @@ def patch_files(diff: str) -> list[str]:
     return files
 
 
-class RepoSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """How one repository's tests run (SWE-bench keeps these per repository and version)."""
+#: The fields of a spec Arena uses; every other one (SWE-bench's ``python``, ``packages``,
+#: ``pip_packages``, ``pre_install``, ``install``, ``build``, ``apt-pkgs``, ``docker_specs``,
+#: ``env_patches``, ``reqs_path``, ...) describes how to build the environment, which an
+#: import does not: it is kept in the task's metadata (``swebench_spec``), never an error.
+SPEC_FIELDS_USED = frozenset({"test_cmd", "eval_commands", "test_files"})
+#: Files SWE-bench's harness never passes to the test command (``NON_TEST_EXTS``).
+NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
-    test_cmd: str = DEFAULT_COMMAND
-    #: Test files reset to the base besides those the test patch touches.
+
+class _UsedSpecFields(msgspec.Struct, kw_only=True):
+    test_cmd: str | list[str] | None = None
+    eval_commands: list[str] = []
     test_files: list[str] = []
 
 
+class RepoSpec(msgspec.Struct, kw_only=True):
+    """How one row's tests run, from its repository's spec as SWE-bench keeps it per repository
+    and version (``MAP_REPO_VERSION_TO_SPECS[repo][version]``); docs/tasks.md, "SWE-bench-format
+    datasets"."""
+
+    #: The shell text the verifier runs, ``{test_files}`` still to be replaced by the test patch's
+    #: files: SWE-bench's eval script from ``eval_commands`` to the test command (see :func:`spec_for`).
+    test_cmd: str = DEFAULT_COMMAND
+    #: Test files reset to the base besides those the test patch touches (Arena's).
+    test_files: list[str] = []
+    #: The spec's fields Arena does not use, as given (kept in the task's metadata).
+    kept: dict[str, Any] = {}
+
+    @property
+    def python(self) -> str | None:
+        """SWE-bench's ``python``: the Python version the environment was built with."""
+        value = self.kept.get("python")
+        return str(value) if value is not None else None
+
+
 def read_specs(path: str | Path | None) -> dict[str, Any]:
-    """``{"owner/name": {"test_cmd": ...}}`` or ``{"owner/name": {"<version>": {...}}}``."""
+    """``{"owner/name": {<spec>}}`` or, as SWE-bench keeps them (``MAP_REPO_VERSION_TO_SPECS``),
+    ``{"owner/name": {"<version>": {<spec>}}}`` (``"*"``: any other version)."""
     if path is None:
         return {}
     try:
@@ -113,22 +141,66 @@ def read_specs(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
+def _keyed_by_version(entry: dict[str, Any]) -> bool:
+    """SWE-bench's shape (version -> spec) rather than one spec for every version: every value a
+    spec (an object) and no key a field Arena reads."""
+    return bool(entry) and not (SPEC_FIELDS_USED & entry.keys()) and all(isinstance(v, dict) for v in entry.values())
+
+
 def spec_for(specs: dict[str, Any], row: SwebenchRow, default_command: str = DEFAULT_COMMAND) -> RepoSpec:
+    """The spec of ``row``'s repository and version; ``default_command`` as given for a repository
+    the table does not name. A table that names the repository but not the row's version (nor
+    ``"*"``) is an error: some other command would grade the row by tests it was not made for.
+
+    The spec's ``test_cmd`` runs as SWE-bench's harness runs it: a string gets the row's
+    :func:`test_directives` appended, unless it says where the test files go with ``{test_files}``
+    (Arena's form); a list runs line by line as given. ``eval_commands`` run first."""
     entry = specs.get(row.repo)
-    if isinstance(entry, dict) and "test_cmd" not in entry and "test_files" not in entry:
-        entry = entry.get(row.version, entry.get("*"))
+    where = f"spec of {row.repo} {row.version}".rstrip()
     if entry is None:
         return RepoSpec(test_cmd=default_command)
+    if not isinstance(entry, dict):
+        raise InvalidRequest(f"{where}: not a JSON object")
+    if _keyed_by_version(entry):
+        versions = entry
+        entry = versions.get(row.version, versions.get("*"))
+        if entry is None:
+            raise InvalidRequest(f"{where}: the specs file has versions {sorted(versions)} of {row.repo}, "
+                                 f"not {row.version!r} (add it, or a \"*\" entry)")
+        if not isinstance(entry, dict):
+            raise InvalidRequest(f"{where}: not a JSON object")
     try:
-        return msgspec.convert(entry, RepoSpec)
+        used = msgspec.convert({k: v for k, v in entry.items() if k in SPEC_FIELDS_USED}, _UsedSpecFields)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"spec of {row.repo} {row.version}: {exc}") from None
+        raise InvalidRequest(f"{where}: {exc}") from None
+    if used.test_cmd is None:
+        lines = [default_command]
+    elif isinstance(used.test_cmd, list):
+        lines = used.test_cmd
+    elif "{test_files}" in used.test_cmd:
+        lines = [used.test_cmd]
+    else:
+        lines = [" ".join([used.test_cmd, *(shlex.quote(d) for d in test_directives(row))])]
+    return RepoSpec(test_cmd="\n".join([*used.eval_commands, *lines]), test_files=used.test_files,
+                    kept={k: v for k, v in entry.items() if k not in SPEC_FIELDS_USED})
+
+
+def test_directives(row: SwebenchRow) -> list[str]:
+    """What SWE-bench's harness appends to a repository's ``test_cmd``: the files the test patch
+    touches that are tests (not data: ``NON_TEST_EXTS``), for Django as ``runtests.py`` module
+    labels (``tests/a/b.py`` -> ``a.b``)."""
+    directives = [f for f in patch_files(row.test_patch) if not f.endswith(NON_TEST_EXTS)]
+    if row.repo == "django/django":
+        directives = [d.removesuffix(".py").removeprefix("tests/").replace("/", ".") for d in directives]
+    return directives
 
 
 def to_task(row: SwebenchRow, *, source: Source, command: str = DEFAULT_COMMAND, agent: AgentSpec = UNSET_AGENT,
             budget: Budget = Budget(), timeout_s: float = 900.0, image: str | None = None,
-            extra_test_files: list[str] = ()) -> Task:
-    """The Arena task of one row: the problem statement public, the tests private."""
+            extra_test_files: list[str] = (), spec: RepoSpec | None = None) -> Task:
+    """The Arena task of one row: the problem statement public, the tests private. ``spec``: its
+    fields Arena does not use are kept in ``metadata["swebench_spec"]`` (JSON), its ``python`` in
+    ``metadata["python"]``."""
     test_files = patch_files(row.test_patch)
     reset = [*test_files, *(f for f in extra_test_files if f not in test_files)]
     verifier = TestsVerifier(
@@ -150,8 +222,17 @@ def to_task(row: SwebenchRow, *, source: Source, command: str = DEFAULT_COMMAND,
         verifier=verifier,
         budget=budget,
         image=image or row.image_name or None,
-        metadata={"dataset": "swebench", "repo": row.repo, "version": row.version},
+        metadata=_metadata(row, spec),
     )
+
+
+def _metadata(row: SwebenchRow, spec: RepoSpec | None) -> dict[str, str]:
+    metadata = {"dataset": "swebench", "repo": row.repo, "version": row.version}
+    if spec is not None and spec.kept:
+        metadata["swebench_spec"] = json.dumps(spec.kept, sort_keys=True)
+        if spec.python:
+            metadata["python"] = spec.python
+    return metadata
 
 
 def mirror_of(mirrors: Path, repo: str) -> Path:

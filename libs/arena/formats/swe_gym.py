@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, connect) -> int:
                     source = BundleSource(digest=client.push_bundle(Path(tmp) / "repo"))
             spec = datasets.spec_for(specs, row, args.command)
             task = datasets.to_task(row, source=source, command=spec.test_cmd, agent=agent,
-                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files)
+                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files, spec=spec)
             task = msgspec.structs.replace(task, metadata={**task.metadata, "dataset": "swe-gym"})
             write_task(out, task, row.patch)
             print(f"[{i}/{len(rows)}] {task.id}: {len(task.verifier.fail_to_pass)} FAIL_TO_PASS, "

@@ -19,8 +19,9 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--image-path", default="/testbed", help="the repository's directory in the image")
     q.add_argument("--command", default="python -m pytest -rA -p no:cacheprovider {test_files}",
                    help="test command; {test_files} = the files the test patch touches (default %(default)r)")
-    q.add_argument("--specs", help="JSON of per-repository test commands: {\"owner/name\": {\"test_cmd\": ..., "
-                                   "\"test_files\": [...]}} (or keyed by version under the repository)")
+    q.add_argument("--specs", help="JSON of per-repository specs as SWE-bench keeps them (MAP_REPO_VERSION_TO_SPECS: "
+                                   "{\"owner/name\": {\"<version>\": {\"test_cmd\": ..., ...}}}, or one spec per "
+                                   "repository); test_cmd and eval_commands used, the rest kept in the task's metadata")
     q.add_argument("--agent-command", help="the agent (sh -c) every task runs; default: none yet")
     q.add_argument("--test-timeout", type=float, default=900.0)
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace, connect) -> int:
                     source = BundleSource(digest=client.push_bundle(Path(tmp) / "repo"))
             spec = datasets.spec_for(specs, row, args.command)
             task = datasets.to_task(row, source=source, command=spec.test_cmd, agent=agent,
-                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files)
+                                    timeout_s=args.test_timeout, extra_test_files=spec.test_files, spec=spec)
             (out / f"{row.instance_id}.json").write_bytes(msgspec.json.format(encode(task)) + b"\n")
             (out / "gold" / f"{row.instance_id}.patch").write_text(row.patch)
             print(f"[{i}/{len(rows)}] {row.instance_id}: {len(task.verifier.fail_to_pass)} FAIL_TO_PASS, "
