@@ -647,6 +647,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("command", nargs=argparse.REMAINDER, help="a command instead of the shell (after --)")
     q.set_defaults(func=cmd_tasks_shell)
 
+    from arena import eval_cli
+
+    eval_cli.add_parser(sub, stack)
+
     p = sub.add_parser("status", parents=[stack], help="show one rollout, or list them")
     p.add_argument("id", nargs="?")
     p.add_argument("--state", choices=[state.value for state in RolloutState], help="only rollouts in this state")

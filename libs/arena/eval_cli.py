@@ -1,0 +1,102 @@
+"""``arena eval``: run an evaluation job (a dataset × an agent × models, k attempts each), resume it,
+report it. docs/evaluation.md."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+from arena_core.schemas import ScaffoldName
+
+
+def add_parser(sub, stack: argparse.ArgumentParser) -> None:
+    """``eval run``, ``eval resume``, ``eval report`` under ``arena``'s subcommands."""
+    p = sub.add_parser("eval", help="evaluation jobs: a dataset × an agent × models, k attempts each; pass@k, "
+                                    "pass^k and paired comparisons with intervals, cost (docs/evaluation.md)")
+    ev = p.add_subparsers(dest="eval_command", required=True)
+    q = ev.add_parser("run", parents=[stack], help="submit every task × model × attempt and wait; writes the job "
+                                                    "under $ARENA_DATA_DIR/evals/JOB")
+    q.add_argument("--dataset", required=True, help="an import's output directory, a task file or directory, or a "
+                                                    "Harbor dataset.toml")
+    q.add_argument("--agent", required=True, choices=["task", *get_args(ScaffoldName)],
+                   help="a scaffold preset (docs/agents.md), or `task`: each task's own agent")
+    q.add_argument("--model", action="append", required=True, help="a model the backends serve (repeat to compare)")
+    q.add_argument("--k", type=int, default=5, help="attempts per task and model (default %(default)s)")
+    q.add_argument("--concurrency", type=int, default=8, help="rollouts in flight at once (default %(default)s)")
+    q.add_argument("--provider", choices=["local", "docker", "mock"],
+                   help="sandbox provider (default: docker for a task with its own image, else local)")
+    q.add_argument("--max-infra-retries", type=int, default=2,
+                   help="tries again after an infrastructure outcome, per attempt (default %(default)s)")
+    q.add_argument("--timeout", type=float, default=1800.0, help="the longest wait for one rollout, seconds")
+    q.add_argument("--seed", type=int, default=0, help="the attempts' seeds derive from it (the same for every model)")
+    q.add_argument("--threshold", type=float, default=1.0, help="a reward at or above it is a success (default 1)")
+    q.add_argument("--prices", help="price table (TOML) for the report printed at the end")
+    q.set_defaults(func=cmd_eval_run)
+    q = ev.add_parser("resume", parents=[stack], help="go on with a job: wait for its tries in flight, run what is "
+                                                       "left; never runs a finished attempt again")
+    q.add_argument("job", help="a job id (ev-...) or its directory")
+    q.add_argument("--prices", help="price table (TOML) for the report printed at the end")
+    q.set_defaults(func=cmd_eval_resume)
+    q = ev.add_parser("report", help="the job's table on stdout; report.md, report.json and report.html beside it")
+    q.add_argument("job", help="a job id (ev-...) or its directory")
+    q.add_argument("--prices", help="price table (TOML): dollars per million tokens per model, per sandbox hour")
+    q.add_argument("--out", help="directory for the report files (default: the job's directory)")
+    q.set_defaults(func=cmd_eval_report)
+
+
+def _go(args, directory: Path) -> int:
+    from arena.cli import _client
+    from arena.evaluation.records import read_spec
+    from arena.evaluation.runner import run_job
+
+    spec = read_spec(directory)
+    with _client(args) as client:
+        result = run_job(client, directory)
+    s = result.settled
+    print(f"job {spec.job_id}: {s['completed']} completed, {s['failed']} failed, {s['infrastructure']} "
+          f"infrastructure (after retries) this run; {result.already_done} settled before, {result.retried} "
+          f"tries again after an infrastructure outcome, {result.adopted} tries taken over from an earlier run",
+          flush=True)
+    if result.still_running:
+        print(f"job {spec.job_id}: {result.still_running} attempt(s) still running after {spec.timeout_s:g}s: "
+              f"`arena eval resume {spec.job_id}` waits for them", flush=True)
+    _print_report(directory, args.prices)
+    return 1 if result.still_running else 0
+
+
+def _print_report(directory: Path, prices: str | None) -> None:
+    from arena.evaluation import report
+
+    built = report.build(directory, prices)
+    print("\n".join(report.text_lines(built)))
+
+
+def cmd_eval_run(args) -> int:
+    from arena.evaluation.records import evals_dir
+    from arena.evaluation.runner import create_job
+
+    directory = create_job(args.dataset, agent=args.agent, models=args.model, k=args.k,
+                           concurrency=args.concurrency, provider=args.provider,
+                           max_infra_retries=args.max_infra_retries, timeout_s=args.timeout, seed=args.seed,
+                           success_threshold=args.threshold, root=evals_dir())
+    print(f"job {directory.name} ({directory})", flush=True)
+    return _go(args, directory)
+
+
+def cmd_eval_resume(args) -> int:
+    from arena.evaluation.records import job_dir
+
+    return _go(args, job_dir(args.job))
+
+
+def cmd_eval_report(args) -> int:
+    from arena.evaluation import report
+    from arena.evaluation.records import job_dir
+
+    directory = job_dir(args.job)
+    built = report.build(directory, args.prices)
+    print("\n".join(report.text_lines(built)))
+    written = report.write_files(built, Path(args.out) if args.out else directory)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
