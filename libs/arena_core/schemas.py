@@ -414,6 +414,18 @@ Verifier = (TestsVerifier | RubricVerifier | ExactVerifier | LlmJudgeVerifier | 
             | EnvRewardVerifier | RewardFileVerifier)
 
 
+class SidecarService(Request, kw_only=True):
+    """A service the task's environment runs beside the agent (a compose file's other services):
+    on the ``docker`` provider, a container on the sandbox's own internal network, reached by
+    ``name``; other providers refuse such a task (docs/tasks.md, "Compose environments")."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=whole(r"^[a-z0-9][a-z0-9_-]*$"))]
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    #: The container's command ([]: the image's own).
+    command: list[str] = []
+    env: dict[str, str] = {}
+
+
 class TaskStep(Request, kw_only=True):
     """One step of a multi-step task (Harbor's ``[[steps]]``; public): the agent gets a turn per
     step, in order, in the same sandbox, with this step's instruction in ``task.json`` (and
@@ -452,6 +464,8 @@ class Task(Request, kw_only=True):
     #: A multi-step task: one agent turn per step, in order, in one sandbox (docs/tasks.md,
     #: "Multi-step tasks"); ``instructions`` is then their overview. Empty: one turn.
     steps: Annotated[list[TaskStep], msgspec.Meta(max_length=64)] = []
+    #: Sidecar services on the sandbox's private network (``docker`` provider only).
+    services: Annotated[list[SidecarService], msgspec.Meta(max_length=16)] = []
 
     def __post_init__(self) -> None:
         if self.environment is not None and not self.agent.external:

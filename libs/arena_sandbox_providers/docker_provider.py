@@ -43,6 +43,10 @@ _SIGKILL_EXIT = 137
 _CONNECT_TIMEOUT_S = 60.0  # generous: start-up on 2 busy cores
 _KILL_GRACE_S = 10.0  # for the server to kill a command before the engine kills the container
 _REMOVE_ATTEMPTS = 4
+#: Names a sidecar service's container (its value: the service's name).
+SIDECAR_LABEL = "arena.sidecar"
+#: What a sidecar (a database, a web server: started as root, dropping to its own user) does not need.
+SIDECAR_CAP_DROP = ["NET_RAW", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "MKNOD", "AUDIT_WRITE"]
 
 
 class DockerSandbox(HostDirSandbox):
@@ -60,6 +64,7 @@ class DockerSandbox(HostDirSandbox):
         self._lock = asyncio.Lock()
         self._oom_file: Path | None = None
         self._destroyed = False
+        self.has_sidecars = False
 
     # ---------------------------------------------------------------- exec
 
@@ -234,6 +239,8 @@ class DockerSandbox(HostDirSandbox):
                 await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
         finally:
             await asyncio.shield(asyncio.to_thread(_remove, self.client, self.container_id, self.root))
+            if self.has_sidecars:
+                await asyncio.shield(asyncio.to_thread(_remove_sidecars, self.client, self._provider.owner, self.id))
 
 
 def run_dir_of(root: Path) -> Path:
@@ -260,6 +267,28 @@ def _remove(client: docker.DockerClient, container_id: str, root: Path) -> None:
             else:
                 time.sleep(0.05 * attempt)
     _remove_dirs(root)
+
+
+def _remove_sidecars(client: docker.DockerClient, owner: str, sandbox_id: str) -> None:
+    """A sandbox's sidecar containers, then its network."""
+    with contextlib.suppress(docker.errors.DockerException):
+        for info in client.api.containers(all=True, filters={"label": [
+                f"{OWNER_LABEL}={owner}", f"arena.sandbox_id={sandbox_id}", SIDECAR_LABEL]}):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(info["Id"], force=True)
+    for attempt in range(1, _REMOVE_ATTEMPTS + 1):
+        try:
+            client.api.remove_network(f"arena-{owner}-{sandbox_id}")
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return
+            if attempt == _REMOVE_ATTEMPTS:
+                log.warning("could not remove network arena-%s-%s: %s", owner, sandbox_id, exc)
+            else:
+                time.sleep(0.2 * attempt)
 
 
 def _in_container(pid: int, container_id: str) -> bool:
@@ -345,13 +374,15 @@ class DockerProvider:
 
         return await asyncio.to_thread(probe)
 
-    def _host_config(self, spec: CreateSpec, root: Path, run_dir: Path) -> dict[str, Any]:
+    def _host_config(self, spec: CreateSpec, root: Path, run_dir: Path, network: str = "",
+                     hosts: dict[str, str] | None = None) -> dict[str, Any]:
         lim = spec.limits
         return self.client.api.create_host_config(
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=True,
-            network_mode="none",
+            network_mode=network or "none",
+            extra_hosts=hosts or None,
             tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
             mem_limit=lim.memory_bytes,
             memswap_limit=lim.memory_bytes,
@@ -428,6 +459,7 @@ class DockerProvider:
             shutil.rmtree(run_dir, ignore_errors=True)
             make_layout(root, owner_uid=SANDBOX_UID, run_dir=run_dir)
             shutil.copyfile(CMDSERVER, run_dir / "cmdserver.py")
+            network, hosts = self._start_sidecars(spec, sandbox_id) if spec.services else ("", {})
             return self.client.api.create_container(
                 image,
                 entrypoint=INIT,  # replaces the image's entrypoint and command
@@ -436,7 +468,7 @@ class DockerProvider:
                 labels={LABEL: "1", OWNER_LABEL: self.owner, "arena.sandbox_id": sandbox_id},
                 environment={"HOME": "/tmp"},
                 hostname="sandbox",
-                host_config=self._host_config(spec, root, run_dir),
+                host_config=self._host_config(spec, root, run_dir, network, hosts),
             )["Id"]
 
         made = asyncio.ensure_future(asyncio.to_thread(make))
@@ -445,10 +477,48 @@ class DockerProvider:
             channel = await self._start(container_id, run_dir)
         except BaseException as exc:
             await asyncio.shield(self._undo_create(made, root))
+            if spec.services:
+                await asyncio.shield(asyncio.to_thread(_remove_sidecars, self.client, self.owner, sandbox_id))
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot start a {image} container: {exc}") from exc
             raise
-        return DockerSandbox(sandbox_id, root, self, container_id, channel)
+        sandbox = DockerSandbox(sandbox_id, root, self, container_id, channel)
+        sandbox.has_sidecars = bool(spec.services)
+        return sandbox
+
+    def _start_sidecars(self, spec: CreateSpec, sandbox_id: str) -> tuple[str, dict[str, str]]:
+        """The sandbox's internal network (no route out) and its sidecar services on it, started;
+        the network's name and each service's name -> address (the agent's ``/etc/hosts``: an
+        engine's DNS on internal networks is not everywhere)."""
+        lim = spec.limits
+        labels = {LABEL: "1", OWNER_LABEL: self.owner, "arena.sandbox_id": sandbox_id}
+        network = f"arena-{self.owner}-{sandbox_id}"
+        self.client.api.create_network(network, internal=True, labels=labels)
+        hosts: dict[str, str] = {}
+        for service in spec.services:
+            try:
+                made = self.client.api.create_container(
+                    service.image, command=list(service.command) or None, environment=dict(service.env),
+                    name=f"{network}-{service.name}", hostname=service.name,
+                    labels={**labels, SIDECAR_LABEL: service.name},
+                    host_config=self.client.api.create_host_config(
+                        network_mode=network, security_opt=["no-new-privileges"], cap_drop=SIDECAR_CAP_DROP,
+                        mem_limit=lim.memory_bytes, memswap_limit=lim.memory_bytes, pids_limit=lim.pids,
+                        nano_cpus=int(lim.cpus * 1e9), tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
+                        ulimits=[docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                                 docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT)]),
+                    networking_config=self.client.api.create_networking_config(
+                        {network: self.client.api.create_endpoint_config(aliases=[service.name])}),
+                )
+                self.client.api.start(made["Id"])
+                info = self.client.api.inspect_container(made["Id"])
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"sidecar service {service.name} ({service.image}) did not start: {exc}") from exc
+            address = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+            if not address:
+                raise SandboxError(f"sidecar service {service.name} ({service.image}) has no address on {network}")
+            hosts[service.name] = address
+        return network, hosts
 
     async def _undo_create(self, made: asyncio.Future[str], root: Path) -> None:
         """Remove what a failed or cancelled ``create`` made. Its thread cannot be
@@ -466,6 +536,9 @@ class DockerProvider:
             found = self.client.api.containers(all=True, filters={"label": [f"{LABEL}=1", f"{OWNER_LABEL}={self.owner}"]})
             for info in found:
                 _remove(self.client, info["Id"], self.base / info.get("Labels", {}).get("arena.sandbox_id", "-"))
+            for net in self.client.api.networks(filters={"label": [f"{LABEL}=1", f"{OWNER_LABEL}={self.owner}"]}):
+                with contextlib.suppress(docker.errors.APIError):
+                    self.client.api.remove_network(net["Id"])
             if self.base.is_dir():
                 for path in self.base.iterdir():
                     _remove_dirs(path)

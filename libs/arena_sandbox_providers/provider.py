@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from arena_core.errors import ArenaError
+from arena_core.schemas import SidecarService
 from arena_sandbox_providers.local import ProxyForward
 
 #: Label (docker) / marker file (local) naming Arena's sandboxes and their owner.
@@ -49,6 +50,8 @@ class CreateSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: docker: the workspace is also mounted here (an image source's path, e.g. ``/testbed``),
     #: so what the image installed from that path (an editable install) is the workspace.
     workspace_mount: str = ""
+    #: Sidecar services on the sandbox's own internal network (docker only; other providers refuse).
+    services: tuple[SidecarService, ...] = ()
 
 
 class ExecResult(msgspec.Struct, frozen=True, kw_only=True):

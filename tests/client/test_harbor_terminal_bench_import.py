@@ -117,19 +117,26 @@ def test_a_terminal_bench_task_is_graded_as_harbors_mapper_grades_it(tbench_out)
     assert task.metadata["dataset"] == "terminal-bench"
 
 
-@pytest.mark.parametrize("compose", ["redis", "db"])
-def test_sidecar_services_are_refused_saying_what_is_missing(tmp_path, compose):
+def test_sidecar_services_become_the_tasks_services_and_a_built_sidecar_is_refused(tmp_path):
     task = tmp_path / "with-sidecar"
     shutil.copytree(FIXTURES / "terminal-bench" / "hello-world", task)
-    text = (task / "docker-compose.yaml").read_text() + f"  {compose}:\n    image: {compose}:7\n"
+    text = (task / "docker-compose.yaml").read_text() + (
+        "  redis:\n    image: redis:7\n    command: redis-server --save ''\n    environment:\n      - MODE=test\n")
     (task / "docker-compose.yaml").write_text(text)
-    with pytest.raises(InvalidRequest, match=rf"sidecar services \({compose}\).*per-sandbox network"):
-        terminal_bench.import_source(task, tmp_path / "staging")
+    [imported] = terminal_bench.import_source(task, tmp_path / "staging")
+    [redis] = imported.task.services
+    assert (redis.name, redis.image, redis.command, redis.env) == ("redis", "redis:7", ["redis-server", "--save", ""],
+                                                                   {"MODE": "test"})
     htask = tmp_path / "harbor-sidecar"
     shutil.copytree(FIXTURES / "harbor" / "hello-file", htask)
-    (htask / "environment" / "docker-compose.yaml").write_text(f"services:\n  main:\n    build: .\n  {compose}:\n"
-                                                              f"    image: {compose}:7\n")
-    with pytest.raises(InvalidRequest, match=rf"sidecar services \({compose}\)"):
+    compose = htask / "environment" / "docker-compose.yaml"
+    compose.write_text("services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n"
+                       "    environment: {POSTGRES_PASSWORD: x}\n")
+    [imported] = harbor.import_source(htask)
+    assert [(s.name, s.image, s.env) for s in imported.task.services] == [("db", "postgres:16",
+                                                                          {"POSTGRES_PASSWORD": "x"})]
+    compose.write_text("services:\n  main:\n    build: .\n  db:\n    build: ./db\n")
+    with pytest.raises(InvalidRequest, match="sidecar service db must name an image"):
         harbor.import_source(htask)
 
 

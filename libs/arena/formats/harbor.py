@@ -212,22 +212,39 @@ def dockerfile_workdir(dockerfile: Path) -> str | None:
     return workdir
 
 
-def compose_problem(compose: Path) -> str:
-    """Why a compose environment cannot run in an Arena sandbox ("" if it is one ``main`` service
-    built from this directory, which runs as its Dockerfile)."""
+def compose_services(compose: Path, what: str) -> list[Any]:
+    """The sidecar services of a compose environment (every service but ``main``/``client``, which
+    is the task's own Dockerfile), as Arena runs them beside the agent: on the sandbox's private
+    network, reached by name (docker provider). A sidecar must name its ``image`` (one in the local
+    store, or pulled by a user with a registry); one that is built here is refused."""
+    import shlex
+
     import yaml
+
+    from arena_core.schemas import SidecarService
 
     try:
         data = yaml.safe_load(compose.read_text()) or {}
     except yaml.YAMLError as exc:
-        return f"{compose.name} is not valid YAML: {exc}"
+        raise HarborError(f"{what}: {compose.name} is not valid YAML: {exc}") from None
     services = data.get("services") or {}
-    sidecars = sorted(name for name in services if name not in ("main", "client"))
-    if sidecars:
-        return (f"{compose.name} has sidecar services ({', '.join(sidecars)}): Arena's docker sandbox is one "
-                "container with no network; running sidecars beside it needs a per-sandbox network (a pod) in "
-                "the docker provider, which it does not have yet")
-    return ""
+    sidecars = []
+    for name in sorted(n for n in services if n not in ("main", "client")):
+        spec = services[name] or {}
+        if not isinstance(spec, dict) or not isinstance(spec.get("image"), str) or spec.get("build"):
+            raise HarborError(f"{what}: {compose.name}: sidecar service {name} must name an image (image:); "
+                              "a sidecar built from a context is not supported: build it and name its tag")
+        command = spec.get("command") or []
+        command = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+        env = spec.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(item.split("=", 1) if "=" in item else (item, "") for item in map(str, env))
+        try:
+            sidecars.append(SidecarService(name=name, image=spec["image"], command=command,
+                                           env={str(k): "" if v is None else str(v) for k, v in env.items()}))
+        except Exception as exc:  # noqa: BLE001 - msgspec's validation: the service's name or fields
+            raise HarborError(f"{what}: {compose.name}: sidecar service {name}: {exc}") from None
+    return sidecars
 
 
 # --------------------------------------------------------------------------- the task
@@ -261,9 +278,10 @@ def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
         raise HarborError(f"task {name}: [environment].os = {env_cfg['os']!r}: only linux tasks run here")
     env_dir = path / "environment"
     synthesized = ""
+    services = []
     for compose_name in ("docker-compose.yaml", "docker-compose.yml"):
-        if (env_dir / compose_name).is_file() and (problem := compose_problem(env_dir / compose_name)):
-            raise HarborError(f"task {name}: {problem}")
+        if (env_dir / compose_name).is_file():
+            services = compose_services(env_dir / compose_name, f"task {name}")
     if not (env_dir / "Dockerfile").is_file():
         if not env_cfg.get("docker_image"):
             raise HarborError(f"task {name}: no environment/Dockerfile and no [environment].docker_image")
@@ -330,7 +348,7 @@ def import_task(found: Found, *, agent_command: str | None = None) -> Imported:
             metadata.setdefault(f"harbor.{key}", str(value))
     task = Task(id=ident, instructions=instruction, agent=agent, source=ImageSource(image=image, path=workdir),
                 image=image, verifier=verifier, budget=Budget(wall_clock_s=wall), metadata=metadata,
-                steps=task_steps)
+                steps=task_steps, services=services)
     return Imported(task=task, environment=context, solution=solution, synthesized_dockerfile=synthesized)
 
 

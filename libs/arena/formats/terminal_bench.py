@@ -112,12 +112,7 @@ def to_harbor(task_dir: Path, dest: Path) -> Path:
     compose = _compose(task_dir)
     services = compose.get("services") or {}
     main_name = "client" if "client" in services else next(iter(services), None)
-    sidecars = sorted(n for n in services if n != main_name)
-    if sidecars:
-        raise harbor.HarborError(
-            f"task {name}: docker-compose.yaml has sidecar services ({', '.join(sidecars)}): Arena's docker "
-            "sandbox is one container with no network; sidecars need a per-sandbox network (a pod) in the "
-            "docker provider, which it does not have yet")
+    sidecars = {n: spec for n, spec in services.items() if n != main_name}
     main = services.get(main_name) or {}
     build = main.get("build", {})
     context = build if isinstance(build, str) else (build.get("context", ".") if isinstance(build, dict) else ".")
@@ -137,6 +132,11 @@ def to_harbor(task_dir: Path, dest: Path) -> Path:
                 continue
             target = environment / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy(item, target)
+    if sidecars:  # as Harbor has them: the main service and its sidecars (harbor.compose_services)
+        import yaml
+
+        (environment / "docker-compose.yaml").write_text(yaml.safe_dump(
+            {"services": {"main": {"build": {"context": "."}}, **sidecars}}, sort_keys=True))
     dockerfile = environment / "Dockerfile"
     text = dockerfile.read_text()
     for what in ("tests", "solution.sh", "run-tests.sh"):

@@ -324,9 +324,18 @@ async def run_job(
                 home = scaffold_home(provider, job.task.agent.scaffold.name) if job.task.agent.scaffold else ""
                 plan, base, workspace = await asyncio.to_thread(  # copy + git: off the loop
                     _prepare, job, staging, tree, agent_tree, home, prepared)
+                if job.task.services and name != "docker":
+                    raise ValueError(f"the task has sidecar services ({', '.join(s.name for s in job.task.services)})"
+                                     f": the {name} provider cannot run them (submit it with provider docker)")
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
-                                  workspace_mount=job.task.workspace_mount() if name == "docker" else "")
-                sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool) else provider.create(spec))
+                                  workspace_mount=job.task.workspace_mount() if name == "docker" else "",
+                                  services=tuple(job.task.services))
+                if spec.services:  # its own network and sidecars: never a warm pool's
+                    base_provider = provider.provider if isinstance(provider, WarmPool) else provider
+                    sandbox = await base_provider.create(spec)
+                else:
+                    sandbox = await (provider.acquire(spec) if isinstance(provider, WarmPool)
+                                     else provider.create(spec))
                 # the cached base is never modified nor removed: a provider may mount it instead of copying
                 await sandbox.put_dir(workspace, local.WORKSPACE, src_stable=prepared is not None)
                 if plan.agent_dir is not None:

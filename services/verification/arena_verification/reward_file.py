@@ -204,7 +204,7 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
     workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
     stopped = False
     for diff, steps in groups:
-        sandbox = await sandboxes.sandbox_for(task.image_of(), mount)
+        sandbox = await sandboxes.sandbox_for(task.image_of(), mount, tuple(task.services))
         try:
             await sandbox.put_dir(workspace, WORKSPACE)
             await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": diff.encode("utf-8")})

@@ -42,7 +42,8 @@ class ProviderSandboxes:
         docker = build_provider("docker", own) if (settings.docker_url or "docker" in names) else None
         return cls(local=build_provider("local", own), docker=docker)
 
-    async def sandbox_for(self, image: str, workspace_mount: str = "") -> Sandbox:
+    async def sandbox_for(self, image: str, workspace_mount: str = "", services: tuple = ()) -> Sandbox:
+        """A fresh sandbox of ``image`` (docker), with the task's sidecar ``services`` beside it."""
         provider = self.docker if image else self.local
         if provider is None:
             raise VerificationError(f"the task runs in image {image!r}, and this verification worker has no "
@@ -51,7 +52,7 @@ class ProviderSandboxes:
         if problem is not None:
             raise VerificationError(f"the {provider.name} sandbox provider is unavailable: {problem}")
         try:
-            return await provider.create(CreateSpec(image=image, limits=self.limits,
+            return await provider.create(CreateSpec(image=image, limits=self.limits, services=tuple(services),
                                                     workspace_mount=workspace_mount if image else ""))
         except SandboxError as exc:
             raise VerificationError(f"cannot create a verification sandbox: {exc}") from exc
