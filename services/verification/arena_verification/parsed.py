@@ -35,8 +35,10 @@ class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
     totals: dict[str, int] = {}  # the runner's own counts, e.g. {"passed": 5, "failed": 1}
     unattributed_skips: int = 0  # skips the log counts but does not name (pytest -rA)
     source: str = "none"  # which part of the log the results came from
-    suspect: bool = False  # more tests named than the runner counted: a test printed results
+    suspect: bool = False  # the runner's own count disagrees with what was read: a test printed results
     notes: list[str] = []  # why the log is incomplete or suspect
+    in_doubt: list[str] = []  # when suspect: the ids whose result may come from a test's output
+    unresolved: list[str] = []  # announced by the runner but never resolved (the run was cut)
 
     @property
     def truncated(self) -> bool:
@@ -61,6 +63,15 @@ def results_of(found: dict[str, TestStatus]) -> list[TestResult]:
     return [TestResult(test_id=k, status=v) for k, v in found.items()]
 
 
+#: How many ids a note names before it says "and N more".
+NOTE_IDS = 20
+
+
+def name_ids(ids: list[str]) -> str:
+    shown = ", ".join(ids[:NOTE_IDS])
+    return shown + (f" and {len(ids) - NOTE_IDS} more" if len(ids) > NOTE_IDS else "")
+
+
 def build(
     found: dict[str, TestStatus],
     *,
@@ -69,19 +80,38 @@ def build(
     source: str,
     totals: dict[str, int] | None = None,
     notes: list[str] | None = None,
+    suspect: str = "",
+    in_doubt: list[str] | None = None,
+    announced: list[str] | None = None,
 ) -> ParsedOutput:
-    """A ``ParsedOutput``, ``suspect`` when ``found`` names more tests than the runner counted."""
+    """A ``ParsedOutput``.
+
+    ``suspect`` when ``found`` names more tests than the runner counted (``reported_total``)
+    or the parser saw another disagreement with the runner's own count (``suspect``: what);
+    ``in_doubt`` then names the ids concerned (all of them when not given). ``announced``:
+    tests the runner announced in order; those not in ``found`` when the run was cut
+    (``complete`` false) are ``unresolved``.
+    """
     notes = list(notes or [])
-    suspect = reported_total is not None and len(found) > reported_total
-    if suspect:
-        notes.append(f"the log names {len(found)} tests but the runner counted {reported_total}")
+    reasons = [suspect] if suspect else []
+    if reported_total is not None and len(found) > reported_total:
+        reasons.insert(0, f"the log names {len(found)} tests but the runner counted {reported_total}")
+    doubt: list[str] = []
+    if reasons:
+        doubt = [t for t in dict.fromkeys(in_doubt or []) if t] or list(found)
+        notes.append(f"{'; '.join(reasons)}; in doubt: {name_ids(doubt)}")
+    unresolved = [] if complete else [t for t in dict.fromkeys(announced or []) if t not in found]
     if not complete:
         notes.append("the runner's end-of-run summary is missing (crash, kill or timeout)")
+        if unresolved:
+            notes.append(f"the run was cut: {len(unresolved)} announced tests never resolved: {name_ids(unresolved)}")
     return ParsedOutput(
         results=results_of(found),
         complete=complete,
         totals=totals or {},
         source=source if found else "none",
-        suspect=suspect,
+        suspect=bool(reasons),
         notes=notes,
+        in_doubt=doubt,
+        unresolved=unresolved,
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 
 from arena_core.schemas import TestResult, TestStatus
-from arena_verification.parsed import ParsedOutput, strip_ansi
+from arena_verification.parsed import ParsedOutput, name_ids, strip_ansi
 
 STATUS_WORDS: dict[str, TestStatus] = {
     "PASSED": TestStatus.PASSED,
@@ -233,8 +233,19 @@ def parse_pytest_output(text: str) -> ParsedOutput:
     # A log naming more tests than pytest's own final counts had result lines printed into it.
     counted = sum(n for word, n in totals.items() if word in _OUTCOME_WORDS)
     suspect = complete and len(merged) > counted
+    in_doubt: list[str] = []
     if suspect:
-        notes.append(f"the log names {len(merged)} tests but the runner counted {counted}")
+        in_doubt = list(merged)
+        notes.append(f"the log names {len(merged)} tests but the runner counted {counted}; in doubt: {name_ids(in_doubt)}")
+    elif complete:
+        # More tests of one outcome than pytest counted: a printed line changed a result.
+        over = [st for st in set(merged.values())
+                if st.value in totals and sum(1 for v in merged.values() if v is st) > totals[st.value]]
+        in_doubt = [k for k, v in merged.items() if v in over]
+        if in_doubt:
+            suspect = True
+            notes.append(f"the log names more {'/'.join(sorted(o.value for o in over))} tests than the runner "
+                         f"counted; in doubt: {name_ids(in_doubt)}")
     used_summary = bool(summary)
     used_verbose = any(test_id not in summary for test_id in merged)
     source = "+".join(name for name, used in (("summary", used_summary), ("verbose", used_verbose)) if used)
@@ -246,4 +257,5 @@ def parse_pytest_output(text: str) -> ParsedOutput:
         source=source or "none",
         suspect=suspect,
         notes=notes,
+        in_doubt=in_doubt,
     )

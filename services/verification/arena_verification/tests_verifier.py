@@ -487,7 +487,9 @@ def _result(job: VerifyJob, spec: TestsVerifier, parsed: ParsedOutput, run: Exec
             reasons.insert(0, f"no complete {spec.parser} report in the {what} (exit code {run.exit_code})")
     if parsed.suspect:
         flags.append(FLAG_PARSE_SUSPECT)
-        reasons.insert(0, "; ".join(n for n in parsed.notes if "counted" in n or "declares" in n))
+        reasons.insert(0, "; ".join(n for n in parsed.notes if "counted" in n or "declares" in n or "in doubt" in n))
+    if parsed.unresolved:  # the run was cut: these tests started and never ended
+        reasons.insert(0, next(n for n in parsed.notes if n.startswith("the run was cut")))
     # A runner caught lying (the canaries) or a doctored repository: the tests' word is worthless.
     # (A shadow runner or a conftest in the diff is neutralised by the reset, and only flagged.)
     lied = [n for n in parsed.notes if n.startswith("runner tampered")]

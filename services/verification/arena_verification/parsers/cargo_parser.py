@@ -22,6 +22,7 @@ _RESULT = re.compile(
     r"^test result: (?:ok|FAILED)\. (?P<passed>\d+) passed; (?P<failed>\d+) failed; (?P<ignored>\d+) ignored;"
     r" (?P<measured>\d+) measured"
 )
+_FAILURE_NAME = re.compile(r"^    \S+$")
 _STDOUT_BLOCK = re.compile(r"^---- .+ std(?:out|err) ----$")
 _WORDS = {"ok": TestStatus.PASSED, "FAILED": TestStatus.FAILED, "ignored": TestStatus.SKIPPED}
 
@@ -39,6 +40,8 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
     expected = 0  # its "running N"
     seen_running = False
     in_failure_list = in_stdout_block = False
+    mismatched: list[str] = []  # tests of binaries whose summary disagrees with their lines
+    failure_list: list[str] = []  # names under "failures:", taken when the summary follows
     pending: str | None = None  # a test whose status line has not come yet
     for line in strip_ansi(text).splitlines():
         if m := _RUNNING.match(line):
@@ -59,20 +62,31 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
         if line == "failures:":
             in_stdout_block, pending = False, None
             in_failure_list = True  # the first "failures:" precedes the stdout blocks
+            failure_list = []
             continue
         if in_stdout_block:
             continue
         if section is not None and _closes(line, expected):
+            said = _RESULT.match(line)
+            read = [sum(1 for st in section.values() if st is w) for w in _WORDS.values()]
+            if section and said is not None and read != [int(said.group(k)) for k in ("passed", "failed", "ignored")]:
+                mismatched += list(section)  # (-q names no passes: nothing to compare)
             for name, status in section.items():
                 merge(found, name, status)
+            if in_failure_list:  # the list libtest wrote right before its summary
+                for name in failure_list:
+                    merge(found, name, TestStatus.FAILED)
             finished += 1
             section, pending = None, None
-            in_failure_list = False
+            in_failure_list, failure_list = False, []
             continue
         if in_failure_list:
-            if line.startswith("    ") and line.strip():
-                merge(found, line.strip(), TestStatus.FAILED)
-            continue
+            if _FAILURE_NAME.match(line):
+                failure_list.append(line.strip())
+                continue
+            if not line.strip():
+                continue
+            in_failure_list, failure_list = False, []  # printed by a test (--nocapture): not the list
         if m := _QUIET_FAILED.match(line):
             merge(found, m.group("name"), TestStatus.FAILED)
             continue
@@ -96,7 +110,9 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
         for name, status in section.items():
             merge(found, name, status)
     complete = binaries > 0 and finished == binaries
-    return build(found, complete=complete, reported_total=expected_total if binaries else None, source="cargo")
+    return build(found, complete=complete, reported_total=expected_total if binaries else None, source="cargo",
+                 suspect="the runner counted other results than its lines name" if mismatched else "",
+                 in_doubt=mismatched)
 
 
 class _Event(msgspec.Struct):

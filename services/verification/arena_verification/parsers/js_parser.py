@@ -83,19 +83,44 @@ def parse_jest_output(text: str) -> ParsedOutput:
 _VITEST_TEST = re.compile(r"^ (?P<mark>[✓×↓□]) (?P<id>\S+ > .*?)(?: \d+(?:\.\d+)?m?s)?$")
 _VITEST_FAIL = re.compile(r"^ FAIL  (?P<id>\S+ > .*)$")
 _VITEST_TOTAL = re.compile(r"^\s+Tests\s+.*\((?P<n>\d+)\)$")
+_VITEST_FILE_SUMMARY = re.compile(r"^ [✓❯×↓] \S+ \(\d+ tests?\b")  # the default reporter's file line
+_VITEST_CONSOLE = re.compile(r"^std(?:out|err) \| ")  # a test's console.log, up to a blank line
+_VITEST_SECTION = re.compile(r"^⎯+ (?P<name>Failed Tests|Failed Suites|Unhandled Errors?) \d+ ⎯+$")
 _VITEST_MARKS = {"✓": TestStatus.PASSED, "×": TestStatus.FAILED, "↓": TestStatus.SKIPPED, "□": TestStatus.SKIPPED}
 
 
 def parse_vitest_output(text: str) -> ParsedOutput:
+    """``vitest run --reporter=verbose``; the default reporter names failures only.
+
+    A test's ``console.log`` comes in ``stdout |``/``stderr |`` blocks (skipped); what it
+    writes to ``process.stdout`` directly comes before its file's results, so a test's last
+    result line is the runner's. ``FAIL  file > name`` is read in "Failed Tests" only
+    ("Failed Suites" names suites, which are not tests).
+    """
+    lines = strip_ansi(text).splitlines()
+    total_at = max((i for i, line in enumerate(lines) if _VITEST_TOTAL.match(line)), default=None)
+    end = total_at if total_at is not None else len(lines)
+    verbose = not any(_VITEST_FILE_SUMMARY.match(line) for line in lines[:end])
     found: dict[str, TestStatus] = {}
-    total = None
-    for line in strip_ansi(text).splitlines():
-        if m := _VITEST_TEST.match(line):
-            merge(found, m.group("id"), _VITEST_MARKS[m.group("mark")])
-        elif m := _VITEST_FAIL.match(line):
-            merge(found, m.group("id"), TestStatus.FAILED)
-        elif m := _VITEST_TOTAL.match(line):
-            total = int(m.group("n"))
+    failed: set[str] = set()
+    section = ""
+    in_console = False
+    for line in lines[:end]:
+        if in_console:
+            in_console = bool(line.strip())
+            continue
+        if _VITEST_CONSOLE.match(line):
+            in_console = True
+        elif m := _VITEST_SECTION.match(line):
+            section = m.group("name")
+        elif (m := _VITEST_TEST.match(line)) and verbose and not section:
+            found.pop(m.group("id"), None)  # the last line is the runner's
+            found[m.group("id")] = _VITEST_MARKS[m.group("mark")]
+        elif (m := _VITEST_FAIL.match(line)) and section == "Failed Tests":
+            failed.add(m.group("id"))
+    for test_id in failed:
+        merge(found, test_id, TestStatus.FAILED)
+    total = int(_VITEST_TOTAL.match(lines[total_at]).group("n")) if total_at is not None else None  # type: ignore[union-attr]
     return build(found, complete=total is not None, reported_total=total, source="vitest",
                  totals={"tests": total} if total is not None else None)
 
@@ -143,7 +168,13 @@ def parse_mocha_output(text: str) -> ParsedOutput:
         i += 1
     _apply_mocha_failures(lines[i:], found)
     total = sum(totals.values()) if totals else None
-    return build(found, complete=counts_at is not None, reported_total=total, source="mocha", totals=totals)
+    # More passes than mocha counted: a test printed "✔ x" (the spec reporter does not escape output).
+    named = {word: sum(1 for v in found.values() if v is st)
+             for word, st in (("passing", TestStatus.PASSED), ("failing", TestStatus.FAILED))}
+    over = [w for w, n in named.items() if counts_at is not None and n > totals.get(w, 0)]
+    return build(found, complete=counts_at is not None, reported_total=total, source="mocha", totals=totals,
+                 suspect="; ".join(f"the runner counted {totals.get(w, 0)} {w}, the log names {named[w]}" for w in over),
+                 in_doubt=list(found) if over else None)
 
 
 def _apply_mocha_failures(lines: list[str], found: dict[str, TestStatus]) -> None:

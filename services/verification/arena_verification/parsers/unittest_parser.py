@@ -72,7 +72,8 @@ class _Progress:
                 self.described = _test_id(d.group("name"), d.group("id"))
                 return
             if self.described is not None:
-                _doc, sep, rest = line.partition(" ... ")
+                # the docstring line may hold " ... " itself: the runner's comes last
+                _doc, sep, rest = line.rpartition(" ... ")
                 tid, self.described = self.described, None
                 if sep:
                     self._started(tid, rest)
@@ -102,6 +103,7 @@ def parse_unittest_output(text: str) -> ParsedOutput:
     end = ran_at if ran_at is not None else len(lines)
     progress = _Progress()
     found = progress.found
+    headers: dict[TestStatus, list[str]] = {}  # "FAIL: x" / "ERROR: x" blocks, in order
     for i in range(end):
         line = lines[i]
         progress.line(line)
@@ -109,9 +111,21 @@ def parse_unittest_output(text: str) -> ParsedOutput:
             header = _FAIL_HEADER.match(lines[i + 1])
             if header and header.group("word") != "UNEXPECTED SUCCESS":
                 word = TestStatus.FAILED if header.group("word") == "FAIL" else TestStatus.ERROR
-                merge(found, _test_id(header.group("name"), header.group("id")), word)
-    complete = ran_at is not None and any(_VERDICT.match(line) for line in lines[ran_at + 1 :])
+                tid = _test_id(header.group("name"), header.group("id"))
+                headers.setdefault(word, []).append(tid)
+                merge(found, tid, word)
+    verdict = next((m for line in lines[ran_at + 1 :] if (m := _VERDICT.match(line))), None) if ran_at is not None else None
+    complete = verdict is not None
     total = int(_RAN.match(lines[ran_at]).group("n")) if ran_at is not None else None  # type: ignore[union-attr]
     fixtures = sum(1 for tid in found if tid.rsplit(".", 1)[-1] in _FIXTURES)
+    # "FAILED (failures=2, errors=1)": a test that printed a "FAIL: x" block named one more.
+    counted = dict(re.findall(r"(?:^|, )(failures|errors)=(\d+)", (verdict.group("counts") or "") if verdict else ""))
+    doubt: list[str] = []
+    for word, key in ((TestStatus.FAILED, "failures"), (TestStatus.ERROR, "errors")):
+        named = headers.get(word, [])
+        if verdict is not None and len(named) > int(counted.get(key, 0)):
+            doubt += named
     return build(found, complete=complete, reported_total=None if total is None else total + fixtures,
-                 source="unittest", totals={"tests": total} if total is not None else None)
+                 source="unittest", totals={"tests": total} if total is not None else None,
+                 suspect="the runner counted fewer failures and errors than the log names" if doubt else "",
+                 in_doubt=doubt)

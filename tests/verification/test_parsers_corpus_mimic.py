@@ -1,0 +1,159 @@
+"""Parsers on real runs whose tests print lines that look like their runner's result lines.
+
+The runs are in tests/fixtures/corpus/<runner>/mimic_*.txt (tests/fixtures/corpus/capture_mimic.py);
+the ground truth of each is the runner's own structured report of the same run where the
+runner writes one beside its text (``mimic_*.truth.*``), written out here. The rule checked:
+a log the parser does not call suspect gives exactly the truth; a suspect log names its ids
+in doubt, and every other id it names agrees with the truth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arena_verification.parsers import PARSERS
+from arena_verification.parsers.js_parser import SANDBOX_ROOT
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
+P, F, E, S = "passed", "failed", "error", "skipped"
+
+PY = "tests/test_mimic.py::"
+PY_TRUTH = {
+    PY + "test_plain": P, PY + "test_prints_results_of_other_tests": P, PY + "test_really_fails": F,
+    PY + "test_prints_bare_status_words": P, PY + "test_separators[a ... b]": P, PY + "test_separators[x > y]": P,
+    PY + "test_separators[m::n]": F, PY + "test_separators[PASSED]": P, PY + "test_separators[ FAIL  f > n]": P,
+    PY + "test_separators[--- FAIL: T]": P,
+}
+UT = "tests.test_mimic.TestMimic."
+UT_TRUTH = {
+    UT + "test_doc_ends_like_a_result": E, UT + "test_doc_starts_with_fail": P, UT + "test_doc_starts_with_ok": F,
+    UT + "test_doc_with_dots": P, UT + "test_plain": P, UT + "test_prints_a_summary": F,
+    UT + "test_prints_on_stderr": P,
+}
+GO = "example.com/mimic::"
+GO_TRUTH = {  # go 1.19 writes no structured report of its own: test2json reads the same text
+    GO + "TestAPasses": P, GO + "TestBPrintsOthersResults": P, GO + "TestCFailsAndPrintsPass": F,
+    GO + "TestDSub": F, GO + "TestDSub/a": P, GO + "TestDSub/b": F,
+}
+RS_TRUTH = {"tests::a_passes": P, "tests::b_prints_others_results": P, "tests::c_fails": F}  # cargo_json's run
+NODE_TRUTH = {
+    "plain": P, "prints results": P, "parent > child passes": P, "parent > child fails": F,
+    "parent all pass > only child": P, "suite > in suite": P, "suite > inner suite > deep": P,
+    "name with a > b, a :: b and a ... b": P,
+}
+JM = "test/mimic.test.js > calc > "
+JS_TRUTH = {
+    JM + "plain": P, JM + "prints results": P, JM + "fails": F, JM + "name with a > b, a :: b and a ... b": P,
+    "test/suite.test.js > beside it": P,
+}
+JEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken suite": F}
+VITEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken suite": S}
+MOCHA_TRUTH = {"calc > plain": P, "calc > prints results": P, "calc > name with a > b, a :: b and a ... b": P}
+
+
+def _failures(truth: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in truth.items() if v in (F, E)}
+
+
+#: case -> (the truth for what the mode names, complete, suspect)
+CASES = {
+    **{f"pytest/mimic_{m}.txt": (PY_TRUTH, True, False) for m in ("rA", "rA_v", "rA_v_s", "rA_s")},
+    # -v -s without -rA: the printed "id PASSED" lines sit where pytest writes its own
+    "pytest/mimic_v_s.txt": (PY_TRUTH, True, True),
+    **{f"unittest/mimic_{m}.txt": (UT_TRUTH, True, True) for m in ("v", "v_b")},
+    "unittest/mimic_default.txt": (_failures(UT_TRUTH), True, True),
+    "go/mimic_v.txt": (GO_TRUTH, True, False),
+    "go/mimic_json.txt": (GO_TRUTH, True, False),
+    "cargo/mimic_default.txt": (RS_TRUTH, True, False),
+    "cargo/mimic_json.txt": (RS_TRUTH, True, False),
+    "cargo/mimic_json_nocapture.txt": (RS_TRUTH, True, False),
+    "cargo/mimic_nocapture.txt": (RS_TRUTH, True, True),
+    "cargo/mimic_nocapture_threads1.txt": (RS_TRUTH, True, True),
+    "node/mimic_tap.txt": (NODE_TRUTH, True, False),
+    "node/mimic_spec.txt": (NODE_TRUTH, True, True),  # spec does not escape what a test prints
+    "node/mimic_spec_color.txt": (NODE_TRUTH, True, True),
+    **{f"jest/mimic_{m}.txt": (JEST_TRUTH, True, False) for m in ("verbose", "verbose_run_in_band", "verbose_color")},
+    "jest/mimic_default.txt": (_failures(JEST_TRUTH), True, False),
+    "jest/mimic_exit_verbose.txt": ({}, False, False),  # "● process.exit called" is jest's notice, not a test
+    **{f"vitest/mimic_{m}.txt": (VITEST_TRUTH, True, True) for m in ("verbose", "verbose_color")},
+    # the default reporter: "Failed Suites" names the suite, which is no test
+    "vitest/mimic_default.txt": (_failures(VITEST_TRUTH), True, False),
+    "mocha/mimic_spec.txt": (MOCHA_TRUTH, True, True),
+    "mocha/mimic_json.txt": ({k.replace(" > ", " ", 1): v for k, v in MOCHA_TRUTH.items()}, True, False),
+    "node/mimic_timeout_tap.txt": ({"a fast": P}, False, False),
+    "node/mimic_timeout_spec.txt": ({"a fast": P}, False, False),
+}
+#: Where the text cannot be read right, and why (docs/verification.md, Parsers).
+KNOWN_WRONG = {
+    # go test without -v announces nothing: a printed "--- FAIL: TestAPasses" cannot be told apart
+    "go/mimic_default.txt": {**_failures(GO_TRUTH), GO + "TestAPasses": F, GO + "TestAPasses/sub": F},
+}
+
+
+def _meta(case: str) -> dict:
+    return json.loads((CORPUS / f"{case.rsplit('.', 1)[0]}.meta.json").read_text())
+
+
+def _parse(case: str):
+    return PARSERS[_meta(case)["parser"]]((CORPUS / case).read_text(encoding="utf-8"))
+
+
+def test_every_mimic_capture_has_expectations():
+    files = {f"{m.parent.name}/{json.loads(m.read_text())['file']}" for m in CORPUS.glob("*/mimic_*.meta.json")}
+    assert files == set(CASES) | set(KNOWN_WRONG)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_printed_result_lines_change_no_result_unless_the_log_is_suspect(case):
+    truth, complete, suspect = CASES[case]
+    out = _parse(case)
+    got = {r.test_id: r.status.value for r in out.results}
+    assert out.complete is complete, out.notes
+    assert out.suspect is suspect, out.notes
+    if not suspect:
+        assert got == truth
+        assert out.in_doubt == []
+        return
+    assert out.in_doubt and any("in doubt" in n for n in out.notes)
+    trusted = {k: v for k, v in got.items() if k not in out.in_doubt and k in truth}
+    assert trusted == {k: truth[k] for k in trusted}
+
+
+@pytest.mark.parametrize("case", sorted(KNOWN_WRONG))
+def test_known_limits_read_as_documented(case):
+    got = {r.test_id: r.status.value for r in _parse(case).results}
+    assert got == KNOWN_WRONG[case]
+
+
+def _truth_of(case: str) -> dict[str, str] | None:
+    meta = _meta(case)
+    if "truth" not in meta:
+        return None
+    text = (CORPUS / case.split("/")[0] / meta["truth"]).read_text(encoding="utf-8")
+    if meta["truth"].endswith(".json") and case.startswith("unittest/"):
+        return json.loads(text)
+    parser = {"pytest": "pytest_junit", "node": "node_junit", "jest": "jest_json", "vitest": "vitest_json"}[
+        case.split("/")[0]]
+    out = PARSERS[parser](text.replace(meta["cwd"] + "/", SANDBOX_ROOT))
+    return {r.test_id.removeprefix(SANDBOX_ROOT): r.status.value for r in out.results}
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if "truth" in _meta(c)))
+def test_the_expectations_are_the_runners_own_report_of_the_same_run(case):
+    truth = _truth_of(case)
+    if not CASES[case][1]:
+        assert truth == {}  # killed before writing its report
+        return
+    expected = CASES[case][0]
+    assert {k: truth[k] for k in expected} == expected
+    if "default" not in case:  # the default reporters name failures only
+        assert set(truth) == set(expected)
+
+
+def test_a_suspect_note_names_the_ids_in_doubt():
+    out = _parse("unittest/mimic_v.txt")
+    note = next(n for n in out.notes if "in doubt" in n)
+    assert "counted" in note and UT + "test_plain" in note
