@@ -14,6 +14,7 @@ The skeleton (docs/tasks.md, "Write your own task")::
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shutil
 import tempfile
@@ -159,13 +160,17 @@ def with_agent(task: Task, *, scaffold: str | None, model: str | None) -> Task:
     return msgspec.structs.replace(task, agent=agent)
 
 
-def shell(task: Task, command: list[str], *, fetch_bundle: Callable[[str], bytes] | None = None,
-          settings: Settings | None = None) -> int:
-    """Run ``command`` (a shell) in the task's sandbox as its agent would have it: the local
-    provider's bubblewrap sandbox (``arena_sandbox_providers.local``), the task's source as a git
-    repository with one base commit at /sandbox/workspace, its public part at
-    /sandbox/.arena/task.json, its agent's files at /sandbox/agent; no network (no rollout, no LLM
-    proxy). Nothing is kept: the workspace goes when the shell exits.
+def shell(task: Task, command: list[str] | None = None, *, interactive: bool = False,
+          fetch_bundle: Callable[[str], bytes] | None = None, settings: Settings | None = None) -> int:
+    """Run ``command`` (default: a shell, ``-i`` when ``interactive``) in the task's sandbox as its
+    agent would have it, with this process's stdin, stdout and stderr; its exit code. Nothing is
+    kept: the workspace goes when the command exits.
+
+    A task whose source is an image gets the ``docker`` provider's container (:func:`image_shell`);
+    any other the ``local`` provider's bubblewrap sandbox (``arena_sandbox_providers.local``): the
+    task's source as a git repository with one base commit at /sandbox/workspace, its public part
+    at /sandbox/.arena/task.json, its agent's files at /sandbox/agent; no network (no rollout, no
+    LLM proxy).
 
     The source is had as a worker has it (:func:`source_tree`): ``fetch_bundle`` reads a bundle
     (and the agent's ``bundle``) from the running stack; ``settings`` bound what it unpacks to
@@ -173,31 +178,101 @@ def shell(task: Task, command: list[str], *, fetch_bundle: Callable[[str], bytes
     from arena_core import sources
     from arena_sandbox_providers import local
 
-    if isinstance(source := task.source_of(), ImageSource):
-        raise InvalidRequest(f"task {task.id}: its source is the image {source.image} ({source.path}), which `arena "
-                             f"tasks shell` (bubblewrap) does not run; open one with `podman run --rm -it --network "
-                             f"none -w {source.path} {source.image} sh` (or `docker run`), or submit it with "
-                             "--provider docker")
+    settings = settings or Settings.from_env()
+    command = command or default_shell(interactive)
+    if isinstance(task.source_of(), ImageSource):
+        return image_shell(task, command, interactive=interactive, fetch_bundle=fetch_bundle, settings=settings)
     if (problem := local.available()) is not None:
         raise InvalidRequest(f"no local sandbox on this machine: {problem}")
-    settings = settings or Settings.from_env()
     with tempfile.TemporaryDirectory(prefix="arena-shell-") as tmp:
         root = Path(tmp)
         workspace, arena_dir = root / "workspace", root / "arena"
         sources.prepare_workspace(source_tree(task, root / "source", fetch_bundle=fetch_bundle, settings=settings),
                                   workspace)
         arena_dir.mkdir()
-        (arena_dir / "task.json").write_bytes(msgspec.json.encode({"rollout_id": "shell", "task": task.public()}))
-        agent_dir = Path(task.agent.path) if task.agent.path else None
-        if agent_dir is None and task.agent.bundle:
-            agent_dir = root / "agent"
-            sources.extract_bundle(_bundle(task.agent.bundle, fetch_bundle, "its agent"), agent_dir,
-                                   sources.unpack_limits(settings))
-        spec = local.SandboxSpec(command=command, workspace=workspace, arena_dir=arena_dir, agent_dir=agent_dir,
-                                 env={"ARENA_ROLLOUT_ID": "shell", "PS1": f"[{task.id}] \\w $ ",
-                                      **task.agent.env},
-                                 workdir=task.workdir, run_prefix="arena-shell-run-")
+        (arena_dir / "task.json").write_bytes(_task_json(task))
+        spec = local.SandboxSpec(command=command, workspace=workspace, arena_dir=arena_dir,
+                                 agent_dir=_agent_dir(task, root / "agent", fetch_bundle, settings),
+                                 env=_shell_env(task), workdir=task.workdir, run_prefix="arena-shell-run-")
         return local.interactive(spec)
+
+
+def default_shell(interactive: bool) -> list[str]:
+    """bash where the sandbox has it, else sh; ``-i`` on a terminal (else it reads stdin)."""
+    return ["/bin/sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"', "sh",
+            *(["-i"] if interactive else [])]
+
+
+def image_shell(task: Task, command: list[str], *, interactive: bool = False,
+                fetch_bundle: Callable[[str], bytes] | None = None, settings: Settings) -> int:
+    """``command`` in a container of the task's image, the one the ``docker`` provider makes for its
+    agent (``arena_sandbox_providers.docker_shell``, on the engine at ``ARENA_DOCKER_URL``): the
+    image's directory at the source's path, as a git repository with one base commit, at
+    /sandbox/workspace and at that path; the public task.json; the agent's files; uid 1000,
+    read-only root, no capabilities, no network, the sandbox limits (nofile, nproc, pids, memory).
+    Nothing of the verifier (its tests, a solution) is mounted: only what the image holds, as for
+    the agent. An engine that does not answer or an image it lacks is an :class:`InvalidRequest`
+    naming it (and ``arena images build``)."""
+    from arena import images
+    from arena_core import sources
+    from arena_sandbox_providers import docker_shell
+
+    source = task.source_of()
+    if not isinstance(source, ImageSource):
+        raise InvalidRequest(f"task {task.id}: its source is not an image")
+    image = task.image_of() or settings.sandbox_image
+    workdir = os.path.normpath(task.workdir)
+    if os.path.isabs(workdir) or workdir.startswith(".."):
+        raise InvalidRequest(f"task {task.id}: workdir {task.workdir!r} must be a path inside the repository")
+    for name in dict.fromkeys((source.image, image)):
+        try:
+            docker_shell.check_image(settings.docker_url, name)
+        except docker_shell.EngineUnreachable as exc:
+            raise InvalidRequest(f"{exc}: an image task's shell runs on the docker provider's engine; start one "
+                                 "(deploy/docker-engine.sh start SOCKET PIDFILE) and name it in ARENA_DOCKER_URL") \
+                from None
+        except docker_shell.ImageMissing as exc:
+            how = ("build it with `arena images build TASK_FILE` (from the task's environment, as `arena tasks "
+                   "import` wrote it)" if name.startswith(images.IMAGE_REPOSITORY + ":") else
+                   "build it there (`arena images build` for an imported task's own image, `make images` for "
+                   "Arena's)")
+            raise InvalidRequest(f"{exc}: {how}") from None
+    with tempfile.TemporaryDirectory(prefix="arena-shell-") as tmp:
+        root = Path(tmp)
+        sources.extract_image(source, root / "source", settings.docker_url, sources.unpack_limits(settings))
+        workspace = root / "workspace"
+        sources.prepare_workspace(root / "source", workspace)
+        if not (workspace / workdir).is_dir():
+            raise InvalidRequest(f"task {task.id}: workdir {task.workdir!r} is not a directory of {source.image}:"
+                                 f"{source.path}")
+        spec = docker_shell.ShellSpec(
+            command=command, image=image, workspace=workspace, task_json=_task_json(task),
+            agent_dir=_agent_dir(task, root / "agent", fetch_bundle, settings), env=_shell_env(task),
+            workdir=os.path.normpath(os.path.join("/sandbox/workspace", workdir)),
+            workspace_mount=task.workspace_mount(), tty=interactive)
+        return docker_shell.interactive(spec, base_url=settings.docker_url, default_image=settings.sandbox_image,
+                                        nice=settings.sandbox_nice)
+
+
+def _task_json(task: Task) -> bytes:
+    return msgspec.json.encode({"rollout_id": "shell", "task": task.public()})
+
+
+def _shell_env(task: Task) -> dict[str, str]:
+    return {"ARENA_ROLLOUT_ID": "shell", "PS1": f"[{task.id}] \\w $ ", **task.agent.env}
+
+
+def _agent_dir(task: Task, dest: Path, fetch_bundle: Callable[[str], bytes] | None, settings: Settings) -> Path | None:
+    """The agent's files: its directory, or its bundle unpacked into ``dest``; ``None`` without."""
+    from arena_core import sources
+
+    if task.agent.path:
+        return Path(task.agent.path)
+    if task.agent.bundle:
+        sources.extract_bundle(_bundle(task.agent.bundle, fetch_bundle, "its agent"), dest,
+                               sources.unpack_limits(settings))
+        return dest
+    return None
 
 
 def source_tree(task: Task, dest: Path, *, fetch_bundle: Callable[[str], bytes] | None,
@@ -207,7 +282,7 @@ def source_tree(task: Task, dest: Path, *, fetch_bundle: Callable[[str], bytes] 
     the unpack limits); a git commit fetched into ``dest`` under the services' URL policy
     (``ARENA_GIT_ALLOWED_SCHEMES`` / ``_HOSTS`` / ``_ALLOW_PRIVATE_HOSTS``; ``file://`` too: this
     is the user's own machine, as a path source is). An image source is an ``InvalidRequest``:
-    its sandbox is the image, which bubblewrap does not run (:func:`shell` says how to open one)."""
+    its sandbox is the image (:func:`image_shell`), not a tree on this machine."""
     from arena_core import sources
 
     source = task.source_of()
@@ -223,8 +298,8 @@ def source_tree(task: Task, dest: Path, *, fetch_bundle: Callable[[str], bytes] 
         sources.fetch_git(source, dest, allow_file=True, policy=sources.git_policy(settings),
                           limits=sources.unpack_limits(settings))
         return dest
-    raise InvalidRequest(f"task {task.id}: its source is the image {source.image}; `arena tasks shell` opens "
-                         "directories, bundles and git commits")
+    raise InvalidRequest(f"task {task.id}: its source is the image {source.image}, opened in a container of "
+                         "its own (`arena tasks shell` does), not a tree on this machine")
 
 
 def _bundle(digest: str, fetch_bundle: Callable[[str], bytes] | None, what: str) -> bytes:

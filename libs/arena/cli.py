@@ -642,7 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_tasks_check)
     q = tasks.add_parser("shell", parents=[stack],
                          help="an interactive shell in the task's sandbox, as its agent has it (bubblewrap, the "
-                              "task's source in /sandbox/workspace: a directory, a bundle of the stack, a git commit)")
+                              "task's source in /sandbox/workspace: a directory, a bundle of the stack, a git "
+                              "commit; an image source: a container of its image, as the docker provider makes "
+                              "it, on the engine at ARENA_DOCKER_URL)")
     q.add_argument("task", help="task.json or a directory holding one")
     q.add_argument("command", nargs=argparse.REMAINDER, help="a command instead of the shell (after --)")
     q.set_defaults(func=cmd_tasks_shell)
@@ -899,17 +901,18 @@ def cmd_tasks_shell(args) -> int:
     from arena.tasks import load_task
 
     task = load_task(args.task)
-    if sys.stdin.isatty():
-        print(f"arena: a shell in task {task.id}'s sandbox (as its agent has it: no network); the workspace "
-              "is thrown away on exit (`exit` or Ctrl-D)", file=sys.stderr)
-    shell = ["/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"] + (["-i"] if sys.stdin.isatty() else [])
+    interactive = sys.stdin.isatty()
+    if interactive:
+        where = f"a container of {task.image_of()}" if task.workspace_mount() else "bubblewrap"
+        print(f"arena: a shell in task {task.id}'s sandbox ({where}), as its agent has it: no network; the "
+              "workspace is thrown away on exit (`exit` or Ctrl-D)", file=sys.stderr)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
 
     def fetch_bundle(digest: str) -> bytes:  # a bundle source (or agent): from the running stack, with its key
         with _client(args) as client:
             return client.fetch_bundle(digest)
 
-    return authoring.shell(task, command or shell, fetch_bundle=fetch_bundle)
+    return authoring.shell(task, command or None, interactive=interactive, fetch_bundle=fetch_bundle)
 
 
 def cmd_backend(args) -> int:

@@ -260,9 +260,30 @@ class Server:
                 self.finish()
 
 
+def exec_command(argv: "list[str]") -> int:
+    """``cmdserver.py --exec CMD...``: become CMD as the server starts its commands (user namespaces
+    denied, the default dispositions of the signals Python ignores), without a server: the
+    process of an engine ``exec`` (``arena tasks shell`` in a docker sandbox). Returns only on failure."""
+    import ctypes
+
+    problem = _deny_user_namespaces(ctypes, ctypes.CDLL(None, use_errno=True))
+    if problem is not None:
+        sys.stderr.write(f"arena cmdserver: cannot run here: {problem}\n")
+        return 2
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write(f"arena: cannot run {argv[:1]!r}: {exc}\n")
+        return 126 if isinstance(exc, PermissionError) else 127
+
+
 def main(argv: "list[str]") -> int:
+    if argv[:1] == ["--exec"] and len(argv) > 1:
+        return exec_command(argv[1:])
     if len(argv) != 1:
-        sys.stderr.write("usage: cmdserver.py SOCKET\n")
+        sys.stderr.write("usage: cmdserver.py SOCKET | cmdserver.py --exec CMD...\n")
         return 2
     if os.getpid() != 1:  # kill(-1) anywhere else would reach every process of this user
         sys.stderr.write("arena cmdserver: must run as PID 1 of its own PID namespace (a container's init)\n")

@@ -1,7 +1,7 @@
 """Writing a task with the ``arena`` command (run as a process): ``tasks init`` writes a skeleton
 that ``load_task`` reads; ``tasks shell`` runs commands fed on stdin in the task's bubblewrap sandbox
-as its agent would have it; ``tasks check`` runs the oracle (scores 1) and an empty attempt (scores 0)
-through a real stack with keys on, with a progress line per finished rollout on stderr; ``submit
+as its agent would have it (an image task's container: tests/e2e/test_tasks_shell_in_task_image.py);
+``tasks check`` runs the oracle (scores 1) and an empty attempt (scores 0) through a real stack with keys on, with a progress line per finished rollout on stderr; ``submit
 --scaffold/--model`` runs another agent than the task's."""
 
 from __future__ import annotations
@@ -194,9 +194,14 @@ def test_shell_fetches_a_git_source_under_the_services_url_policy(tmp_path):
     assert "Traceback" not in refused.stderr
 
 
-def test_shell_of_an_image_source_says_how_to_open_one(tmp_path):
+def test_shell_of_an_image_source_without_an_engine_is_one_line_naming_where_it_looked(tmp_path):
+    """An image task's shell runs on the docker provider's engine (tests/e2e/test_tasks_shell_in_task_image.py);
+    none answering at ARENA_DOCKER_URL (or DOCKER_HOST) is one line naming the address, exit 2."""
     _task_file(tmp_path / "imaged", {"type": "image", "image": "arena/quickstart", "path": "/testbed"})
-    refused = arena("tasks", "shell", "imaged", cwd=tmp_path)
-    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
-    assert "podman run --rm -it --network none -w /testbed arena/quickstart sh" in refused.stderr
-    assert "--provider docker" in refused.stderr
+    nowhere = f"unix://{tmp_path}/no-engine.sock"
+    for env in ({"ARENA_DOCKER_URL": nowhere}, {"DOCKER_HOST": nowhere}):
+        refused = arena("tasks", "shell", "imaged", "--", "true", cwd=tmp_path, env=env)
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+        assert refused.stderr.startswith(f"arena: invalid_request: no Docker-API engine answers at {nowhere} "
+                                         "(No such file or directory)"), refused.stderr
+        assert "ARENA_DOCKER_URL" in refused.stderr
