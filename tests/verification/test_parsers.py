@@ -77,12 +77,13 @@ def test_cargo_killed():
 
 
 NODE = {"adds": P, "fails": FA, "skipped": S, "todo": S, "suite > inner passes": P,
-        "suite > inner fails": FA, "suite > deeper > deep passes": P}
+        "suite > inner fails": FA, "suite > deeper > deep passes": P,
+        "suite": FA, "suite > deeper": P}  # describes are results too, as node reports them
 
 
 def test_node_tap_escapes_test_output():
     out, got = parse("node_tap", "node/mixed_tap.txt")
-    assert got == NODE and out.complete and not out.suspect and out.totals == {"tests": 7}
+    assert got == NODE and out.complete and not out.suspect and out.totals == {"tests": 7, "suites": 2}
 
 
 def test_node_spec_shows_printed_lines_and_is_suspect():

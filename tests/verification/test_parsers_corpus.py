@@ -268,11 +268,17 @@ NODE_ALL = {
     "hook fails > under a failed hook": F,  # cancelled by its failed before() hook
     "other file passes": P,
 }
+#: Node counts a test with subtests in "# tests N" and each describe in "# suites N"; both are
+#: results of TAP and spec (a task may list them), with the status node's own line gives them.
+NODE_PARENTS = {"with subtests": F, "parent ends first": F, "suite": F, "suite > deeper": P, "hook fails": F}
+NODE_ALL_COUNTED = {**NODE_ALL, **NODE_PARENTS}
 NODE_CRASH = {"/tmp/arena-corpus/nodecrash/test/crash.test.js": F, "other file passes": P}  # process.exit
 NODE_CASES = {
-    **{f"node/{m}": (NODE_ALL, True, False) for m in ("tap.txt", "default.txt", "tap_concurrency1.txt", "junit.xml")},
+    **{f"node/{m}": (NODE_ALL_COUNTED, True, False) for m in ("tap.txt", "default.txt", "tap_concurrency1.txt")},
+    # the JUnit report gives a parent or suite no status of its own: its leaves only
+    "node/junit.xml": (NODE_ALL, True, False),
     # spec does not escape what tests print: the printed "✔ ghost" is read, the log is suspect
-    **{f"node/{m}.txt": ({**NODE_ALL, "ghost": P}, True, True) for m in ("spec", "spec_color")},
+    **{f"node/{m}.txt": ({**NODE_ALL_COUNTED, "ghost": P}, True, True) for m in ("spec", "spec_color")},
     "node/crash_tap.txt": (NODE_CRASH, True, False),
     "node/crash_spec.txt": (NODE_CRASH, True, False),
     "node/timeout_tap.txt": ({"a fast": P, "b fast": P}, False, False),
@@ -457,3 +463,14 @@ def test_a_forged_summary_printed_by_a_test_does_not_end_a_cargo_binary():
     assert "test result: ok. 99 passed" in text
     out = PARSERS["cargo"](text)
     assert out.by_id()["tests::nested::deep"].value == P and out.complete
+
+
+@pytest.mark.parametrize("case", ["node/tap.txt", "node/tap_concurrency1.txt", "node/spec.txt", "node/mimic_tap.txt"])
+def test_node_results_are_every_test_and_suite_node_counts(case):
+    # node's own "# tests N" counts tests with subtests, "# suites M" each describe: one result each
+    out, got, _ = parse(case)
+    counted = out.totals["tests"] + out.totals["suites"]
+    assert len(got) == counted + (1 if out.suspect else 0)  # spec: + the printed "✔ ghost"
+    junit, _, _ = parse("node/junit.xml")
+    if case in ("node/tap.txt", "node/spec.txt"):  # the same suite's JUnit report: the same leaves
+        assert {k: v for k, v in got.items() if k in junit.by_id()} == {r.test_id: r.status.value for r in junit.results}

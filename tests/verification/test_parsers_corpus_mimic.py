@@ -43,6 +43,8 @@ NODE_TRUTH = {
     "plain": P, "prints results": P, "parent > child passes": P, "parent > child fails": F,
     "parent all pass > only child": P, "suite > in suite": P, "suite > inner suite > deep": P,
     "name with a > b, a :: b and a ... b": P,
+    # node counts tests with subtests ("# tests") and describes ("# suites"): results too
+    "parent": F, "parent all pass": P, "suite": P, "suite > inner suite": P,
 }
 JM = "test/mimic.test.js > calc > "
 JS_TRUTH = {
@@ -138,7 +140,27 @@ def _truth_of(case: str) -> dict[str, str] | None:
     parser = {"pytest": "pytest_junit", "node": "node_junit", "jest": "jest_json", "vitest": "vitest_json"}[
         case.split("/")[0]]
     out = PARSERS[parser](text.replace(meta["cwd"] + "/", SANDBOX_ROOT))
-    return {r.test_id.removeprefix(SANDBOX_ROOT): r.status.value for r in out.results}
+    truth = {r.test_id.removeprefix(SANDBOX_ROOT): r.status.value for r in out.results}
+    if parser == "node_junit" and out.complete:  # a killed run's report is cut
+        truth.update(_node_junit_parents(text))
+    return truth
+
+
+def _node_junit_parents(xml: str) -> dict[str, str]:
+    """Node's JUnit report writes a test with subtests and a describe as a ``<testsuite>``
+    whose ``failures`` count its failed tests: failed when it has any, else passed."""
+    import xml.etree.ElementTree as ET
+
+    out: dict[str, str] = {}
+
+    def walk(elem, path: list[str]) -> None:
+        for child in elem.findall("testsuite"):
+            here = [*path, child.get("name", "")]
+            out[" > ".join(here)] = F if int(child.get("failures", "0")) + int(child.get("errors", "0")) else P
+            walk(child, here)
+
+    walk(ET.fromstring(xml), [])
+    return out
 
 
 @pytest.mark.parametrize("case", sorted(c for c in CASES if "truth" in _meta(c)))

@@ -17,6 +17,7 @@ _TAP_SUBTEST = re.compile(r"^(?P<indent>(?: {4})*)# Subtest: (?P<name>.*)$")
 _TAP_RESULT = re.compile(r"^(?P<indent>(?: {4})*)(?P<not>not )?ok \d+(?: - (?P<name>.*?))?(?: # (?P<directive>SKIP|TODO)\b.*)?$")
 _TAP_PLAN = re.compile(r"^1\.\.\d+$")
 _TAP_TESTS = re.compile(r"^# tests (?P<n>\d+)$")
+_TAP_SUITES = re.compile(r"^# suites (?P<n>\d+)$")
 
 
 _TAP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v"}
@@ -29,29 +30,27 @@ def _unescape_tap(name: str) -> str:
 
 
 def parse_node_tap(text: str) -> ParsedOutput:
+    """Every test point is a result: leaves, tests with subtests and ``describe`` suites alike
+    (node counts the first two in ``# tests N`` and suites in ``# suites N``)."""
     found: dict[str, TestStatus] = {}
+    announced: list[str] = []  # "# Subtest:" lines, in order
     stack: list[str] = []  # names of the open subtests, one per level
-    has_children: list[bool] = []
-    plan = total = None
+    plan = total = suites = None
     for line in strip_ansi(text).splitlines():
         if m := _TAP_SUBTEST.match(line):
             level = len(m.group("indent")) // 4
-            del stack[level:], has_children[level:]
-            for i in range(level):
-                if i < len(has_children):
-                    has_children[i] = True
+            if level > len(stack):
+                continue  # deeper than any open test: not node's layout
+            del stack[level:]
             stack.append(_unescape_tap(m.group("name")))
-            has_children.append(False)
+            announced.append(SEP.join(stack))
             continue
         if m := _TAP_RESULT.match(line):
             level = len(m.group("indent")) // 4
             if level >= len(stack):
                 continue  # a result without its "# Subtest:" line (not node's TAP)
-            leaf = not has_children[level]
             test_id = SEP.join(stack[: level + 1])
-            del stack[level:], has_children[level:]
-            if not leaf:
-                continue
+            del stack[level:]
             if m.group("directive"):
                 status = TestStatus.SKIPPED
             else:
@@ -62,9 +61,21 @@ def parse_node_tap(text: str) -> ParsedOutput:
             plan = line
         elif m := _TAP_TESTS.match(line):
             total = int(m.group("n"))
+        elif m := _TAP_SUITES.match(line):
+            suites = int(m.group("n"))
     complete = plan is not None and total is not None
-    return build(found, complete=complete, reported_total=total, source="node_tap",
-                 totals={"tests": total} if total is not None else None)
+    return build(found, complete=complete, reported_total=_bound(total, suites), source="node_tap",
+                 totals=_totals(total, suites), announced=announced)
+
+
+def _bound(tests: int | None, suites: int | None) -> int | None:
+    return None if tests is None else tests + (suites or 0)
+
+
+def _totals(tests: int | None, suites: int | None) -> dict[str, int] | None:
+    if tests is None:
+        return None
+    return {"tests": tests, **({"suites": suites} if suites is not None else {})}
 
 
 _SPEC_LINE = re.compile(r"^(?P<indent>(?:  )*)(?P<mark>[✔✖﹣▶])\s(?P<rest>.*)$")
@@ -91,10 +102,13 @@ def _spec_entry(mark: str, rest: str) -> tuple[str, TestStatus] | None:
 
 
 def parse_node_spec(text: str) -> ParsedOutput:
+    """``▶ name`` opens a test with subtests or a suite, which its own ``✔``/``✖`` line at
+    the same indentation closes: it is a result too, as node counts it."""
     lines = strip_ansi(text).splitlines()
     total_at = max((i for i, line in enumerate(lines) if _SPEC_TESTS.match(line)), default=None)
     end = total_at if total_at is not None else len(lines)
     found: dict[str, TestStatus] = {}
+    announced: list[str] = []  # "▶" lines: the only tests spec names before they end
     suites: list[str] = []  # open suites, one per level
     for line in lines[:end]:
         m = _SPEC_LINE.match(line)
@@ -106,43 +120,18 @@ def parse_node_spec(text: str) -> ParsedOutput:
         del suites[level:]
         if m.group("mark") == "▶":
             suites.append(m.group("rest"))
+            announced.append(SEP.join(suites))
             continue
         entry = _spec_entry(m.group("mark"), m.group("rest"))
         if entry is not None:
             merge(found, SEP.join([*suites, entry[0]]), entry[1])
-    # A suite closes with its own line at its indentation: "✖ suite (1ms)". It was read as a
-    # test named like the suite at the parent level; drop those.
-    suite_ids = _suite_ids(lines[:end])
-    for sid in suite_ids:
-        found.pop(sid, None)
     _apply_failing_section(lines, end, found)
-    total = int(_SPEC_TESTS.match(lines[total_at]).group("n")) if total_at is not None else None  # type: ignore[union-attr]
-    bound = total
-    if total is not None and total_at is not None:
-        # "ℹ tests N" counts a test with subtests too, which opens with "▶" like a suite
-        # but is not a result here: N minus the "▶" lines that are not suites bounds the leaves.
+    total = suites_n = None
+    if total_at is not None:
+        total = int(_SPEC_TESTS.match(lines[total_at]).group("n"))  # type: ignore[union-attr]
         suites_n = next((int(m.group("n")) for line in lines[total_at:] if (m := _SPEC_SUITES.match(line))), None)
-        if suites_n is not None:
-            bound = total - max(0, len(suite_ids) - suites_n)
-    return build(found, complete=total_at is not None, reported_total=bound, source="node_spec",
-                 totals={"tests": total} if total is not None else None)
-
-
-def _suite_ids(lines: list[str]) -> list[str]:
-    ids: list[str] = []
-    suites: list[str] = []
-    for line in lines:
-        m = _SPEC_LINE.match(line)
-        if m is None:
-            continue
-        level = len(m.group("indent")) // 2
-        if level > len(suites):
-            continue
-        del suites[level:]
-        if m.group("mark") == "▶":
-            suites.append(m.group("rest"))
-            ids.append(SEP.join(suites))
-    return ids
+    return build(found, complete=total_at is not None, reported_total=_bound(total, suites_n), source="node_spec",
+                 totals=_totals(total, suites_n), announced=announced)
 
 
 def _apply_failing_section(lines: list[str], end: int, found: dict[str, TestStatus]) -> None:
