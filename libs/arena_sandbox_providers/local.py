@@ -119,7 +119,7 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float = 600.0
     proxy: ProxyForward | None = None  # None: no network at all
     log_path: Path | None = None  # stdout+stderr (merged) go here; else discarded
-    workdir: str = "."  # working directory, relative to /sandbox/workspace
+    workdir: str = "."  # working directory, relative to /sandbox/workspace (or an absolute /sandbox/... path)
     limits: ResourceLimits = ResourceLimits()
     #: ``cgroup.procs`` files the sandbox joins before exec (pids/memory/CPU limits).
     cgroup_procs: tuple[str, ...] = ()

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import uuid
@@ -19,7 +20,7 @@ from pathlib import Path
 from arena_sandbox_providers import cgroups, local, overlay
 from arena_sandbox_providers.hostdir import HostDirSandbox, make_layout, tail_file
 from arena_sandbox_providers.local import ProxyForward, ResourceLimits, SandboxSpec
-from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallback, SandboxLimits
+from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallback, SandboxError, SandboxLimits
 
 log = logging.getLogger("arena.sandbox.local")
 
@@ -122,9 +123,23 @@ class LocalSandbox(HostDirSandbox):
             return upper.stat().st_mtime_ns == self._upper_mtime and not any(upper.iterdir())
         return super().workspace_unchanged()
 
+    def _workdir(self, workdir: str, has_agent: bool) -> str:
+        """``workdir`` as :class:`SandboxSpec` takes it (relative to the workspace, else absolute);
+        a directory this sandbox does not have is refused (:class:`SandboxError`), never replaced
+        by another: a command run elsewhere than asked finds the wrong files, or none."""
+        norm = posixpath.normpath(workdir)
+        host = self._host(norm)  # refuses one outside /sandbox/{workspace,.arena,agent}
+        if (norm == local.AGENT_DIR or norm.startswith(local.AGENT_DIR + "/")) and not has_agent:
+            raise SandboxError(f"working directory {workdir!r}: this sandbox has nothing at {local.AGENT_DIR}")
+        if not os.path.isdir(host):
+            raise SandboxError(f"working directory {workdir!r} is not a directory in the sandbox")
+        if norm == local.WORKSPACE or norm.startswith(local.WORKSPACE + "/"):
+            return posixpath.relpath(norm, local.WORKSPACE)
+        return norm
+
     def _spec(self, command, *, env, workdir, timeout_s, proxy, log_path) -> SandboxSpec:
-        rel = Path(workdir).relative_to(local.WORKSPACE) if workdir.startswith(local.WORKSPACE) else Path(".")
         has_agent = any((self.root / "agent").iterdir())
+        rel = self._workdir(workdir, has_agent)
         return SandboxSpec(
             command=list(command),
             workspace=self.root / "workspace",

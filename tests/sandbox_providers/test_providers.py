@@ -434,3 +434,39 @@ async def test_docker_commands_get_the_images_environment(docker_provider):
         assert result.exit_code == 0 and b"".join(chunks) == b"/usr/local/bin:/usr/bin:/bin|/tmp|C.UTF-8"
     finally:
         await sandbox.destroy()
+
+
+async def test_local_runs_in_the_directory_asked_and_refuses_one_it_cannot_honour(tmp_path):
+    """A command runs where it is asked (the workspace's subdirectories, the environment's
+    directory at /sandbox/agent, so a relative command finds its files); a working directory
+    the sandbox has not got is an error naming it, never the workspace instead."""
+    if local.available() is not None:
+        pytest.skip(f"no bubblewrap: {local.available()}")
+    provider = make_provider("local", tmp_path / "d")
+    sandbox = await provider.create(CreateSpec())
+    try:
+        async def pwd(workdir: str) -> str:
+            out: list[bytes] = []
+            ran = await sandbox.exec(["sh", "-c", "pwd"], env={}, workdir=workdir, timeout_s=30, on_output=out.append)
+            assert ran.exit_code == 0
+            return b"".join(out).decode().strip()
+
+        await sandbox.put_files({"/sandbox/workspace/sub/x": b""})
+        assert await pwd("/sandbox/workspace/sub") == "/sandbox/workspace/sub"
+        with pytest.raises(SandboxError, match="nothing at /sandbox/agent"):
+            await pwd(local.AGENT_DIR)
+        env_dir = tmp_path / "env"
+        (env_dir / "bin").mkdir(parents=True)
+        (env_dir / "serve.sh").write_text("#!/bin/sh\necho served from \"$(pwd)\"\n")
+        (env_dir / "serve.sh").chmod(0o755)
+        await sandbox.put_dir(env_dir, local.AGENT_DIR)
+        out: list[bytes] = []
+        ran = await sandbox.exec(["./serve.sh"], env={}, workdir=local.AGENT_DIR, timeout_s=30, on_output=out.append)
+        assert (ran.exit_code, b"".join(out).strip()) == (0, b"served from /sandbox/agent")
+        assert await pwd("/sandbox/agent/bin") == "/sandbox/agent/bin"
+        for elsewhere, why in (("/testbed", "not under /sandbox"), ("/sandbox/workspace/missing", "not a directory"),
+                               ("/sandbox/workspace/sub/x", "not a directory")):
+            with pytest.raises(SandboxError, match=why):
+                await pwd(elsewhere)
+    finally:
+        await sandbox.destroy()

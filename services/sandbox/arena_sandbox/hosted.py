@@ -239,6 +239,17 @@ def hosted_command(spec: OpenEnvServer, provider: str, image_command: list[str] 
     return ["python", "-m", "uvicorn", spec.app, "--host", "127.0.0.1", "--port", str(spec.port)]
 
 
+def server_workdir(spec: OpenEnvServer, has_dir: bool, image_workdir: str) -> str:
+    """Where the server's command runs, so a relative one (``./serve.sh``, ``python
+    app/server.py``) finds its files: the environment's directory (``bundle``/``path``, at
+    ``/sandbox/agent``) for a ``command`` of the task's; the image's ``WORKDIR`` for the image's
+    own command, or for a command in an image without a directory of the task's; else the
+    workspace. A provider that cannot run there refuses (it never runs it elsewhere)."""
+    if has_dir and (spec.command or not image_workdir):
+        return local.AGENT_DIR
+    return image_workdir or local.WORKSPACE
+
+
 def server_key(spec: OpenEnvServer, image: str, provider: str) -> str:
     """Servers are interchangeable for episodes of the same environment on the same provider."""
     return f"{provider}|{image}|{msgspec.json.encode(spec).decode()}"

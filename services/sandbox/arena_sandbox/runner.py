@@ -499,7 +499,7 @@ async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache:
                     "arena.rollout_id": job.rollout_id, "arena.provider": base.name}):
                 env_tree = await agent_files(spec, cache, lease)
                 image_command, image_workdir = [], ""
-                if base.name == "docker" and not spec.command:
+                if base.name == "docker" and (not spec.command or (env_tree is None and image)):
                     image_command, image_workdir = await base.image_command(image)
                 command = hosted.hosted_command(spec, base.name, image_command)
                 spec_create = CreateSpec(image=image, limits=config.sandbox_limits)
@@ -507,7 +507,7 @@ async def _run_hosted(job: SandboxJob, *, provider, config: RunnerConfig, cache:
                                  else provider.create(spec_create))
                 if env_tree is not None:
                     await sandbox.put_dir(env_tree, local.AGENT_DIR)
-                workdir = image_workdir or (local.AGENT_DIR if env_tree is not None else local.WORKSPACE)
+                workdir = hosted.server_workdir(spec, env_tree is not None, image_workdir)
                 env = {**({"PYTHONPATH": local.AGENT_DIR} if base.name != "docker" and env_tree else {}), **spec.env}
                 local.validate_env(env)
                 server = hosted.HostedServer(sandbox, spec, command=command, workdir=workdir, env=env, proxy=None)
