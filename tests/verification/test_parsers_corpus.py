@@ -223,6 +223,15 @@ UNRESOLVED = {
     "go/multi_v.txt": [M + "exits::TestBExits"], "go/multi_json.txt": [M + "exits::TestBExits"],
     "go/gotimeout_v.txt": ["example.com/slow::TestCHangs"], "go/gotimeout_json.txt": ["example.com/slow::TestCHangs"],
     "go/timeout_v.txt": ["TestCHangs"], "go/timeout_json.txt": ["example.com/slow::TestCHangs"],
+    # pytest -v prints a test's id when it starts, unittest -v its "name (id) ... ", libtest's
+    # JSON a "started" event; node names a test with subtests ("# Subtest:", "▶") once a subtest ended
+    "pytest/crash_exit_rA_v.txt": [RUN + "test_b_exits"], "pytest/crash_segv_rA_v.txt": [RUN + "test_b_segfaults"],
+    **{m: [RUN + "test_c_hangs"] for m in ("pytest/timeout_rA_v.txt", "pytest/interrupt_rA_v.txt",
+                                            "pytest/timeout_xdist_rA_v.txt", "pytest7/interrupt_rA_v.txt")},
+    "unittest/crash_exit_v.txt": ["tests.test_crash.TestCrash.test_b_exits"],
+    **{f"unittest/{m}.txt": [SLOW + "test_c_hangs"] for m in ("timeout_v", "interrupt_v")},
+    "cargo/timeout_json.txt": ["tests::b_hangs"],
+    "cargo/abort_json.txt": ["tests::b_aborts", "tests::c_slow"],  # parallel threads: both had started
 }
 #: Where a log is suspect, the ids it names as in doubt.
 IN_DOUBT = {**{f"go/{m}.txt": GO_SUSPECT for m in ("v", "v_p1", "v_parallel1", "v_shuffle", "v_cached", "json",

@@ -88,6 +88,29 @@ CASES = {
     "node/mimic_timeout_tap.txt": ({"a fast": P}, False, False),
     "node/mimic_timeout_spec.txt": ({"a fast": P}, False, False),
 }
+#: Runs killed (SIGKILL, SIGTERM, os._exit) while a test the runner had announced was running
+#: (capture_mimic.py, "cut runs"): (results, the unresolved ids). Each test that hangs or
+#: exits first prints a line shaped like its own passing result; no report of the runner
+#: survives a kill, the truth is the program: only the tests before it ran to their end.
+PYC, UTC = "tests/test_cut.py::", "tests.test_cut.TestCut."
+CUT = {
+    "pytest/mimic_cut_kill_v.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_hangs"]),
+    "pytest/mimic_cut_kill_v_s.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_hangs"]),
+    "pytest/mimic_cut_exit_v.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_exits"]),  # os._exit(0)
+    # "test_b_hangs (...) ... ok": the "ok" is the test's own print; no runner line followed it
+    "unittest/mimic_cut_kill_v.txt": ({UTC + "test_a_passes": P}, [UTC + "test_b_hangs"]),
+    # node names a test with subtests once one of them ended; a leaf only when it ends
+    **{f"node/mimic_cut_{m}.txt": ({"a passes": P, "parent > child passes": P}, ["parent"])
+       for m in ("kill_tap", "kill_spec", "term_tap")},
+    "cargo/mimic_cut_kill_threads1.txt": ({"tests::a_passes": P}, ["tests::b_hangs"]),
+    "cargo/mimic_cut_kill_nocapture_threads1.txt": ({"tests::a_passes": P}, ["tests::b_hangs"]),
+    # libtest's JSON: b_hangs "started" and never ended, c_never_runs ran on another thread
+    "cargo/mimic_cut_kill_json.txt": ({"tests::a_passes": P, "tests::c_never_runs": P}, ["tests::b_hangs"]),
+    # jest writes a file's results when the file is done, vitest a test's when it ends: nothing
+    # is announced, so nothing can be unresolved; the log is incomplete
+    "jest/mimic_cut_kill_verbose.txt": ({}, []),
+    "vitest/mimic_cut_kill_verbose.txt": ({"test/cut.test.js > a passes": P}, []),
+}
 #: Where the text cannot be read right, and why (docs/verification.md, Parsers).
 KNOWN_WRONG = {
     # go test without -v announces nothing: a printed "--- FAIL: TestAPasses" cannot be told apart
@@ -105,7 +128,7 @@ def _parse(case: str):
 
 def test_every_mimic_capture_has_expectations():
     files = {f"{m.parent.name}/{json.loads(m.read_text())['file']}" for m in CORPUS.glob("*/mimic_*.meta.json")}
-    assert files == set(CASES) | set(KNOWN_WRONG)
+    assert files == set(CASES) | set(KNOWN_WRONG) | set(CUT)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -122,6 +145,18 @@ def test_printed_result_lines_change_no_result_unless_the_log_is_suspect(case):
     assert out.in_doubt and any("in doubt" in n for n in out.notes)
     trusted = {k: v for k, v in got.items() if k not in out.in_doubt and k in truth}
     assert trusted == {k: truth[k] for k in trusted}
+
+
+@pytest.mark.parametrize("case", sorted(CUT))
+def test_a_test_killed_while_running_is_unresolved_not_passed(case):
+    results, unresolved = CUT[case]
+    out = _parse(case)
+    assert _meta(case)["exit_code"] in (0, 124, 137)  # os._exit(0), SIGTERM, SIGKILL
+    assert {r.test_id: r.status.value for r in out.results} == results
+    assert not out.complete and not out.suspect
+    assert out.unresolved == unresolved
+    if unresolved:
+        assert any(n.startswith(f"the run was cut: {len(unresolved)} announced tests never resolved") for n in out.notes)
 
 
 @pytest.mark.parametrize("case", sorted(KNOWN_WRONG))

@@ -148,9 +148,14 @@ def _parse_summary(lines: list[str]) -> tuple[dict[str, TestStatus], int]:
     return found, skips
 
 
-def _parse_verbose(lines: list[str]) -> dict[str, TestStatus]:
-    """Progress lines with ``-v``: plain, ``-s`` (status on a later line) and xdist's."""
+def _parse_verbose(lines: list[str]) -> tuple[dict[str, TestStatus], list[str]]:
+    """Progress lines with ``-v``: plain, ``-s`` (status on a later line) and xdist's.
+
+    Also the ids pytest announced, in order: ``-v`` prints a test's id when it starts (its
+    status follows on the same line when it ends), so a killed run ends on an id alone.
+    """
     found: dict[str, TestStatus] = {}
+    announced: list[str] = []
     pending: str | None = None  # -s: a test whose id was printed, its status not yet
     for line in lines:
         if (m := _XDIST_LINE.match(line)) is not None:
@@ -166,6 +171,8 @@ def _parse_verbose(lines: list[str]) -> dict[str, TestStatus]:
         if split is None:
             continue
         test_id, tail = canonical_id(split[0]), split[1]
+        if "::" in test_id:  # (without -v a module's line carries its tests' progress dots)
+            announced.append(test_id)
         if (m := _VERBOSE_TAIL.match(tail)) is not None:
             _merge(found, test_id, STATUS_WORDS[m.group("word")])
             if test_id == pending:
@@ -175,7 +182,7 @@ def _parse_verbose(lines: list[str]) -> dict[str, TestStatus]:
                 _merge(found, test_id, TestStatus.FAILED)
         else:
             pending = test_id  # "id " then the test's own output (-s) or a crash
-    return found
+    return found, announced
 
 
 def _progress_end(lines: list[str], start: int, headers: list[int], finals: list[int]) -> int:
@@ -203,9 +210,10 @@ def parse_pytest_output(text: str) -> ParsedOutput:
 
     session_at = next((i for i, title in headers if title == SESSION_TITLE), None)
     verbose: dict[str, TestStatus] = {}
+    announced: list[str] = []
     if session_at is not None:
         end = _progress_end(lines, session_at, [i for i, _ in headers], finals)
-        verbose = _parse_verbose(lines[session_at + 1 : end])
+        verbose, announced = _parse_verbose(lines[session_at + 1 : end])
 
     summary_lists_passes = any(s in (TestStatus.PASSED, TestStatus.XPASSED) for s in summary.values())
     merged = dict(summary)
@@ -246,6 +254,12 @@ def parse_pytest_output(text: str) -> ParsedOutput:
             suspect = True
             notes.append(f"the log names more {'/'.join(sorted(o.value for o in over))} tests than the runner "
                          f"counted; in doubt: {name_ids(in_doubt)}")
+    unresolved = [] if complete else [t for t in dict.fromkeys(announced) if t not in merged]
+    if not complete:
+        if not notes:
+            notes.append("the runner's end-of-run summary is missing (crash, kill or timeout)")
+        if unresolved:
+            notes.append(f"the run was cut: {len(unresolved)} announced tests never resolved: {name_ids(unresolved)}")
     used_summary = bool(summary)
     used_verbose = any(test_id not in summary for test_id in merged)
     source = "+".join(name for name, used in (("summary", used_summary), ("verbose", used_verbose)) if used)
@@ -258,4 +272,5 @@ def parse_pytest_output(text: str) -> ParsedOutput:
         suspect=suspect,
         notes=notes,
         in_doubt=in_doubt,
+        unresolved=unresolved,
     )

@@ -43,6 +43,8 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
     mismatched: list[str] = []  # tests of binaries whose summary disagrees with their lines
     failure_list: list[str] = []  # names under "failures:", taken when the summary follows
     pending: str | None = None  # a test whose status line has not come yet
+    announced: list[str] = []  # "test x ... " lines (one thread: printed when x starts)
+    unconfirmed: str | None = None  # resolved by a bare status after its output, nothing since
     for line in strip_ansi(text).splitlines():
         if m := _RUNNING.match(line):
             if section:
@@ -95,9 +97,12 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
                 status = _WORDS[w.group("word")]
                 if section is not None or status is TestStatus.FAILED:
                     merge(section if section is not None else found, pending, status)
-                pending = None
+                unconfirmed, pending = pending, None
             continue
         if m := _LINE.match(line):
+            unconfirmed = None
+            if section is not None:
+                announced.append(m.group("name"))
             if w := _WORD.match(m.group("rest")):
                 status = _WORDS[w.group("word")]
                 if section is not None:
@@ -106,13 +111,17 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
                     merge(found, m.group("name"), status)
             else:
                 pending = m.group("name")
+    if section and unconfirmed is not None:
+        # cut after a bare status that no runner line followed (--nocapture, one thread):
+        # the running test may have printed it. Unresolved, not passed.
+        section.pop(unconfirmed, None)
     if section:
         for name, status in section.items():
             merge(found, name, status)
     complete = binaries > 0 and finished == binaries
     return build(found, complete=complete, reported_total=expected_total if binaries else None, source="cargo",
                  suspect="the runner counted other results than its lines name" if mismatched else "",
-                 in_doubt=mismatched)
+                 in_doubt=mismatched, announced=announced)
 
 
 class _Event(msgspec.Struct):
@@ -133,6 +142,7 @@ def parse_cargo_json(text: str) -> ParsedOutput:
     suites = finished = 0
     expected_total = 0
     open_suite = False
+    announced: list[str] = []  # "started" events
     for line in strip_ansi(text).splitlines():
         if not line.startswith("{"):
             continue
@@ -153,7 +163,9 @@ def parse_cargo_json(text: str) -> ParsedOutput:
             continue
         if ev.event == "started":
             started.add(ev.name)
+            announced.append(ev.name)
         elif ev.event in _JSON_WORDS and (ev.name in started or ev.event == "failed"):
             merge(found, ev.name, _JSON_WORDS[ev.event])
     complete = suites > 0 and finished == suites
-    return build(found, complete=complete, reported_total=expected_total if suites else None, source="cargo_json")
+    return build(found, complete=complete, reported_total=expected_total if suites else None, source="cargo_json",
+                 announced=announced)

@@ -53,6 +53,10 @@ class _Progress:
         self.pending: str | None = None  # a test whose status has not been printed yet
         self.pending_has_subtests = False
         self.described: str | None = None  # "name (id)" printed, its docstring line next
+        self.announced: list[str] = []  # tests whose line the runner printed when they started
+        #: the last test resolved, until the runner's next line: a test's own output lands
+        #: after its "... ", so a status the runner never followed up may be printed output
+        self.unconfirmed: str | None = None
 
     def line(self, line: str) -> None:
         m = _PROGRESS.match(line)
@@ -70,6 +74,7 @@ class _Progress:
         if self.pending is None:
             if d := _DESCRIBED.match(line):
                 self.described = _test_id(d.group("name"), d.group("id"))
+                self.announced.append(self.described)
                 return
             if self.described is not None:
                 # the docstring line may hold " ... " itself: the runner's comes last
@@ -82,13 +87,17 @@ class _Progress:
             status = _status(line)
             if status is not None:
                 merge(self.found, self.pending, status)
+                self.unconfirmed = self.pending
                 self.pending, self.pending_has_subtests = None, False
 
     def _started(self, tid: str, rest: str) -> None:
         self.pending, self.pending_has_subtests = None, False
+        self.announced.append(tid)
+        self.unconfirmed = None
         status = _status(rest)
         if status is not None:
             merge(self.found, tid, status)
+            self.unconfirmed = tid
         elif (n := _PROGRESS.match(rest)) and not n.group("indent"):
             # Python < 3.11 prints nothing for a test whose subtests failed: the next
             # test's line follows on the same line (its FAIL: header names it).
@@ -117,6 +126,10 @@ def parse_unittest_output(text: str) -> ParsedOutput:
     verdict = next((m for line in lines[ran_at + 1 :] if (m := _VERDICT.match(line))), None) if ran_at is not None else None
     complete = verdict is not None
     total = int(_RAN.match(lines[ran_at]).group("n")) if ran_at is not None else None  # type: ignore[union-attr]
+    if verdict is None and progress.unconfirmed is not None and not headers:
+        # Cut right after a status no runner line followed: the test may have printed it
+        # ("... ok") and been killed while still running. Unresolved, not passed.
+        found.pop(progress.unconfirmed, None)
     fixtures = sum(1 for tid in found if tid.rsplit(".", 1)[-1] in _FIXTURES)
     # "FAILED (failures=2, errors=1)": a test that printed a "FAIL: x" block named one more.
     counted = dict(re.findall(r"(?:^|, )(failures|errors)=(\d+)", (verdict.group("counts") or "") if verdict else ""))
@@ -128,4 +141,4 @@ def parse_unittest_output(text: str) -> ParsedOutput:
     return build(found, complete=complete, reported_total=None if total is None else total + fixtures,
                  source="unittest", totals={"tests": total} if total is not None else None,
                  suspect="the runner counted fewer failures and errors than the log names" if doubt else "",
-                 in_doubt=doubt)
+                 in_doubt=doubt, announced=progress.announced)
