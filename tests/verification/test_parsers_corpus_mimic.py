@@ -80,6 +80,13 @@ CASES = {
     **{f"jest/mimic_{m}.txt": (JEST_TRUTH, True, False) for m in ("verbose", "verbose_run_in_band", "verbose_color")},
     "jest/mimic_default.txt": (_failures(JEST_TRUTH), True, False),
     "jest/mimic_exit_verbose.txt": ({}, False, False),  # "● process.exit called" is jest's notice, not a test
+    # the same notice after a file's block: still no test (the exit ended jest before its report)
+    "jest/mimic_exit_after_a_file_verbose.txt": ({"test/a.test.js > loads and passes": P}, False, False),
+    # a file that throws while loading: jest's "● Test suite failed to run", vitest's
+    # "Failed Suites" naming the file; no test of either
+    "jest/mimic_load_fails_verbose.txt": ({"test/ok.test.js > loads and passes": P}, True, False),
+    "vitest/mimic_load_fails_verbose.txt": ({"test/ok.test.js > loads and passes": P}, True, False),
+    "vitest/mimic_load_fails_default.txt": ({}, True, False),  # the default reporter names failures only
     **{f"vitest/mimic_{m}.txt": (VITEST_TRUTH, True, True) for m in ("verbose", "verbose_color")},
     # the default reporter: "Failed Suites" names the suite, which is no test
     "vitest/mimic_default.txt": (_failures(VITEST_TRUTH), True, False),
@@ -208,6 +215,17 @@ def test_the_expectations_are_the_runners_own_report_of_the_same_run(case):
     assert {k: truth[k] for k in expected} == expected
     if "default" not in case:  # the default reporters name failures only
         assert set(truth) == set(expected)
+
+
+@pytest.mark.parametrize("case", ["jest/mimic_exit_verbose.txt", "jest/mimic_exit_after_a_file_verbose.txt",
+                                  "jest/mimic_load_fails_verbose.txt", "vitest/mimic_load_fails_verbose.txt",
+                                  "vitest/mimic_load_fails_default.txt", "vitest/mimic_default.txt"])
+def test_a_runners_own_notice_is_never_a_test(case):
+    text = (CORPUS / case).read_text(encoding="utf-8")
+    assert "process.exit called" in text or "Failed Suites" in text or "Test suite failed to run" in text
+    ids = [r.test_id for r in _parse(case).results]
+    assert not any("process.exit" in i or "Test suite failed" in i or i.endswith("broken.test.js") for i in ids)
+    assert "test/suite.test.js > broken suite" not in ids  # vitest's "FAIL  file > suite" under Failed Suites
 
 
 def test_a_suspect_note_names_the_ids_in_doubt():

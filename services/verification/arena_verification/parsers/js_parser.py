@@ -21,7 +21,11 @@ _JEST_FILE = re.compile(r"^ ?(?P<word>PASS|FAIL) +(?P<file>\S+)(?: \(.*\))?$")
 _JEST_SUITES = re.compile(r"^Test Suites: ")
 _JEST_TEST = re.compile(r"^(?P<indent>(?:  )+)(?P<mark>[✓✕○✎√×]) (?P<rest>.*?)(?: \(\d+(?:\.\d+)? m?s\))?$")
 _JEST_DESCRIBE = re.compile(r"^(?P<indent>(?:  )+)(?P<name>\S.*)$")
-_JEST_FAILURE = re.compile(r"^  ● (?P<path>.+)$")
+#: A failed test's header: ``  ● describe › test``. jest's own notices share the bullet and
+#: are never tests: ``  ● Test suite failed to run``, ``  ● Console``, ``  ●  process.exit
+#: called with "3"`` (two spaces after the bullet).
+_JEST_FAILURE = re.compile(r"^  ● (?P<path>\S.*)$")
+_JEST_NOTICE = re.compile(r"^  ● (?:Test suite failed to run|Console)$|^  ● {2}|^  ● process\.exit called")
 _JEST_TOTAL = re.compile(r"^Tests:\s+.*?(?P<n>\d+) total$")
 
 
@@ -44,10 +48,12 @@ def parse_jest_output(text: str) -> ParsedOutput:
             continue
         if file is None:
             continue
+        if _JEST_NOTICE.match(line):
+            in_tree = False
+            continue
         if m := _JEST_FAILURE.match(line):
             in_tree = False
-            if m.group("path") not in ("Test suite failed to run", "Console"):
-                merge(found, SEP.join([file, *m.group("path").split(" › ")]), TestStatus.FAILED)
+            merge(found, SEP.join([file, *m.group("path").split(" › ")]), TestStatus.FAILED)
             continue
         if not in_tree:
             continue
