@@ -232,3 +232,10 @@ def test_a_suspect_note_names_the_ids_in_doubt():
     out = _parse("unittest/mimic_v.txt")
     note = next(n for n in out.notes if "in doubt" in n)
     assert "counted" in note and UT + "test_plain" in note
+
+
+def test_a_test_named_only_by_printed_lines_is_in_doubt_when_the_runner_counted_fewer():
+    # test_prints_on_stderr printed "test_ghost (...) ... ok" and a FAIL: block: the failure
+    # count names the headers in doubt, the test count every id (any may be the printed one)
+    out = _parse("unittest/mimic_v.txt")
+    assert UT + "test_ghost" in out.in_doubt and UT + "test_plain" in out.in_doubt

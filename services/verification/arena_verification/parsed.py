@@ -98,7 +98,9 @@ def build(
         reasons.insert(0, f"the log names {len(found)} tests but the runner counted {reported_total}")
     doubt: list[str] = []
     if reasons:
-        doubt = [t for t in dict.fromkeys(in_doubt or []) if t] or list(found)
+        # more tests than the runner counted: any of them may be one a test printed
+        over = reported_total is not None and len(found) > reported_total
+        doubt = [t for t in dict.fromkeys([*(in_doubt or []), *(found if over else [])]) if t] or list(found)
         notes.append(f"{'; '.join(reasons)}; in doubt: {name_ids(doubt)}")
     unresolved = [] if complete else [t for t in dict.fromkeys(announced or []) if t not in found]
     if not complete:
