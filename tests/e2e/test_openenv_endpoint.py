@@ -326,12 +326,56 @@ def test_http_routes_answer_like_an_openenv_server(arena):
     reset = httpx.post(f"{base}/reset", json={}).json()
     assert reset["done"] is False and "median" in reset["observation"]["prompt"]
     assert httpx.post(f"{base}/reset", json={"seed": -1}).status_code == 422
-    assert httpx.post(f"{base}/step", json={"action": {"type": "nope"}}).status_code == 422
+    bad = httpx.post(f"{base}/step", json={"action": {"type": "nope"}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"]
     assert httpx.get(f"{base}/state").json() == {"episode_id": None, "step_count": 0}
     missing = httpx.get(f"{arena.rollout_url}/openenv/nothing-here/health")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     listed = httpx.get(f"{arena.rollout_url}/v1/environments").json()["environments"]
     assert {e["name"] for e in listed} >= {"quickstart", "solo", "echo"}
+
+
+@pytest.mark.timeout(900)  # three fresh environments, two of them hosted servers started from scratch
+def test_stateless_step_runs_the_action_on_a_fresh_environment_as_openenvs_server_does(arena):
+    """OpenEnv's ``POST /step`` builds a fresh environment, steps it once and closes it: 200 with
+    the observation, for Arena's own task and a hosted one; a bad action is 422 in both."""
+    ran = httpx.post(f"{url(arena)}/step", json={"action": call("shell", command="cat textstats/__init__.py | wc -l"),
+                                                "timeout_s": 30}, timeout=180)
+    assert ran.status_code == 200, ran.text
+    body = ran.json()
+    assert set(body) == {"observation", "reward", "done"} and body["done"] is False
+    assert body["observation"]["result"]["exit_code"] == 0 and int(body["observation"]["result"]["output"]) > 0
+    # the fresh environment is discarded: its rollout is cancelled, nothing left running
+    cancelled = httpx.get(f"{arena.rollout_url}/v1/rollouts", params={"state": "cancelled"}).json()["rollouts"]
+    assert [r for r in cancelled if "stateless POST /step" in (r["reason"] or "")
+            and r["metadata"]["arena.openenv.environment"] == "quickstart"]
+    # a hosted environment's action runs on its own server (the echo environment's reward is its length / 10)
+    echoed = httpx.post(f"{url(arena, 'echo')}/step", json={"action": {"message": "hello"}}, timeout=400)
+    assert echoed.status_code == 200, echoed.text
+    assert echoed.json()["observation"]["echoed_message"] == "hello" and echoed.json()["reward"] == pytest.approx(0.5)
+    # and its own check of the action is a 422 with its pydantic errors, as its server answers
+    wrong = httpx.post(f"{url(arena, 'echo')}/step", json={"action": {"text": "wrong field"}}, timeout=400)
+    assert wrong.status_code == 422, wrong.text
+    assert {e["type"] for e in wrong.json()["detail"]} >= {"extra_forbidden"}
+
+
+async def test_an_invalid_action_is_a_validation_error_before_reset_and_after_the_episode_is_done(arena):
+    ws_url = url(arena).replace("http://", "ws://") + "/ws"
+    async with websockets.connect(ws_url) as ws:
+        async def rt(message) -> dict:
+            await ws.send(json.dumps(message))
+            return json.loads(await asyncio.wait_for(ws.recv(), 90))
+
+        bad = {"type": "step", "data": {"type": "teleport"}}
+        assert (await rt(bad))["data"]["code"] == "VALIDATION_ERROR"  # no episode yet
+        assert (await rt({"type": "step", "data": call("shell", command="true")}))["data"]["code"] == "EXECUTION_ERROR"
+        assert (await rt({"type": "reset", "data": {}}))["type"] == "observation"
+        submitted = await rt({"type": "step", "data": call("submit")})
+        assert submitted["data"]["done"] is True
+        after = await rt(bad)
+        assert after["data"]["code"] == "VALIDATION_ERROR" and after["data"]["errors"], after
+        over = await rt({"type": "step", "data": call("shell", command="true")})
+        assert over["data"]["code"] == "EXECUTION_ERROR" and "is over" in over["data"]["message"]
 
 
 def test_registering_a_task_that_is_not_external_is_refused(arena):
@@ -363,6 +407,29 @@ def test_the_echo_environment_is_hosted_as_a_task_and_its_rewards_summed(arena):
     assert [s.observation.get("echoed_message") for s in traj.sandbox.env_steps] == [
         "Echo Env environment ready!", "hello", "hi", None]
     assert traj.verification.verifier == "env_reward" and "env_not_done" in traj.verification.flags
+
+
+def test_a_hosted_environment_started_by_a_relative_command_runs_in_its_own_directory(arena, tmp_path):
+    """``environment.command`` ``["./serve.sh"]``: run in the environment's directory (the local
+    provider, bubblewrap), where the script and the server's files are, through the real stack."""
+    env_dir = tmp_path / "echo-relative"
+    shutil.copytree(ECHO_ENV, env_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    (env_dir / "serve.sh").write_text("#!/bin/sh\n# relative paths only: this runs from the environment's directory\n"
+                                      "test -f server/app.py || { echo \"not in the environment's directory: $(pwd)\" >&2; "
+                                      "exit 3; }\nexec python -m uvicorn server.app:app --host 127.0.0.1 --port 8000\n")
+    (env_dir / "serve.sh").chmod(0o755)
+    task = Task(id="echo-relative", instructions="Echo, served by ./serve.sh.", agent=AgentSpec(external=True),
+                environment=OpenEnvServer(path=str(env_dir), command=["./serve.sh"], reuse=False),
+                budget=Budget(wall_clock_s=120))
+    with ArenaClient(arena.rollout_url, arena.trajectory_url) as client:
+        client.put_environment("echo-relative", task)
+    with GenericEnvClient(base_url=url(arena, "echo-relative")).sync() as env:
+        first = env.reset()
+        assert first.observation["echoed_message"] == "Echo Env environment ready!"
+        assert env.step({"message": "hello"}).reward == pytest.approx(0.5)
+        rid = env.state()["rollout_id"]
+    view = wait_final(arena, rid)
+    assert view["state"] == "completed", view
 
 
 def test_the_trl_environment_class_plays_an_episode(arena):

@@ -184,6 +184,14 @@ class Episode:
         return observation_frame(msgspec.structs.replace(reply, observation=observation))
 
     async def step(self, data: dict[str, Any]) -> dict[str, Any]:
+        # the action is checked first, whatever the episode's state, as OpenEnv's server
+        # deserializes it before it touches the environment
+        action = None
+        if not self.hosted:
+            try:
+                action = envtools.parse_action(data)
+            except envtools.ActionError as exc:
+                return error_frame("VALIDATION_ERROR", str(exc), errors=exc.errors)
         if self.record is None:
             return error_frame("EXECUTION_ERROR", "no episode: send reset first")
         if self.done:
@@ -191,10 +199,6 @@ class Episode:
                                                   "another")
         timeout_s = self.env.request.task.environment.step_timeout_s if self.hosted else 120.0
         if not self.hosted:
-            try:
-                action = envtools.parse_action(data)
-            except envtools.ActionError as exc:
-                return error_frame("VALIDATION_ERROR", str(exc), errors=exc.errors)
             if isinstance(action, envtools.CallTool) and action.tool_name == "shell":
                 shell_timeout = action.arguments.get("timeout_s")
                 if isinstance(shell_timeout, (int, float)) and not isinstance(shell_timeout, bool):
@@ -333,6 +337,22 @@ class Episode:
             if record.state.is_final:
                 self.record, self.done = record, True
                 return _failed("EXECUTION_ERROR", f"episode {rid} ended: {record.state.value}: {record.reason}")
+
+
+async def stateless_step(episode: Episode, action: dict[str, Any], *, start_wait_s: float) -> dict[str, Any]:
+    """OpenEnv's stateless ``POST /step``: ``action`` run on a fresh environment (a rollout of its
+    own: reset, this one step; the caller ends it). The answer is the step's frame: an
+    observation, or the reset's or the step's error. A sandbox still starting is waited for up to
+    ``start_wait_s`` (each reset waits for the same episode)."""
+    deadline = time.monotonic() + start_wait_s
+    while True:
+        first = await episode.reset({})
+        if first["type"] != "error" or episode.pending is None or episode.record is None \
+                or time.monotonic() >= deadline:
+            break  # up, failed, or waited long enough
+    if first["type"] == "error":
+        return first
+    return await episode.step(action)
 
 
 def _failed(code: str, message: str) -> EnvReply:

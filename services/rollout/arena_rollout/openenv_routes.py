@@ -47,12 +47,13 @@ async def _body_object(request: Request, read_body, limit: int, *, empty_ok: boo
     return data
 
 
-async def _end(episode: openenv.Episode, attempts: int = 10) -> None:
+async def _end(episode: openenv.Episode, attempts: int = 10, *,
+               reason: str = "the OpenEnv client disconnected") -> None:
     """Cancel the episode's rollout if it is not final, trying again through a NATS outage
     (else it would hold its sandbox until the episode's idle time)."""
     for attempt in range(attempts):
         try:
-            await episode.end("the OpenEnv client disconnected")
+            await episode.end(reason)
             return
         except Exception as exc:  # noqa: BLE001 - the store unreachable for now
             if attempt == attempts - 1:
@@ -146,10 +147,12 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                                       "msg": "Input should be greater than or equal to 0"}]}, 422)
         return _json(openenv.initial_observation(env))
 
-    @app.post("/openenv/{name}/step", responses={200: openapi.answer(obj), **openapi.errors(400, 404)},
+    @app.post("/openenv/{name}/step", responses={200: openapi.answer(obj), **openapi.errors(404, 422, 502)},
               openapi_extra=openapi.request_body_schema(obj))
     async def env_step(request: Request, name: str = name_param) -> Response:
-        """Stateless: the action is checked, but no episode runs it (an episode is a WebSocket)."""
+        """Stateless, as in OpenEnv's own server: the action is checked (422), then run on a fresh
+        environment (a rollout of its own, ended after this step) and its observation answered. An
+        episode of several steps is the WebSocket ``/ws``."""
         env = await environments.get(name)
         data = await _body_object(request, read_body, limit, empty_ok=False)
         if not isinstance(data.get("action"), dict):
@@ -159,9 +162,27 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                 envtools.parse_action(data["action"])
             except envtools.ActionError as exc:
                 return _json({"detail": exc.errors}, 422)
-        return _json({"error": {"code": "stateless", "message": (
-            "a stateless POST /step runs no episode (OpenEnv's HTTP routes make a fresh environment per call): "
-            "open the WebSocket /ws, as OpenEnv's EnvClient does")}}, 400)
+        episode = openenv.Episode(service, env, caller=apikeys.caller(request.scope))
+        hosted = env.request.task.environment
+        # the sandbox's start, a hosted server's own start, and a margin for a queue
+        start_wait_s = float(service.settings.openenv_start_timeout_s) * 2 + (hosted.ready_timeout_s if hosted else 0.0)
+        try:
+            frame = await openenv.stateless_step(episode, data["action"], start_wait_s=start_wait_s)
+        finally:
+            ending = asyncio.ensure_future(_end(episode, reason="a stateless POST /step: its environment is "
+                                                                "discarded after the one action"))
+            endings.add(ending)
+            ending.add_done_callback(endings.discard)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(ending)
+        if frame["type"] == "observation":
+            return _json(frame["data"])
+        error = frame["data"]
+        if error.get("code") == "VALIDATION_ERROR":  # a hosted environment's own check of the action
+            return _json({"detail": error.get("errors") or [{"type": "value_error", "loc": ["body", "action"],
+                                                             "msg": error.get("message", "")}]}, 422)
+        return _json({"error": {"code": error.get("code", "EXECUTION_ERROR"), "message": error.get("message", "")}},
+                     502)
 
     @app.get("/openenv/{name}/state", responses={200: openapi.answer(obj), **openapi.errors(404)})
     async def env_state(name: str = name_param) -> Response:
