@@ -1,0 +1,162 @@
+"""An evaluation job through the real stack: three copies of the quickstart task, two scripted models
+of known solve rates (each attempt's answer drawn by its seed, so every outcome is known in advance),
+``arena eval run`` (the CLI as a process) killed half-way, ``arena eval resume`` to the end: every
+attempt run once, none missed, each reward the one its seed draws; then ``arena eval report``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from arena.evaluation import records, runner
+from arena_core import apikeys
+from arena_core.settings import Settings
+from arena_stack.natsserver import free_port
+from arena_stack.scripted_llm import ScriptedLLM, load_script
+from arena_stack.stack import Stack
+from tests.duel_backends import QUICKSTART, register, replica, start_scripted_llm, stop
+
+STRONG, WEAK = "model-strong", "model-weak"
+RATES = {STRONG: 0.8, WEAK: 0.3}  # the share of seeds answered with the right fix
+TASKS, K = 2, 2
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def weighted_script(tmp_path: Path, model: str) -> Path:
+    whole = json.loads((QUICKSTART / "llm_script.json").read_text())
+    rate = RATES[model]
+    responses = [{**r, "weight": rate if r["label"] == "correct" else 1 - rate} for r in whole["responses"]]
+    path = tmp_path / f"{model}.json"
+    path.write_text(json.dumps({"responses": responses}))
+    return path
+
+
+def expected_reward(script: Path, task_id: str, attempt: int) -> float:
+    """What the scripted model answers attempt ``attempt`` of ``task_id`` (drawn by its seed), as a reward."""
+    llm = ScriptedLLM(load_script(str(script)))
+    return 1.0 if llm.choose(runner.seed_of(0, task_id, attempt)).label == "correct" else 0.0
+
+
+def quickstart_copies(tmp_path: Path) -> Path:
+    task = json.loads((QUICKSTART / "task.json").read_text())
+    out = tmp_path / "dataset"
+    out.mkdir()
+    for i in range(TASKS):
+        # budgets for a loaded host: an agent or a test run cut by its clock would be a failure, not the draw
+        copy = {**task, "id": f"qs-{i}", "repo": str(QUICKSTART / "repo"),
+                "agent": {**task["agent"], "path": str(QUICKSTART / "agent")},
+                "budget": {**task["budget"], "wall_clock_s": 600}, "verifier": {**task["verifier"], "timeout_s": 600}}
+        (out / f"qs-{i}.json").write_text(json.dumps(copy))
+    return out
+
+
+def finished_lines(job: Path) -> int:
+    path = job / records.LOG_FILE
+    return path.read_text().count('"type":"finished"') if path.is_file() else 0
+
+
+@pytest.mark.timeout(1500)
+async def test_an_eval_job_killed_half_way_resumes_without_running_an_attempt_twice(tmp_path):
+    strong_url = f"http://127.0.0.1:{free_port()}/v1"
+    weak_port = free_port()
+    scripts = {m: weighted_script(tmp_path, m) for m in (STRONG, WEAK)}
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
+                        rollout_port=(rp := free_port()), trajectory_port=free_port(),
+                        public_url=f"http://127.0.0.1:{rp}", backend_url=strong_url, backend_policy_version="0",
+                        sandbox_concurrency=4, verify_concurrency=2)
+    stack = Stack(settings, llm_script=scripts[STRONG], nats_sync="1s", log=lambda m: None)
+    weak = None
+    await stack.start()
+    settings = stack.settings
+    try:
+        weak = await asyncio.to_thread(start_scripted_llm, scripts[WEAK], weak_port, tmp_path / "weak-llm.log")
+        await register(settings.nats_url, replica("weak", f"http://127.0.0.1:{weak_port}/v1", WEAK),
+                       replica("default", strong_url, STRONG))
+        data_dir = tmp_path / "cli"
+        env = {**os.environ, "ARENA_DATA_DIR": str(data_dir), "ARENA_API_KEY": stack.api_key}
+        base = [sys.executable, "-m", "arena.cli", "--url", settings.rollout_url, "--trajectory-url",
+                settings.trajectory_url, "eval"]
+        # the rollout service follows arena_backends: wait until it routes the weak model
+        async with httpx.AsyncClient(base_url=settings.rollout_url, headers=apikeys.auth_headers(stack.api_key),
+                                     timeout=30) as http:
+            for _ in range(100):
+                body = {"task": json.loads((QUICKSTART / "task.json").read_text()) | {"verifier": None},
+                        "policies": [STRONG, WEAK], "n": 1}
+                if "no backend replica serves" not in (await http.post("/v1/duels", json=body)).text:
+                    break
+                await asyncio.sleep(0.1)
+
+        started = time.monotonic()
+        run = subprocess.Popen(base + ["run", "--dataset", str(quickstart_copies(tmp_path)), "--agent", "task",
+                                       "--model", STRONG, "--model", WEAK, "--k", str(K), "--concurrency", "4",
+                                       "--timeout", "900"],
+                               stdout=open(tmp_path / "run.out", "wb"), stderr=open(tmp_path / "run.err", "wb"),
+                               env=env)
+        try:
+            evals = data_dir / "evals"
+            for _ in range(6000):  # half-way: a quarter of the attempts logged as finished
+                jobs = list(evals.glob("ev-*")) if evals.is_dir() else []
+                if jobs and finished_lines(jobs[0]) >= TASKS * K * 2 // 4:
+                    break
+                assert run.poll() is None, (tmp_path / "run.err").read_text()
+                await asyncio.sleep(0.1)
+            os.kill(run.pid, signal.SIGKILL)  # no clean exit: tries in flight stay on the server
+            run.wait(10)
+            assert jobs and finished_lines(jobs[0]), ((tmp_path / "run.err").read_text(),
+                                                     [p.read_text() for p in jobs[0].iterdir()] if jobs else None)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
+        (job,) = jobs
+        before = finished_lines(job)
+        assert 0 < before < TASKS * K * 2
+
+        resumed = await asyncio.to_thread(subprocess.run, base + ["resume", job.name], capture_output=True, text=True,
+                                          env=env, timeout=1200)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        took = time.monotonic() - started
+
+        final = records.final_results(records.read_log(job))
+        spec = records.read_spec(job)
+        assert sorted(final) == sorted(runner.plan(spec))  # none missed
+        for (task_id, model, attempt), r in final.items():
+            assert r.outcome == "completed", r
+            assert r.reward == expected_reward(scripts[model], task_id, attempt), (task_id, model, attempt, r)
+            assert r.cost.llm_calls == 1 and r.cost.prompt_tokens > 0 and r.cost.completion_tokens > 0
+            assert r.cost.agent_s > 0 and r.cost.verify_s > 0
+        # none run twice: the server holds one rollout per attempt (no infrastructure outcome here)
+        async with httpx.AsyncClient(base_url=settings.rollout_url, headers=apikeys.auth_headers(stack.api_key),
+                                     timeout=30) as http:
+            listed = (await http.get("/v1/rollouts", params={"limit_": 1000})).json()["rollouts"]
+        mine = [v for v in listed if v["metadata"].get(runner.META_JOB) == spec.job_id]
+        attempts = [v["metadata"][runner.META_ATTEMPT] for v in mine]
+        assert len(attempts) == len(set(attempts)) == TASKS * K * 2
+        assert {r.rollout_id for r in final.values()} == {v["rollout_id"] for v in mine}
+
+        prices = tmp_path / "prices.toml"
+        prices.write_text(f'[models."{STRONG}"]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n'
+                          f'[models."{WEAK}"]\ninput_per_mtok = 0.5\noutput_per_mtok = 1.5\n')
+        shown = await asyncio.to_thread(subprocess.run, base + ["report", job.name, "--prices", str(prices)],
+                                        capture_output=True, text=True, env=env, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        solved = {m: sum(r.reward for (t, mm, i), r in final.items() if mm == m) / (TASKS * K) for m in RATES}
+        assert f"{STRONG}  {solved[STRONG]:.3f} [" in shown.stdout, shown.stdout
+        assert (job / "report.html").is_file() and (job / "report.md").is_file()
+        report = json.loads((job / "report.json").read_text())
+        assert report["cost"]["agent_usd"] > 0 and report["cost"]["unpriced"] == []
+        print(f"eval through the stack: {TASKS * K * 2} attempts, killed after {before}, {took:.1f} s")
+    finally:
+        stop(weak)
+        stack.stop()
