@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
+from arena_core.errors import InvalidRequest
 from arena_core.schemas import ScaffoldName
 
 
@@ -45,6 +46,14 @@ def add_parser(sub, stack: argparse.ArgumentParser) -> None:
     q.set_defaults(func=cmd_eval_report)
 
 
+def _need_numpy() -> None:
+    """The statistics need numpy (the ``eval`` extra; the ``server`` extra has it too)."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        raise InvalidRequest("arena eval needs numpy: pip install 'arena[eval]'") from None
+
+
 def _go(args, directory: Path) -> int:
     from arena.cli import _client
     from arena.evaluation.records import read_spec
@@ -76,6 +85,7 @@ def cmd_eval_run(args) -> int:
     from arena.evaluation.records import evals_dir
     from arena.evaluation.runner import create_job
 
+    _need_numpy()
     directory = create_job(args.dataset, agent=args.agent, models=args.model, k=args.k,
                            concurrency=args.concurrency, provider=args.provider,
                            max_infra_retries=args.max_infra_retries, timeout_s=args.timeout, seed=args.seed,
@@ -87,6 +97,7 @@ def cmd_eval_run(args) -> int:
 def cmd_eval_resume(args) -> int:
     from arena.evaluation.records import job_dir
 
+    _need_numpy()
     return _go(args, job_dir(args.job))
 
 
@@ -94,6 +105,7 @@ def cmd_eval_report(args) -> int:
     from arena.evaluation import report
     from arena.evaluation.records import job_dir
 
+    _need_numpy()
     directory = job_dir(args.job)
     built = report.build(directory, args.prices)
     print("\n".join(report.text_lines(built)))
