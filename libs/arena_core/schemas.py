@@ -999,9 +999,14 @@ class PolicySpan(Base, kw_only=True):
 
 
 class Usage(Base, kw_only=True):
+    """Tokens of one LLM call as the backend reported them."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    #: of ``prompt_tokens``, those served from the backend's prefix cache (OpenAI's
+    #: ``usage.prompt_tokens_details.cached_tokens``); 0 when the backend does not say
+    cached_tokens: int = 0
 
 
 class Timings(Base, kw_only=True):

@@ -145,14 +145,20 @@ class Sample(msgspec.Struct, kw_only=True):
     tool_calls: list[dict[str, Any]]
     finish: str
     logprobs: list[tuple[int, float, list[tuple[int, float]]]]  # (token id, logprob, top-k alternatives)
+    cached: int | None = None  # prompt tokens read from the prefix cache; None: the cache is off
 
 
 class ScriptedLLM:
     """The pure model: a request in, a vLLM-shaped response (or chunks) out."""
 
     def __init__(self, script: Script, *, model: str = "scripted", seed: int = 0, policy_version: str = "0",
-                 faults: Faults = Faults(), max_model_len: int = 32768):
+                 faults: Faults = Faults(), max_model_len: int = 32768, prefix_cache_block: int = 0):
         self.script = script
+        # vLLM's automatic prefix caching: prompts are cached in whole blocks of this many
+        # tokens, a prompt's leading blocks seen before are hits, reported as
+        # ``usage.prompt_tokens_details.cached_tokens``; 0: no cache, no such field
+        self.prefix_cache_block = prefix_cache_block
+        self._blocks: set[int] = set()
         self.model = model
         self.policy_version = policy_version
         self.faults = faults
@@ -212,6 +218,21 @@ class ScriptedLLM:
             return [*special, *encode_text(prompt)]
         raise ValueError("'prompt' must be a non-empty string or list of token ids")
 
+    def _prefix_hits(self, prompt_ids: list[int]) -> int | None:
+        """The prompt's leading tokens already in the cache (whole blocks), then its blocks cached."""
+        size = self.prefix_cache_block
+        if size <= 0:
+            return None
+        hits, missed = 0, False
+        for end in range(size, len(prompt_ids) + 1, size):
+            key = hash(tuple(prompt_ids[:end]))
+            if key in self._blocks and not missed:
+                hits = end
+            else:
+                missed = True
+                self._blocks.add(key)
+        return hits
+
     def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         """vLLM's ``/tokenize``: ``messages`` (chat) or ``prompt`` (a string) in; ``count``,
         ``tokens`` and ``max_model_len`` out."""
@@ -261,7 +282,7 @@ class ScriptedLLM:
                 alts.append((OFFSET + (tid - OFFSET + 7 * j) % 256, math.log(max(rest / (2 ** j), 1e-12))))
             lps.append((tid, lp, alts[:k]))
         return Sample(prompt_ids=prompt_ids, completion_ids=completion_ids, text=text or (None if calls else ""),
-                      tool_calls=calls, finish=finish, logprobs=lps)
+                      tool_calls=calls, finish=finish, logprobs=lps, cached=self._prefix_hits(prompt_ids))
 
     def _ids(self, body: dict[str, Any]) -> bool:
         return bool(body.get("return_token_ids")) and not self.faults.no_token_ids
@@ -285,9 +306,12 @@ class ScriptedLLM:
                 items[0][2] else None, "text_offset": offsets}
 
     @staticmethod
-    def _usage(s: Sample) -> dict[str, int]:
-        return {"prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids),
-                "total_tokens": len(s.prompt_ids) + len(s.completion_ids)}
+    def _usage(s: Sample) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids),
+                                 "total_tokens": len(s.prompt_ids) + len(s.completion_ids)}
+        if s.cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": s.cached}
+        return usage
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A non-streaming ``chat.completion``."""
@@ -477,6 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="fixed delay before each answer")
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")
     parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per streamed chunk")
+    parser.add_argument("--prefix-cache-block", type=int, default=0,
+                        help="report prefix-cache hits in blocks of this many tokens, as vLLM (0: none)")
     parser.add_argument("--no-token-ids", action="store_true", help="never return token ids (like Ollama)")
     parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404 (like Ollama)")
     args = parser.parse_args(argv)
@@ -488,7 +514,8 @@ def main(argv: list[str] | None = None) -> None:
 
     faults = Faults(latency_s=args.latency_ms / 1000, chunk_delay_s=args.chunk_delay_ms / 1000,
                     chunk_tokens=args.chunk_tokens, no_token_ids=args.no_token_ids, no_tokenize=args.no_tokenize)
-    app = create_app(ScriptedLLM(script, model=args.model, policy_version=args.policy_version, faults=faults))
+    app = create_app(ScriptedLLM(script, model=args.model, policy_version=args.policy_version, faults=faults,
+                                  prefix_cache_block=args.prefix_cache_block))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -192,3 +192,47 @@ def test_cost_sums_tries_and_prices_only_known_models(tmp_path):
     assert total.judge_usd == 0.0 and total.verifier_usd == 0.0
     only_a = summarize_cost(tries, msgspec.structs.replace(prices, models={"a": prices.models["a"]}))
     assert only_a.agent_usd is None and only_a.total_usd is None and only_a.unpriced == ["b"]
+
+
+def test_cached_prompt_tokens_are_counted_from_the_steps_and_priced_at_their_own_rate():
+    """Prefix-cache hits (``Usage.cached_tokens``, part of the prompt) of the agent's steps and the
+    judge's calls are summed per try; a model with ``cached_input_per_mtok`` prices them at it, the
+    rest of the prompt at ``input_per_mtok``; a model without it prices the whole prompt as input."""
+    from arena.evaluation.cost import attempt_cost
+    from arena_core.schemas import JudgeCall, VerificationResult
+
+    def step(i, prompt, cached):
+        return Step(rollout_id="r", step_index=i, model="a", backend="b",
+                    usage=Usage(prompt_tokens=prompt, completion_tokens=10, total_tokens=prompt + 10,
+                                cached_tokens=cached))
+
+    judge = JudgeCall(model="j", base_url="http://judge", usage=Usage(prompt_tokens=500, completion_tokens=5,
+                                                                      total_tokens=505, cached_tokens=400))
+    traj = Trajectory(rollout_id="r", task_id="t0", final_state=RolloutState.COMPLETED, completed_at=5.0,
+                      steps=[step(0, 1000, 0), step(1, 1200, 960), step(2, 1400, 1152)],
+                      verification=VerificationResult(rollout_id="r", verifier="llm_judge", reward=1.0, passed=True,
+                                                      judge_calls=[judge], started_at=4.0, finished_at=4.5))
+    cost = attempt_cost(traj)
+    assert (cost.prompt_tokens, cost.cached_tokens, cost.completion_tokens) == (3600, 2112, 30)
+    assert cost.judge_cached_tokens == {"j": 400}
+    tries = [records.AttemptFinished(task_id="t0", model="a", attempt=0, try_=0, rollout_id="r",
+                                     outcome="completed", state="completed", reward=1.0, cost=cost, at=5.0)]
+    prices = PriceTable(models={"a": ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5),
+                                "j": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0)})
+    total = summarize_cost(tries, prices)
+    assert (total.cached_tokens, total.judge_cached_tokens) == (2112, 400)
+    assert total.agent_usd == pytest.approx(((3600 - 2112) * 2.0 + 2112 * 0.5 + 30 * 8.0) / 1e6)
+    assert total.judge_usd == pytest.approx((500 * 3.0 + 5 * 15.0) / 1e6)  # no cached rate: all at input
+    read = read_prices_from_text('[models.a]\ninput_per_mtok = 2.0\noutput_per_mtok = 8.0\n'
+                                 'cached_input_per_mtok = 0.5\n')
+    assert read.models["a"].cached_input_per_mtok == 0.5
+
+
+def read_prices_from_text(text: str) -> PriceTable:
+    import tempfile
+
+    from arena.evaluation.cost import read_prices
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+    return read_prices(f.name)

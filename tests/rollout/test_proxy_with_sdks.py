@@ -158,10 +158,11 @@ async def stack(bus, tmp_path):
     pools: list[UpstreamClient] = []
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
 
-    async def build(**faults_by_replica: Faults) -> Stack:
+    async def build(*, prefix_cache_block: int = 0, **faults_by_replica: Faults) -> Stack:
         replicas, backends = [], {}
         for name, faults in (faults_by_replica or {"default": Faults()}).items():
-            rec = Recorder(create_llm_app(ScriptedLLM(SCRIPT, policy_version=f"v-{name}", faults=faults)))
+            rec = Recorder(create_llm_app(ScriptedLLM(SCRIPT, policy_version=f"v-{name}", faults=faults,
+                                                      prefix_cache_block=prefix_cache_block)))
             url = await start(rec, stops) if faults is not None else f"http://127.0.0.1:{free_port()}"
             replicas.append(BackendReplica(replica_id=name, url=url + "/v1", policy_version=f"v-{name}"))
             backends[name] = rec
@@ -278,6 +279,60 @@ async def test_anthropic_sdk_messages_whole_and_streamed_with_tools(stack, tmp_p
     assert steps[0].request_messages[0] == {"role": "system", "content": "You fix bugs."}
     assert steps[1].request_messages[-1]["role"] == "tool"
     assert steps[2].tool_calls[0].arguments == '{"path": "a.py"}'
+
+
+def wire_cached(raw: bytes) -> int:
+    """The backend's ``usage.prompt_tokens_details.cached_tokens`` as it put it on the wire."""
+    docs = ([msgspec.json.decode(e[5:]) for e in raw.split(b"\n\n") if e.startswith(b"data:")
+             and e[5:].strip() != b"[DONE]"] if raw.startswith(b"data:") else [msgspec.json.decode(raw)])
+    [usage] = [d["usage"] for d in docs if d.get("usage")]
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+async def test_prefix_cache_hits_reach_every_sdk_in_its_own_field_and_the_captured_steps(stack, tmp_path):
+    """A backend reporting prefix-cache hits (vLLM's ``prompt_tokens_details.cached_tokens``):
+    each call after the first shares the long system prompt, so hits; the OpenAI SDK (chat, whole
+    and streamed; Responses ``input_tokens_details``), the Anthropic SDK (``cache_read_input_tokens``,
+    ``input_tokens`` the rest, whole and streamed) and google-genai (``cached_content_token_count``)
+    each read the backend's figure, and every captured step holds it as ``usage.cached_tokens``."""
+    from google import genai
+    from google.genai import types as genai_types
+
+    s = await stack(prefix_cache_block=16)
+    rid, key = await s.rollout(tmp_path)
+    system = "You fix bugs in Python repositories. " * 12
+    oa, an = s.openai(rid, key), s.anthropic(rid, key)
+    gem = genai.Client(api_key=key, http_options=genai_types.HttpOptions(
+        base_url=f"{s.url}/proxy/{rid}", retry_options=genai_types.HttpRetryOptions(attempts=1)))
+    first = await oa.chat.completions.create(model="m", messages=[{"role": "system", "content": system},
+                                                                  {"role": "user", "content": "fix the median"}])
+    streamed = await oa.chat.completions.create(model="m", stream=True, stream_options={"include_usage": True},
+                                                messages=[{"role": "system", "content": system},
+                                                          {"role": "user", "content": "fix the mean"}])
+    chat_usage = [c.usage async for c in streamed if c.usage][-1]
+    whole = await an.messages.create(model="claude-arena", max_tokens=300, system=system,
+                                     messages=[{"role": "user", "content": "fix the mode"}])
+    async with an.messages.stream(model="claude-arena", max_tokens=300, system=system,
+                                  messages=[{"role": "user", "content": "fix the range"}]) as stream:
+        final = await stream.get_final_message()
+    resp = await oa.responses.create(model="m", instructions=system, input="fix the variance")
+    gen = await gem.aio.models.generate_content(model="gemini-2.5-pro", contents="fix the sum",
+                                                config=genai_types.GenerateContentConfig(system_instruction=system))
+
+    steps = await s.steps(rid, 6)
+    wire = [wire_cached(raw) for raw in s.backends["default"].bodies]
+    assert [st.usage.cached_tokens for st in steps] == wire
+    assert wire[0] == 0 and all(n >= 16 * 20 for n in wire[1:])  # the shared system prompt, in whole blocks
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert chat_usage.prompt_tokens_details.cached_tokens == wire[1]
+    assert (whole.usage.cache_read_input_tokens, whole.usage.input_tokens) == (
+        wire[2], steps[2].usage.prompt_tokens - wire[2])
+    assert (final.usage.cache_read_input_tokens, final.usage.input_tokens) == (
+        wire[3], steps[3].usage.prompt_tokens - wire[3])
+    assert resp.usage.input_tokens_details.cached_tokens == wire[4]
+    assert resp.usage.input_tokens == steps[4].usage.prompt_tokens
+    assert gen.usage_metadata.cached_content_token_count == wire[5]
+    assert gen.usage_metadata.prompt_token_count == steps[5].usage.prompt_tokens
 
 
 async def test_budgets_cap_then_refuse_and_end_the_rollout(stack, tmp_path):

@@ -6,6 +6,8 @@ transport: the real client library (parameter binding, raw inserts) on a real en
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -104,13 +106,47 @@ async def test_step_columns_hold_what_analytics_read(store):
         "FROM arena.steps FINAL WHERE rollout_id = {r:String} ORDER BY step_index", {"r": "cols"})]
     assert rows[0] | {"started_at": None} == {
         "rollout_id": "cols", "step_index": 0, "model": "m", "backend": "b0", "policy_version": "7",
-        "prompt_tokens": 2, "completion_tokens": 2, "finish_reason": "stop", "total_ms": 9.5,
+        "prompt_tokens": 2, "completion_tokens": 2, "cached_tokens": 0, "finish_reason": "stop", "total_ms": 9.5,
         "first_token_ms": 5.0, "queued_ms": 1.0, "mean_logprob": -1.0, "min_logprob": -1.75, "sum_logprob": -3.0,
         "num_logprobs": 3, "tool_calls": 2, "started_at": None, "ms": 1_700_000_000_125, "body_len": len(msgspec.json.encode(with_lp))}
     assert rows[1]["mean_logprob"] is None and rows[1]["min_logprob"] is None and rows[1]["num_logprobs"] == 0
     assert rows[1]["tool_calls"] == 0
     assert rows[1]["policy_version"] == "" and rows[1]["finish_reason"] == "" and rows[1]["ms"] == 1_700_000_001_125
     assert await store.steps_for("cols") == [with_lp, without]
+
+
+async def test_cached_tokens_are_columns_of_steps_and_trajectories_and_an_older_table_gains_them(tmp_path):
+    """Tables made before ``cached_tokens`` existed gain the columns on ``init`` (their rows read 0);
+    a step's prefix-cache hits land in ``steps.cached_tokens`` and their sum in ``trajectories``."""
+    import json
+
+    from arena_trajectory.tables import DDL, MIGRATIONS
+
+    backend = ChdbBackend(tmp_path / "clickhouse")
+    older = TrajectoryStore(backend)
+    for sql in DDL + tuple(m for m in MIGRATIONS if "cached_tokens" not in m):  # an earlier release's tables
+        await asyncio.to_thread(backend.execute, sql)
+    old_row = {"rollout_id": "old", "step_index": 0, "model": "m", "backend": "b0", "policy_version": "",
+               "prompt_tokens": 9, "completion_tokens": 1, "finish_reason": "stop", "total_ms": 1.0,
+               "first_token_ms": 1.0, "queued_ms": 0.0, "started_at": 1_700_000_000.0,
+               "body": json.dumps(msgspec.to_builtins(step("old", 0)))}
+    await older._insert("steps", [old_row])  # noqa: SLF001 - a row as the earlier release wrote it
+    await older.init()  # the migrations: the columns are added
+    cached = msgspec.structs.replace(step("new", 0), usage=Usage(prompt_tokens=40, completion_tokens=2,
+                                                                 total_tokens=42, cached_tokens=32))
+    await older.insert_steps([cached])
+    t = assembler.assemble(RolloutStateChanged(rollout_id="new", task_id="t1", from_state=RolloutState.VERIFYING,
+                                               to_state=RolloutState.COMPLETED, at=1_700_000_100.0, steps=2),
+                           [cached, msgspec.structs.replace(step("new", 1), usage=Usage(
+                               prompt_tokens=50, completion_tokens=2, total_tokens=52, cached_tokens=48))], None, None)
+    await older.insert_trajectory(t)
+    rows = {(r["rollout_id"], r["step_index"]): r["cached_tokens"] for r in map(json.loads, await older.select(
+        "SELECT rollout_id, step_index, cached_tokens FROM arena.steps FINAL"))}
+    assert rows == {("new", 0): 32, ("new", 1): 48, ("old", 0): 0}
+    [row] = [json.loads(r) for r in await older.select("SELECT cached_tokens FROM arena.trajectories FINAL")]
+    assert int(row["cached_tokens"]) == 80
+    assert [s.usage.cached_tokens for s in (await older.trajectory("new")).steps] == [32, 48]
+    await older.close()
 
 
 @pytest.mark.parametrize("bad", [{"step_index": -1}, {"step_index": 2**32}, {"started_at": float("inf")},

@@ -20,8 +20,10 @@ def attempt_cost(traj: Trajectory) -> AttemptCost:
     """A try's tokens (every captured step of the policy; every judge call) and seconds."""
     prompt = sum(s.usage.prompt_tokens for s in traj.steps)
     completion = sum(s.usage.completion_tokens for s in traj.steps)
+    cached = sum(s.usage.cached_tokens for s in traj.steps)
     judge_prompt: dict[str, int] = {}
     judge_completion: dict[str, int] = {}
+    judge_cached: dict[str, int] = {}
     judge_calls = 0
     verify_s = 0.0
     if traj.verification is not None:
@@ -32,6 +34,8 @@ def attempt_cost(traj: Trajectory) -> AttemptCost:
             usage = call.usage
             judge_prompt[call.model] = judge_prompt.get(call.model, 0) + (usage.prompt_tokens if usage else 0)
             judge_completion[call.model] = judge_completion.get(call.model, 0) + (usage.completion_tokens if usage else 0)
+            if usage and usage.cached_tokens:
+                judge_cached[call.model] = judge_cached.get(call.model, 0) + usage.cached_tokens
     submitted = traj.history[0].at if traj.history else 0.0
     agent_s = queue_s = 0.0
     if traj.sandbox is not None:
@@ -40,16 +44,19 @@ def attempt_cost(traj: Trajectory) -> AttemptCost:
             queue_s = max(0.0, traj.sandbox.started_at - submitted)
     wall_s = max(0.0, traj.completed_at - submitted) if submitted and traj.completed_at else 0.0
     return AttemptCost(llm_calls=len(traj.steps), prompt_tokens=prompt, completion_tokens=completion,
-                       judge_calls=judge_calls, judge_prompt_tokens=judge_prompt,
-                       judge_completion_tokens=judge_completion, queue_s=queue_s, agent_s=agent_s,
+                       cached_tokens=cached, judge_calls=judge_calls, judge_prompt_tokens=judge_prompt,
+                       judge_completion_tokens=judge_completion, judge_cached_tokens=judge_cached, queue_s=queue_s, agent_s=agent_s,
                        verify_s=verify_s, wall_s=wall_s)
 
 
 class ModelPrice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Dollars per million tokens for one model name (as the rollouts and judges name it)."""
+    """Dollars per million tokens for one model name (as the rollouts and judges name it).
+    ``cached_input_per_mtok``: prompt tokens the backend served from its prefix cache; unset:
+    they are priced as any prompt token."""
 
     input_per_mtok: float
     output_per_mtok: float
+    cached_input_per_mtok: float | None = None
 
 
 class PriceTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,11 +81,14 @@ def read_prices(path: str | Path | None) -> PriceTable:
         raise InvalidRequest(f"price table {path}: {exc} (see docs/evaluation.md, Cost)") from None
 
 
-def _money(prices: PriceTable, model: str, prompt: int, completion: int) -> float | None:
+def _money(prices: PriceTable, model: str, prompt: int, completion: int, cached: int = 0) -> float | None:
+    """``cached`` is part of ``prompt``: at the cached rate where the table gives one."""
     price = prices.models.get(model)
     if price is None:
         return None if prompt or completion else 0.0
-    return (prompt * price.input_per_mtok + completion * price.output_per_mtok) / 1e6
+    cached = min(cached, prompt) if price.cached_input_per_mtok is not None else 0
+    return ((prompt - cached) * price.input_per_mtok + cached * (price.cached_input_per_mtok or 0.0)
+            + completion * price.output_per_mtok) / 1e6
 
 
 class CostSummary(msgspec.Struct, kw_only=True):
@@ -89,9 +99,11 @@ class CostSummary(msgspec.Struct, kw_only=True):
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens
     judge_calls: int = 0
     judge_prompt_tokens: int = 0
     judge_completion_tokens: int = 0
+    judge_cached_tokens: int = 0  # of judge_prompt_tokens
     agent_s: float = 0.0
     verify_s: float = 0.0
     wall_s: float = 0.0
@@ -126,18 +138,21 @@ def summarize_cost(tries: Iterable[AttemptFinished], prices: PriceTable) -> Cost
         out.llm_calls += c.llm_calls
         out.prompt_tokens += c.prompt_tokens
         out.completion_tokens += c.completion_tokens
+        out.cached_tokens += c.cached_tokens
         out.judge_calls += c.judge_calls
+        out.judge_cached_tokens += sum(c.judge_cached_tokens.values())
         out.judge_prompt_tokens += sum(c.judge_prompt_tokens.values())
         out.judge_completion_tokens += sum(c.judge_completion_tokens.values())
         out.agent_s += c.agent_s
         out.verify_s += c.verify_s
         out.wall_s += c.wall_s
-        agent = _money(prices, t.model, c.prompt_tokens, c.completion_tokens)
+        agent = _money(prices, t.model, c.prompt_tokens, c.completion_tokens, c.cached_tokens)
         if agent is None:
             unpriced.add(t.model)
         out.agent_usd = _add(out.agent_usd, agent)
         for judge in c.judge_prompt_tokens.keys() | c.judge_completion_tokens.keys():
-            money = _money(prices, judge, c.judge_prompt_tokens.get(judge, 0), c.judge_completion_tokens.get(judge, 0))
+            money = _money(prices, judge, c.judge_prompt_tokens.get(judge, 0), c.judge_completion_tokens.get(judge, 0),
+                           c.judge_cached_tokens.get(judge, 0))
             if money is None:
                 unpriced.add(judge)
             out.judge_usd = _add(out.judge_usd, money)

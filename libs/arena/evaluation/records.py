@@ -60,9 +60,11 @@ class AttemptCost(msgspec.Struct, frozen=True, kw_only=True):
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those the backend served from its prefix cache
     judge_calls: int = 0
     judge_prompt_tokens: dict[str, int] = {}
     judge_completion_tokens: dict[str, int] = {}
+    judge_cached_tokens: dict[str, int] = {}
     queue_s: float = 0.0
     agent_s: float = 0.0
     verify_s: float = 0.0

@@ -165,16 +165,18 @@ def _tables(r: EvalReport) -> list[tuple[str, list[str], list[list[str]]]]:
                  f"{x.wins}/{x.losses}/{x.draws}"] for x in r.ratings]
         out.append(("Bradley–Terry (attempt i against attempt i on each task; Elo scale)",
                     ["MODEL", "RATING", "95% INTERVAL", "GAMES", "W/L/D"], rows))
-    rows = [[m.model, str(m.cost.tries), str(m.cost.prompt_tokens), str(m.cost.completion_tokens),
+    rows = [[m.model, str(m.cost.tries), str(m.cost.prompt_tokens), str(m.cost.cached_tokens),
+             str(m.cost.completion_tokens),
              f"{m.cost.agent_s:.1f}", _usd(m.cost.agent_usd), str(m.cost.judge_prompt_tokens
                                                                   + m.cost.judge_completion_tokens),
              _usd(m.cost.judge_usd), f"{m.cost.verify_s:.1f}", _usd(m.cost.total_usd)] for m in r.models]
     c = r.cost
-    rows.append(["(all)", str(c.tries), str(c.prompt_tokens), str(c.completion_tokens), f"{c.agent_s:.1f}",
+    rows.append(["(all)", str(c.tries), str(c.prompt_tokens), str(c.cached_tokens), str(c.completion_tokens),
+                 f"{c.agent_s:.1f}",
                  _usd(c.agent_usd), str(c.judge_prompt_tokens + c.judge_completion_tokens), _usd(c.judge_usd),
                  f"{c.verify_s:.1f}", _usd(c.total_usd)])
     out.append(("Cost (every try, infrastructure outcomes included; judge and verifier apart from the agent)",
-                ["MODEL", "TRIES", "PROMPT TOK", "COMPL TOK", "AGENT S", "AGENT $", "JUDGE TOK", "JUDGE $",
+                ["MODEL", "TRIES", "PROMPT TOK", "OF WHICH CACHED", "COMPL TOK", "AGENT S", "AGENT $", "JUDGE TOK", "JUDGE $",
                  "VERIFY S", "TOTAL $"], rows))
     rows = [[t.task_id, t.model, f"{t.successes}/{t.n}", _num(t.mean_reward), _num(t.pass_at_k),
              str(t.infrastructure), str(t.cost.prompt_tokens + t.cost.completion_tokens), f"{t.cost.wall_s:.1f}",

@@ -165,6 +165,10 @@ MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS duel_seed Int64 "
     "DEFAULT toInt64OrZero(JSONExtractString(body, 'metadata', 'arena.duel.seed'))",
     f"ALTER TABLE {DATABASE}.trajectories ADD INDEX IF NOT EXISTS idx_duel duel_id TYPE bloom_filter GRANULARITY 4",
+    # prompt tokens the backend served from its prefix cache (``Usage.cached_tokens``)
+    f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS cached_tokens UInt32 DEFAULT 0 AFTER completion_tokens",
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS cached_tokens UInt64 DEFAULT 0 "
+    "AFTER completion_tokens",
 )
 
 #: Storage tuning, applied after the migrations; a server too old to know a setting keeps
@@ -185,7 +189,7 @@ TABLES = ("steps", "sandbox_results", "verifications", "trajectories", "rollout_
 #: The ``steps`` columns in the order ``step_row`` writes them.
 STEP_COLUMNS: tuple[str, ...] = (
     "rollout_id", "step_index", "model", "backend", "policy_version", "prompt_tokens", "completion_tokens",
-    "finish_reason", "total_ms", "first_token_ms", "queued_ms", "mean_logprob", "min_logprob", "sum_logprob",
+    "cached_tokens", "finish_reason", "total_ms", "first_token_ms", "queued_ms", "mean_logprob", "min_logprob", "sum_logprob",
     "num_logprobs", "tool_calls", "started_at", "body",
 )
 #: ``steps`` rows go in as ``RowBinary``: a step's body is copied as it arrived instead of
@@ -199,7 +203,7 @@ class RowError(ValueError):
 
 
 _U32 = struct.Struct("<I")
-_U32x2 = struct.Struct("<II")
+_U32x3 = struct.Struct("<III")
 # total_ms, first_token_ms, queued_ms, [not null, mean_logprob], [not null, min_logprob], sum, n,
 # tool_calls, started_at (ms)
 _TAIL_LOGPROBS = struct.Struct("<dddBdBddIIq")
@@ -263,7 +267,8 @@ def step_row(step: Step, *, body: msgspec.Raw | bytes | None = None) -> bytes:
                                           1, 1, 0.0, 0, len(step.tool_calls), started_ms)
         return b"".join((
             _label(step.rollout_id), _U32.pack(step.step_index), _label(step.model), _label(step.backend),
-            _label(step.policy_version or ""), _U32x2.pack(usage.prompt_tokens, usage.completion_tokens),
+            _label(step.policy_version or ""), _U32x3.pack(usage.prompt_tokens, usage.completion_tokens,
+                                                                     usage.cached_tokens),
             _label(step.finish_reason or ""), tail, _length(len(body)), body,  # body joined as it is, not copied first
         ))
     except (struct.error, OverflowError, ValueError) as exc:  # out of range, inf/NaN time, lone surrogate
@@ -345,6 +350,7 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "step_indexes": [s.step_index for s in t.steps],
         "prompt_tokens": sum(s.usage.prompt_tokens for s in t.steps),
         "completion_tokens": sum(s.usage.completion_tokens for s in t.steps),
+        "cached_tokens": sum(s.usage.cached_tokens for s in t.steps),
         "started_at": started,
         "completed_at": t.completed_at,
         "stored_at": time.time() if stored_at is None else stored_at,

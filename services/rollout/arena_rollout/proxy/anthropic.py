@@ -138,8 +138,21 @@ def from_openai(answer: dict[str, Any], *, model: str) -> dict[str, Any]:
     usage = answer.get("usage") or {}
     return {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": reason, "stop_sequence": sequence,
-            "usage": {"input_tokens": int(usage.get("prompt_tokens") or 0),
-                      "output_tokens": int(usage.get("completion_tokens") or 0)}}
+            "usage": _usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                            _cached(usage))}
+
+
+def _cached(usage: dict[str, Any]) -> int:
+    """The backend's prefix-cache hits (OpenAI's ``prompt_tokens_details.cached_tokens``)."""
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the cache
+    (the prompt is ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``)."""
+    cached = min(cached, prompt)
+    return {"input_tokens": prompt - cached, "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0,
+            "output_tokens": completion}
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -164,6 +177,7 @@ class StreamTranslator:
         self.stop: Any = None
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached_tokens = 0
 
     @staticmethod
     def error(message: str) -> bytes:
@@ -195,6 +209,7 @@ class StreamTranslator:
         if chunk.get("usage"):
             self.input_tokens = int(chunk["usage"].get("prompt_tokens") or self.input_tokens)
             self.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+            self.cached_tokens = _cached(chunk["usage"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -222,8 +237,8 @@ class StreamTranslator:
         reason, sequence = stop_reason(self.finish, self.stop)
         out.append(_event("message_delta", {"type": "message_delta",
                                             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                            "usage": {"input_tokens": self.input_tokens,
-                                                      "output_tokens": self.output_tokens}}))
+                                            "usage": _usage(self.input_tokens, self.output_tokens,
+                                                            self.cached_tokens)}))
         out.append(_event("message_stop", {"type": "message_stop"}))
         return out
 

@@ -183,7 +183,11 @@ class Capture:
         prompt = int(raw.get("prompt_tokens") or (len(self.prompt_ids) if self.prompt_ids else 0))
         completion = int(raw.get("completion_tokens") or len(self.completion_ids))
         total = int(raw.get("total_tokens") or 0) or prompt + completion
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+        # the backend speaks chat completions whatever API the agent used (the translated APIs
+        # report this same figure in their own fields: anthropic.py, responses.py, gemini.py)
+        cached = int((raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total,
+                     cached_tokens=min(cached, prompt))
 
     def to_step(self, *, rollout_id: str, step_index: int, api: Api, request: dict[str, Any],
                 applied: SamplingParams, backend: str, replica: str | None, policy_version: str | None,

@@ -198,7 +198,11 @@ def _args(arguments: str) -> Any:
 def _usage(usage: dict[str, Any] | None) -> dict[str, int]:
     usage = usage or {}
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    return {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion}
+    out = {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion}
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if cached:  # of promptTokenCount, those read from the backend's prefix cache
+        out["cachedContentTokenCount"] = min(cached, prompt)
+    return out
 
 
 def _candidate(parts: list[dict[str, Any]], finish: str | None) -> dict[str, Any]:
