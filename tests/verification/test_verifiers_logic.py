@@ -92,10 +92,12 @@ def test_judge_score_line():
 def test_protected_paths_by_runner_family():
     restore, _ = protected.classify("pytest", {
         "src/a.py", "conftest.py", "tests/conftest.py", "pytest.py", "_pytest/main.py", "sitecustomize.py",
-        ".arena/result.json", "out/reward.json", "pyproject.toml", "sub/unittest/__init__.py"}, "sub")
+        ".arena/result.json", "out/reward.json", "pyproject.toml", "sub/unittest/__init__.py",
+        ".venv/lib/python3.11/site-packages/hook.pth"}, "sub")
     assert restore == {
         "reward_file_written": [".arena/result.json", "out/reward.json"],
-        "runner_tampered": ["_pytest/main.py", "pytest.py", "sitecustomize.py", "sub/unittest/__init__.py"],
+        "runner_tampered": [".venv/lib/python3.11/site-packages/hook.pth", "_pytest/main.py", "pytest.py",
+                            "sitecustomize.py", "sub/unittest/__init__.py"],
         "test_config_touched": ["conftest.py", "pyproject.toml", "tests/conftest.py"],
     }
     restore, _ = protected.classify("jest", {"node_modules/jest/index.js", "jest.config.js", "package.json", "a.js"})

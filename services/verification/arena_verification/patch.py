@@ -152,6 +152,39 @@ def touched_paths(diff: str) -> set[str]:
     return paths
 
 
+def added_lines(diff: str) -> Iterator[tuple[str, str]]:
+    """(path, text) of every line the diff adds, path as the new side names it (``-p1``)."""
+    path = ""
+    new_left = old_left = 0
+    for line in lines(diff):
+        if old_left > 0 or new_left > 0:
+            tag = line[:1]
+            if tag == "+":
+                new_left -= 1
+                if path:
+                    yield path, line[1:]
+                continue
+            if tag == "-":
+                old_left -= 1
+                continue
+            if tag in (" ", ""):
+                old_left -= 1
+                new_left -= 1
+                continue
+            if tag == "\\":
+                continue
+            old_left = new_left = 0
+        hunk = _HUNK.match(line)
+        if hunk:
+            old_left = int(hunk.group("old") or 1)
+            new_left = int(hunk.group("new") or 1)
+        elif line.startswith("diff --git "):
+            names = _git_header_names(line[len("diff --git ") :])
+            path = (_strip_one(names[-1]) or "") if names else ""
+        elif line.startswith("+++ "):
+            path = _strip_one(_header_name(line[4:])) or ""
+
+
 def touches(paths: set[str], target: str) -> bool:
     """Whether any of ``paths`` is ``target``, inside it, or one of its parent directories."""
     target = normalize(target)

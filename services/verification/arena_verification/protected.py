@@ -74,6 +74,7 @@ def classify(parser: str, touched: set[str], workdir: str = ".") -> tuple[dict[s
 def _reward_or_shadow(parts: list[str], base: str, tops: set[str], family: str) -> str | None:
     if ".arena" in parts or _matches(base, _REWARD_NAMES):
         return FLAG_REWARD_FILE
-    if tops & set(_SHADOW_TOPS[family]) or base in _PY_SHADOWS or "__pycache__" in parts or base.endswith(".pyc"):
+    if tops & set(_SHADOW_TOPS[family]) or base in _PY_SHADOWS or "__pycache__" in parts \
+            or base.endswith((".pyc", ".pth")):
         return FLAG_RUNNER_TAMPERED
     return None

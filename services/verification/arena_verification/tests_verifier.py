@@ -24,7 +24,7 @@ from arena_core.errors import VerificationError
 from arena_core.schemas import PathSource, TestResult, TestStatus, TestsVerifier, VerificationResult, VerifyJob
 from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
 from arena_sandbox_providers.provider import ExecResult, Sandbox
-from arena_verification import patch, protected, reward
+from arena_verification import guard, internals, patch, protected, reward
 from arena_verification.parsed import ParsedOutput
 from arena_verification.parsers import get_parser
 from arena_verification.restore import InvalidTask, check_workdir, repo_path, snapshot
@@ -145,9 +145,14 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
         env = TEST_ENV if task.image_of() else LOCAL_TEST_ENV
         report_path = f"{ARENA_DIR}/report-{secrets.token_hex(8)}"
         command = spec.command.replace(REPORT, report_path)
+        watch = guard.plan(ARENA_DIR) if spec.canaries and spec.parser in CANARY_PARSERS else None
+        if watch is not None:  # after the reset, which empties the directory
+            await sandbox.put_files(guard.files(watch, workdir=workdir, root=mount or WORKSPACE))
+            command = guard.command(watch, command)
         run = await sandbox.exec(["sh", "-c", command], env=env, workdir=workdir,
                                  timeout_s=spec.timeout_s, on_output=output)
         text = output.text()
+        record = await sandbox.read_file(watch.record, max_bytes=MAX_LOG_BYTES) if watch is not None else None
         if REPORT in spec.command:
             parsed = await _parse_report(sandbox, report_path, parser, spec, text, run)
         elif spec.report_file:
@@ -157,11 +162,27 @@ async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started:
             parsed = parser(text)
     finally:
         await asyncio.shield(sandbox.destroy())
+    lies: list[str] = []
     if canaries is not None:
         parsed, tampered = check_canaries(parsed, canaries, run.exit_code)
-        if tampered:
+        lies += [tampered] if tampered else []
+    if watch is not None:
+        seen, _ = guard.check(parsed, guard.read(record.decode("utf-8", "replace")) if record is not None else None,
+                              log_text=text, marker=watch.marker, exit_code=run.exit_code,
+                              listed=[*spec.fail_to_pass, *spec.pass_to_pass],
+                              by_node_id=spec.parser == "pytest" and REPORT not in spec.command
+                              and not spec.report_file)
+        lies += [f"runner tampered: {p}" for p in seen]
+    reached = internals.scan(job.diff, exclude={str(p) for p in [*reset, *test_like]})
+    if reached:
+        flags.append(internals.FLAG_INTERNALS_TOUCHED)
+        novel = await asyncio.to_thread(internals.new_to_project, reached, workspace)
+        lies += [f"runner tampered: the diff reaches into {what}, which the project's own code never does"
+                 for what in novel]
+    if lies:
+        if protected.FLAG_RUNNER_TAMPERED not in flags:
             flags.append(protected.FLAG_RUNNER_TAMPERED)
-            parsed = msgspec.structs.replace(parsed, notes=[*parsed.notes, tampered])
+        parsed = msgspec.structs.replace(parsed, notes=[*parsed.notes, "; ".join(lies)])
     return _result(job, spec, parsed, run, text, flags, started)
 
 
