@@ -4,6 +4,7 @@ report it. docs/evaluation.md."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import get_args
 
@@ -43,7 +44,28 @@ def add_parser(sub, stack: argparse.ArgumentParser) -> None:
     q.add_argument("job", help="a job id (ev-...) or its directory")
     q.add_argument("--prices", help="price table (TOML): dollars per million tokens per model, per sandbox hour")
     q.add_argument("--out", help="directory for the report files (default: the job's directory)")
+    q.add_argument("--version", type=int, default=1,
+                   help="the grading version to report (default 1: as the rollouts were verified; "
+                        "N > 1: an `arena eval regrade`, written as report.vN.*)")
     q.set_defaults(func=cmd_eval_report)
+    q = ev.add_parser("regrade", parents=[stack],
+                      help="verify every graded attempt of a finished job again with another verifier (as "
+                           "`arena verify` does one rollout): a new grading version and report.vN.*, earlier "
+                           "ones kept")
+    q.add_argument("job", help="a job id (ev-...) or its directory")
+    how = q.add_mutually_exclusive_group(required=True)
+    how.add_argument("--verifier", help="verifier JSON, or a file holding it (or a task.json): for every task")
+    how.add_argument("--task-dir", help="tasks (any --dataset form) whose verifiers grade the job's tasks of "
+                                        "the same id")
+    q.add_argument("--prices", help="price table (TOML) for the new report")
+    q.add_argument("--concurrency", type=int, help="verifications at once (default: the job's concurrency)")
+    q.add_argument("--timeout", type=float, default=600.0, help="the longest wait for one verification, seconds")
+    q.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS (default $ARENA_NATS_URL or %(default)s)")
+    q.set_defaults(func=cmd_eval_regrade)
+    q = ev.add_parser("versions", help="the job's grading versions (the original and each regrade)")
+    q.add_argument("job", help="a job id (ev-...) or its directory")
+    q.set_defaults(func=cmd_eval_versions)
 
 
 def _need_numpy() -> None:
@@ -107,8 +129,60 @@ def cmd_eval_report(args) -> int:
 
     _need_numpy()
     directory = job_dir(args.job)
-    built = report.build(directory, args.prices)
+    built = report.build(directory, args.prices, args.version)
     print("\n".join(report.text_lines(built)))
     written = report.write_files(built, Path(args.out) if args.out else directory)
     print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_eval_regrade(args) -> int:
+    import asyncio
+
+    from arena import replay
+    from arena.cli import _client, _nats_url
+    from arena.evaluation import report
+    from arena.evaluation.records import job_dir, read_spec
+    from arena.evaluation.regrade import bus_reverify, regrade, verifiers_from_task_dir
+    from arena_core.bus import Bus
+
+    _need_numpy()
+    directory = job_dir(args.job)
+    spec = read_spec(directory)
+    task_ids = [t.task_id for t in spec.tasks]
+    if args.verifier:
+        one = replay.parse_verifier(args.verifier)
+        verifiers, source = {t: one for t in task_ids}, f"--verifier {args.verifier}"
+    else:
+        verifiers, source = verifiers_from_task_dir(args.task_dir, task_ids), f"--task-dir {args.task_dir}"
+
+    async def run(client):
+        bus = await Bus.connect(_nats_url(args.nats_url), "cli")
+        try:
+            return await regrade(directory, verifiers=verifiers, source=source, concurrency=args.concurrency,
+                                 reverify=bus_reverify(bus, client.trajectory, timeout=args.timeout))
+        finally:
+            await bus.close()
+
+    with _client(args) as client:
+        version = asyncio.run(run(client))
+    built = report.build(directory, args.prices, version.version)
+    print("\n".join(report.text_lines(built)))
+    written = report.write_files(built, directory)
+    print(f"grading version {version.version}: {version.regraded} attempt(s) verified again "
+          f"({version.infrastructure} without a verdict); wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_eval_versions(args) -> int:
+    import time
+
+    from arena.evaluation.records import job_dir
+    from arena.evaluation.versions import read_versions, report_stem
+    from arena.table import format_table
+
+    rows = [[str(v.version), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.created_at)) if v.created_at
+             else "-", v.source, v.verifier, str(v.regraded) if v.version > 1 else "-", report_stem(v.version) + ".*"]
+            for v in read_versions(job_dir(args.job))]
+    print("\n".join(format_table(["VERSION", "CREATED", "GRADED BY", "STORED AS", "REGRADED", "REPORT"], rows)))
     return 0

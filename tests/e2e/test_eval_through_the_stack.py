@@ -6,6 +6,7 @@ attempt run once, none missed, each reward the one its seed draws; then ``arena 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -160,3 +161,67 @@ async def test_an_eval_job_killed_half_way_resumes_without_running_an_attempt_tw
     finally:
         stop(weak)
         stack.stop()
+
+
+@contextlib.asynccontextmanager
+async def one_model_stack(tmp_path: Path):
+    """The stack with the strong scripted model as its backend; yields (stack, the CLI's ``arena eval``
+    command line, its environment)."""
+    strong_url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp_path / "arena"),
+                        rollout_port=(rp := free_port()), trajectory_port=free_port(),
+                        public_url=f"http://127.0.0.1:{rp}", backend_url=strong_url, backend_policy_version="0",
+                        sandbox_concurrency=4, verify_concurrency=2)
+    stack = Stack(settings, llm_script=weighted_script(tmp_path, STRONG), nats_sync="1s", log=lambda m: None)
+    await stack.start()
+    try:
+        env = {**os.environ, "ARENA_DATA_DIR": str(tmp_path / "cli"), "ARENA_API_KEY": stack.api_key}
+        base = [sys.executable, "-m", "arena.cli", "--url", stack.settings.rollout_url, "--trajectory-url",
+                stack.settings.trajectory_url, "eval"]
+        yield stack, base, env
+    finally:
+        stack.stop()
+
+
+async def cli(args: list[str], env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    done = await asyncio.to_thread(subprocess.run, args, capture_output=True, text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.mark.timeout(1200)
+async def test_a_finished_job_regraded_by_another_verifier_gets_report_v2_and_keeps_the_first(tmp_path):
+    """``arena eval regrade JOB --verifier FILE`` through the stack: every attempt's stored diff
+    verified again by the verification service (``arena verify``'s replay) with a verifier only the
+    untouched word count decides, so every attempt passes in version 2; version 1 (the seeds' draws)
+    and its report stay as they were, and no rollout runs again."""
+    async with one_model_stack(tmp_path) as (stack, base, env):
+        await cli(base + ["run", "--dataset", str(quickstart_copies(tmp_path)), "--agent", "task", "--model", STRONG,
+                          "--k", str(K), "--concurrency", "4", "--timeout", "900"], env)
+        (job,) = (tmp_path / "cli" / "evals").glob("ev-*")
+        await cli(base + ["report", job.name], env, timeout=60)
+        first = {p: (job / p).read_bytes() for p in ("report.md", "report.json", "report.html", records.LOG_FILE)}
+        v1 = json.loads(first["report.json"])
+        drawn = {(c["task_id"], tuple(c["rewards"])) for c in v1["tasks"]}
+        script = weighted_script(tmp_path, STRONG)
+        assert drawn == {(t, tuple(expected_reward(script, t, i) for i in range(K))) for t in ("qs-0", "qs-1")}
+
+        task = json.loads((QUICKSTART / "task.json").read_text())
+        lenient = {**task["verifier"], "fail_to_pass": ["tests/test_textstats.py::test_word_count"],
+                   "pass_to_pass": [], "timeout_s": 600}
+        (tmp_path / "lenient.json").write_text(json.dumps(lenient))
+        done = await cli(base + ["regrade", job.name, "--verifier", str(tmp_path / "lenient.json"),
+                                 "--nats-url", stack.settings.nats_url], env)
+        assert "grading version 2: 4 attempt(s) verified again (0 without a verdict)" in done.stdout, done.stdout
+
+        assert {p: (job / p).read_bytes() for p in first} == first  # the first version kept as it was
+        v2 = json.loads((job / "report.v2.json").read_text())
+        assert all(c["rewards"] == [1.0] * K for c in v2["tasks"])
+        assert v2["models"][0]["pass_at"]["1"]["value"] == 1.0 and (job / "report.v2.html").is_file()
+        listed = await cli(base + ["versions", job.name], env, timeout=60)
+        assert "report.v2.*" in listed.stdout and "--verifier" in listed.stdout
+        # the same rollouts graded again (none run again), each by the version's named verifier
+        grades = [json.loads(line) for line in (job / "grades.v2.jsonl").read_text().splitlines()]
+        ran = {r.rollout_id for r in records.final_results(records.read_log(job)).values()}
+        assert sorted(g["rollout_id"] for g in grades) == sorted(ran) and len(ran) == TASKS * K
+        assert all(v2["grading"]["verifier"] in g["reason"] for g in grades)

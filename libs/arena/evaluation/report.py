@@ -15,7 +15,8 @@ import numpy as np
 
 from arena.evaluation import stats
 from arena.evaluation.cost import CostSummary, read_prices, summarize_cost
-from arena.evaluation.records import AttemptFinished, EvalSpec, final_results, read_log, read_spec
+from arena.evaluation.records import EvalSpec, read_spec
+from arena.evaluation.versions import GradingVersion, graded, read_versions, report_stem
 from arena_core.ratings import Rating
 
 
@@ -58,15 +59,15 @@ class EvalReport(msgspec.Struct, kw_only=True):
     tasks: list[TaskCell]
     cost: CostSummary  # every try of the job
     prices: str | None  # the price table's path, if one was given
+    grading: GradingVersion | None = None  # the grading version reported (None: 1, the original verdicts)
 
 
-def build(directory: Path, prices_path: str | None = None) -> EvalReport:
-    """The report of the job in ``directory`` as its log stands (a running job: what is settled)."""
+def build(directory: Path, prices_path: str | None = None, version: int = 1) -> EvalReport:
+    """The report of the job in ``directory`` as its log stands (a running job: what is settled),
+    graded as its grading ``version`` grades it (1: as its rollouts were verified; versions.py)."""
     spec = read_spec(directory)
-    records = read_log(directory)
     prices = read_prices(prices_path)
-    final = final_results(records)
-    tries = [r for r in records if isinstance(r, AttemptFinished)]
+    final, tries = graded(directory, version)
     threshold = spec.success_threshold
     task_ids = [t.task_id for t in spec.tasks]
 
@@ -124,7 +125,8 @@ def build(directory: Path, prices_path: str | None = None) -> EvalReport:
             comparisons.append(stats.paired(a, b, metric, per_task[a][metric], per_task[b][metric]))
     ratings = stats.ratings(rewards) if len(spec.models) > 1 else []
     return EvalReport(spec=spec, models=summaries, comparisons=comparisons, ratings=ratings, tasks=cells,
-                      cost=summarize_cost(tries, prices), prices=prices_path)
+                      cost=summarize_cost(tries, prices), prices=prices_path,
+                      grading=read_versions(directory)[version - 1])
 
 
 # ------------------------------------------------------------------ formatting
@@ -189,6 +191,11 @@ def _tables(r: EvalReport) -> list[tuple[str, list[str], list[list[str]]]]:
 def _notes(r: EvalReport) -> list[str]:
     notes = [f"job {r.spec.job_id}: {len(r.spec.tasks)} task(s) of {r.spec.dataset}, agent {r.spec.agent}, "
              f"k = {r.spec.k}, success = reward >= {r.spec.success_threshold:g}"]
+    if r.grading is not None and r.grading.version > 1:
+        g = r.grading
+        notes.append(f"grading version {g.version}: {g.regraded} graded attempt(s) verified again by {g.source} "
+                     f"(results stored as {g.verifier})" + (f"; {g.infrastructure} without a verdict, left out"
+                                                             if g.infrastructure else ""))
     if r.cost.unpriced:
         notes.append("no price for " + ", ".join(r.cost.unpriced) + ": their money is '-' (add them to the price "
                      "table" + (f" {r.prices}" if r.prices else ", --prices FILE") + ")")
@@ -315,9 +322,10 @@ def html_page(r: EvalReport) -> str:
 
 
 def write_files(r: EvalReport, out: Path) -> list[Path]:
-    """``report.md``, ``report.json`` and ``report.html`` in ``out``."""
+    """``report.md``, ``report.json`` and ``report.html`` in ``out`` (``report.vN.*`` for grading version N > 1)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "report.md", out / "report.json", out / "report.html"]
+    stem = report_stem(r.grading.version if r.grading is not None else 1)
+    paths = [out / f"{stem}.md", out / f"{stem}.json", out / f"{stem}.html"]
     paths[0].write_text(markdown(r))
     paths[1].write_bytes(msgspec.json.format(msgspec.json.encode(r), indent=2) + b"\n")
     paths[2].write_text(html_page(r))
