@@ -75,6 +75,10 @@ def _kind(exc_type):
 # --------------------------------------------------------------------------- integrity
 
 _WATCHED = ("_pytest", "pluggy", "unittest")
+#: Checked after every test (the rest, at the session's end): where reports are made and written.
+_HOT = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_pytest.python", "_pytest.unittest",
+        "_pytest.skipping", "_pytest.junitxml", "_pytest.main", "_pytest.outcomes", "_pytest._io.terminalwriter",
+        "pluggy._callers", "pluggy._hooks", "pluggy._result", "pluggy.callers", "pluggy.hooks")
 _state = {"snapshot": None, "hooks": None, "session": None, "reported": set(), "items": {}}
 _HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
           "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_report_teststatus", "pytest_pyfunc_call",
@@ -85,10 +89,12 @@ _HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_cal
 def _snapshot():
     """(holder dict, key, object) for every function and class of the watched modules (and the
     functions of their classes), builtins, and the interpreter's exit paths."""
-    held = []
+    held, hot = [], []
     for name, module in list(_sys.modules.items()):
         if module is None or not (name == "pytest" or name.split(".")[0] in _WATCHED):
             continue
+        if name in _HOT:
+            start = len(held)
         held.append((_sys.modules, name, module))
         space = getattr(module, "__dict__", None)
         if not isinstance(space, dict):
@@ -101,29 +107,32 @@ def _snapshot():
                         held.append((value.__dict__, attr, member))
             elif isinstance(value, (_FunctionType, _BuiltinType)):
                 held.append((space, key, value))
+        if name in _HOT:
+            hot += held[start:]
     import builtins as _builtins
     for key, value in list(vars(_builtins).items()):
         if isinstance(value, (type, _BuiltinType, _FunctionType)):
             held.append((vars(_builtins), key, value))
-    for module, key in ((_os, "_exit"), (_sys, "exit"), (_sys, "excepthook")):
-        held.append((vars(module), key, getattr(module, key, None)))
+    exits = [(vars(module), key, getattr(module, key, None)) for module, key in
+             ((_os, "_exit"), (_sys, "exit"), (_sys, "excepthook"))]
     try:
         import atexit as _atexit
-        held.append((vars(_atexit), "register", _atexit.register))
+        exits.append((vars(_atexit), "register", _atexit.register))
     except Exception:  # noqa: BLE001
         pass
-    return held, (_sys.gettrace(), _sys.getprofile())
+    return held + exits, hot + exits, (_sys.gettrace(), _sys.getprofile())
 
 
-def _changed():
-    """What changed since the snapshot: names of replaced objects, a trace/profile function set
-    from the repository's code, hook implementations registered from it (not a ``conftest.py``)."""
+def _changed(full):
+    """What changed since the snapshot (``full``: everything watched, else where reports are made):
+    names of replaced objects, a trace/profile function set from the repository's code, hook
+    implementations registered from it (not from a ``conftest.py``)."""
     snap = _state["snapshot"]
     if snap is None:
         return []
-    held, (trace, profile) = snap
+    held, hot, (trace, profile) = snap
     out = []
-    for space, key, value in held:
+    for space, key, value in (held if full else hot):
         try:
             now = space.get(key)
         except Exception:  # noqa: BLE001
@@ -181,8 +190,8 @@ def _new_hooks():
             for f in _hook_impls(config) - before if _in_repo(f)]
 
 
-def _report_changes(sid):
-    for what in _changed():
+def _report_changes(sid, full):
+    for what in _changed(full):
         if what not in _state["reported"]:
             _state["reported"].add(what)
             _emit("tampered", sid, what)
@@ -258,7 +267,7 @@ if _pytest_mod is not None and _ours:
             marked = 1 if item.get_closest_marker("xfail") is not None else 0
             _emit("test", _sid(config), item.nodeid, seen.get("setup", "-"), seen.get("call", "-"),
                   seen.get("teardown", "-"), marked)
-            _report_changes(_sid(config))
+            _report_changes(_sid(config), False)
         except Exception:  # noqa: BLE001
             pass
 
@@ -268,7 +277,7 @@ if _pytest_mod is not None and _ours:
         if _state["session"] is not config:
             return
         try:
-            _report_changes(_sid(config))
+            _report_changes(_sid(config), True)
         except Exception:  # noqa: BLE001
             pass
         _emit("end", _sid(config), int(exitstatus))
