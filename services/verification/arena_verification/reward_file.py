@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import posixpath
+import random
+import re
+import secrets
 import time
 from pathlib import Path, PurePosixPath
 
@@ -21,13 +23,18 @@ from arena_core.errors import VerificationError
 from arena_core.schemas import MinReward, PathSource, RewardFileVerifier, VerificationResult, VerifyJob
 from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
 from arena_verification.restore import InvalidTask
+from arena_verification.protected import FLAG_RUNNER_TAMPERED
 from arena_verification.tests_verifier import (
+    _TEST_DEF,
     ARENA_DIR,
     DIFF_FILE,
     TEST_ENV,
     WORKSPACE,
+    Canaries,
     Sandboxes,
     _apply,
+    _canary_body,
+    _canary_name,
     _Output,
     _tail,
 )
@@ -95,13 +102,12 @@ _PASSING = {"PASSED", "SKIPPED", "XFAIL"}
 _FAILING = {"FAILED", "XPASS", "ERROR"}
 
 
-def pytest_summary_failure(log: str) -> str:
-    """Why pytest's output fails Terminal-Bench v1's rule ("" when it passes): its short test
-    summary (``-rA``) must list at least one test and every one PASSED, SKIPPED or XFAIL (the
-    statuses Terminal-Bench's parser counts as passed). A FAILED line's `` - message`` is cut first."""
+def summary_statuses(log: str) -> dict[str, str] | None:
+    """Each test pytest's short test summary (``-rA``) lists, by name, with its status (a FAILED
+    line's `` - message`` cut first, as Terminal-Bench's parser cuts it); ``None`` without a summary."""
     parts = _SUMMARY.split(log, maxsplit=1)
     if len(parts) < 2:
-        return "no pytest short test summary in the test output (Terminal-Bench's rule needs -rA)"
+        return None
     statuses: dict[str, str] = {}
     for line in parts[1].splitlines():
         if line.startswith("FAILED") and " - " in line:
@@ -112,12 +118,80 @@ def pytest_summary_failure(log: str) -> str:
         name = words[1].strip().split("::", 1)[-1]
         if name:
             statuses[name] = words[0].strip(":")
+    return statuses
+
+
+def pytest_summary_failure(log: str, canaries: Canaries | None = None) -> str:
+    """Why pytest's output fails Terminal-Bench v1's rule ("" when it passes): its short test
+    summary (``-rA``) must list at least one test and every one PASSED, SKIPPED or XFAIL (the
+    statuses Terminal-Bench's parser counts as passed). With ``canaries`` (planted by
+    :func:`plan_summary_canaries`) the summary must also tell the truth about them (a reason
+    starting "runner tampered"), and they are not counted as the task's tests."""
+    statuses = summary_statuses(log)
+    if statuses is None:
+        return "no pytest short test summary in the test output (Terminal-Bench's rule needs -rA)"
+    if canaries is not None:
+        if (lie := canary_lie(statuses, canaries)):
+            return lie
+        planted = {name for must_fail, must_pass, _ in canaries.files.values() for name in (must_fail, must_pass)}
+        statuses = {name: status for name, status in statuses.items() if name not in planted}
     if not statuses:
         return "pytest's short test summary lists no test"
     failing = sorted(name for name, status in statuses.items() if status in _FAILING)
     if failing:
         return f"{len(failing)} of {len(statuses)} test(s) did not pass: {', '.join(failing[:5])}"
     return ""
+
+
+#: Options that stop pytest at a failure or select tests: a failing canary could end the run before
+#: the task's own tests, or be left out. A test file naming one gets no canaries.
+_NO_CANARIES = re.compile(r"(?<![\w-])(?:-x|--exitfirst|--maxfail|-k|--lf|--last-failed|--sw|--stepwise)(?![\w-])")
+_PY_TEST_FILE = re.compile(r"^(test_.*|.*_test)\.py$")
+
+
+def plan_summary_canaries(files: dict[str, bytes]) -> Canaries | None:
+    """For Terminal-Bench's rule: a test that must fail and one that must pass appended to (at most
+    three of) the task's Python test files, named and written like their own tests, so that code
+    under test rewriting pytest's reports from inside the test process is caught (as the ``tests``
+    verifier's canaries catch it). ``None`` when there is no such file, or a file of the tests stops
+    pytest early or selects tests (``-x``, ``--maxfail``, ``-k``, ...)."""
+    texts = {rel: data.decode("utf-8", errors="replace") for rel, data in files.items()}
+    if any(_NO_CANARIES.search(text) for text in texts.values()):
+        return None
+    targets = sorted(rel for rel in texts if _PY_TEST_FILE.match(PurePosixPath(rel).name))[:3]
+    if not targets:
+        return None
+    rng = random.Random(secrets.randbits(64))
+    # every test name of every file (the summary names a test without its file): a canary takes none
+    existing = {name for text in texts.values() for name in _TEST_DEF.findall(text)}
+    planned: dict[str, tuple[str, str, str]] = {}
+    for rel in targets:
+        must_fail, must_pass = _canary_name(existing, rng), _canary_name(existing, rng)  # each added to it
+        tests = [(must_fail, _canary_body(rng, fail=True)), (must_pass, _canary_body(rng, fail=False))]
+        rng.shuffle(tests)
+        planned[rel] = (must_fail, must_pass, "\n\n" + "\n\n".join(f"def {n}():\n    {b}\n" for n, b in tests))
+    return Canaries(files=planned)
+
+
+def with_canaries(files: dict[str, bytes], canaries: Canaries | None) -> dict[str, bytes]:
+    if canaries is None:
+        return files
+    return {rel: data + canaries.files[rel][2].encode() if rel in canaries.files else data
+            for rel, data in files.items()}
+
+
+def canary_lie(statuses: dict[str, str], canaries: Canaries) -> str:
+    """Why the summary lies about the canaries ("" if it does not): a must-fail canary listed as
+    anything but FAILED or ERROR, or missing while its must-pass sibling passed. A pair missing
+    altogether is a file the script did not run."""
+    problems = []
+    for rel, (must_fail, must_pass, _) in sorted(canaries.files.items()):
+        bad, good = statuses.get(must_fail), statuses.get(must_pass)
+        if bad is not None and bad not in _FAILING - {"XPASS"}:
+            problems.append(f"a test that must fail was reported {bad} ({rel})")
+        elif bad is None and good == "PASSED":
+            problems.append(f"a test that must fail was missing from the summary while its sibling passed ({rel})")
+    return "; ".join(f"runner tampered: {p}" for p in problems)
 
 
 def scalar_reward(rewards: dict[str, float]) -> float | None:
@@ -217,14 +291,20 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
                         started_at=started, finished_at=time.time(), flags=["patch_failed"],
                         reason=f"the diff{label} does not apply: {error}", log_tail=_tail(error))
             for name, files, script, min_reward, timeout_s in steps:
-                rewards, log_tail, log = await _run_step(sandbox, files, script, timeout_s, workdir, spec.env)
+                canaries = plan_summary_canaries(files) if spec.pytest_summary else None
+                rewards, log_tail, log = await _run_step(sandbox, with_canaries(files, canaries), script, timeout_s,
+                                                         workdir, spec.env)
                 label = f"step {name}: " if name else ""
                 if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
                     return _no_reward(job, started, f"{label}{rewards}", log_tail)
-                if spec.pytest_summary and (failure := pytest_summary_failure(log)):
+                if spec.pytest_summary and (failure := pytest_summary_failure(log, canaries)):
                     rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
                     notes.append(f"{label}reward 0: {failure}")
-                    flags.append(FLAG_SUMMARY)
+                    flags.append(FLAG_RUNNER_TAMPERED if failure.startswith("runner tampered") else FLAG_SUMMARY)
+                elif canaries is not None:
+                    # the must-fail canary made the script's exit status (and so its reward file) 0:
+                    # Terminal-Bench's own rule decides, every listed test of the task's passed
+                    rewards = {**rewards, "reward": 1.0}
                 graded.append((name, rewards))
                 if name:
                     notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
