@@ -115,6 +115,7 @@ ROW_STACK_TESTS := tests/e2e/test_row_datasets_through_the_stack.py tests/verifi
 ## Harbor's own loader reads the exported tasks and its Terminal-Bench mapper maps the fixtures: both need a
 ## Python 3.12 venv with harbor (make harbor-venv, minutes to build the first time)
 HARBOR_LOADER_TESTS := tests/client/test_harbor_terminal_bench_import.py::test_exported_tasks_load_in_harbors_own_loader \
+	tests/client/test_evaluation_atif.py::test_an_exported_job_validates_with_harbors_own_trajectory_model \
 	tests/client/test_harbor_terminal_bench_import.py::test_terminal_bench_mapping_matches_harbors_mapper
 ## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider), and `arena tasks shell` in
 ## such an image: `make test-datasets`

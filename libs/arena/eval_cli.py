@@ -63,6 +63,13 @@ def add_parser(sub, stack: argparse.ArgumentParser) -> None:
     q.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     q.set_defaults(func=cmd_eval_regrade)
+    q = ev.add_parser("export", parents=[stack], help="each attempt's trajectory as Arena's JSON and in Harbor's "
+                                                      "trajectory format (ATIF), under JOB/trajectories")
+    q.add_argument("job", help="a job id (ev-...) or its directory")
+    q.add_argument("--format", choices=["both", "atif", "arena"], default="both",
+                   help="ROLLOUT.json (Arena's), ROLLOUT.atif.json (ATIF v1.8), or both (default)")
+    q.add_argument("--out", help="directory (default: the job's trajectories/)")
+    q.set_defaults(func=cmd_eval_export)
     q = ev.add_parser("versions", help="the job's grading versions (the original and each regrade)")
     q.add_argument("job", help="a job id (ev-...) or its directory")
     q.set_defaults(func=cmd_eval_versions)
@@ -185,4 +192,19 @@ def cmd_eval_versions(args) -> int:
              else "-", v.source, v.verifier, str(v.regraded) if v.version > 1 else "-", report_stem(v.version) + ".*"]
             for v in read_versions(job_dir(args.job))]
     print("\n".join(format_table(["VERSION", "CREATED", "GRADED BY", "STORED AS", "REGRADED", "REPORT"], rows)))
+    return 0
+
+
+def cmd_eval_export(args) -> int:
+    from arena.cli import _client
+    from arena.evaluation.interchange import export_job
+    from arena.evaluation.records import job_dir
+
+    directory = job_dir(args.job)
+    out = Path(args.out) if args.out else directory / "trajectories"
+    with _client(args) as client:
+        rows = export_job(directory, client, fmt=args.format, out=out)
+    missing = sum(r.missing for r in rows)
+    print(f"{len(rows) - missing} attempt(s) exported to {out} ({args.format}; index.jsonl)"
+          + (f"; {missing} without a trajectory" if missing else ""))
     return 0
