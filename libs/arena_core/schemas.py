@@ -276,8 +276,9 @@ class TestsVerifier(Request, kw_only=True, tag="tests"):
     test_patch: str = ""
     #: Hidden test files: a bundle whose files are copied over the repository after the reset.
     hidden_files: BundleDigest | None = None
-    #: Inject canary tests (one must fail, one must pass) beside the listed tests (pytest
-    #: parsers): a runner that misreports them flags ``runner_tampered`` (docs/verification.md).
+    #: In-process tamper checks (pytest parsers): canary tests (one must fail, one must pass) beside
+    #: the listed tests, and the guard plug-in that observes every test apart from pytest's reports;
+    #: a runner that misreports either flags ``runner_tampered`` (docs/verification.md).
     canaries: bool = True
     #: Exact-match grading (R2E-Gym's rule) instead of FAIL_TO_PASS/PASS_TO_PASS: reward 1 only
     #: when the run's tests and their statuses (``PASSED``, ``FAILED``, ``ERROR``) equal this map,
