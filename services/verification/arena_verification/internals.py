@@ -41,6 +41,21 @@ _FLAG_ONLY = {
     "builtins": r"\bbuiltins\b|\b__builtins__\b",
 }
 _PATTERNS = {label: re.compile(rx) for label, rx in {**_REACHES, **_FLAG_ONLY}.items()}
+#: Literal words every match of a label holds: text without any of them is never searched.
+_ANCHORS = {
+    "pytest's internals": ("pytest", "pluggy", "hook", "pluginmanager", "TestReport", "CallInfo", "from_item",
+                           "Terminal", "PYTEST_"),
+    "unittest's reporting": ("TestResult", "TestRunner", "addSuccess", "addFailure", "addError", "addSkip",
+                             "addExpectedFailure", "addUnexpectedSuccess", "addSubTest", "TestCase.run", "unittest."),
+    "the interpreter's tracing": ("settrace", "setprofile"),
+    "the import system": ("meta_path", "path_hooks", "addaudithook"),
+    "the hard exit": ("_exit",),
+    "function code objects": ("__code__",),
+    "the garbage collector's object graph": ("gc.get_",),
+    "the interpreter's start-up and exit hooks": ("atexit", "sitecustomize", "usercustomize", "excepthook", ".pth"),
+    "builtins": ("builtins",),
+}
+_CHUNK_LINES = 4096
 #: Python sources and start-up files the test process may load.
 _SOURCES = (".py", ".pyw", ".pth", ".pyi")
 #: The project's own sources read by ``new_to_project``: at most this many bytes in all.
@@ -50,18 +65,26 @@ _TEST_DIRS = {"test", "tests", "testing", "__tests__"}
 
 
 def scan(diff: str, *, exclude: set[str] = frozenset()) -> dict[str, list[str]]:
-    """label -> paths whose added lines match it (Python files the run keeps)."""
+    """label -> paths whose added lines match it (Python files the run keeps; comments aside)."""
     found: dict[str, list[str]] = {}
-    for path, line in patch.added_lines(diff):
-        if not path.endswith(_SOURCES) or path in exclude:
-            continue
-        stripped = line.lstrip()
-        if stripped.startswith("#"):
-            continue
+    chunk: list[str] = []
+    current = ""
+
+    def flush() -> None:
+        text = "\n".join(chunk)
         for label, rx in _PATTERNS.items():
-            if rx.search(line) and path not in found.get(label, []):
-                found.setdefault(label, []).append(path)
-    return found
+            if current not in found.get(label, ()) and any(a in text for a in _ANCHORS[label]) and rx.search(text):
+                found.setdefault(label, []).append(current)
+        chunk.clear()
+
+    for path, line in patch.added_lines(diff):
+        if path != current or len(chunk) >= _CHUNK_LINES:
+            flush()
+            current = path
+        if path.endswith(_SOURCES) and path not in exclude and not line.lstrip().startswith("#"):
+            chunk.append(line)
+    flush()
+    return {label: found[label] for label in _PATTERNS if found.get(label)}
 
 
 def new_to_project(found: dict[str, list[str]], workspace: Path) -> list[str]:
