@@ -40,13 +40,17 @@ def add_parser(sub, stack: argparse.ArgumentParser) -> None:
     q.add_argument("job", help="a job id (ev-...) or its directory")
     q.add_argument("--prices", help="price table (TOML) for the report printed at the end")
     q.set_defaults(func=cmd_eval_resume)
-    q = ev.add_parser("report", help="the job's table on stdout; report.md, report.json and report.html beside it")
+    q = ev.add_parser("report", parents=[stack], help="the job's table on stdout; report.md, report.json and "
+                                                       "report.html beside it; the report kept on the trajectory "
+                                                       "service for the dashboard")
     q.add_argument("job", help="a job id (ev-...) or its directory")
     q.add_argument("--prices", help="price table (TOML): dollars per million tokens per model, per sandbox hour")
     q.add_argument("--out", help="directory for the report files (default: the job's directory)")
     q.add_argument("--version", type=int, default=1,
                    help="the grading version to report (default 1: as the rollouts were verified; "
                         "N > 1: an `arena eval regrade`, written as report.vN.*)")
+    q.add_argument("--local", action="store_true", help="write the files only (do not store the report on the "
+                                                        "trajectory service)")
     q.set_defaults(func=cmd_eval_report)
     q = ev.add_parser("regrade", parents=[stack],
                       help="verify every graded attempt of a finished job again with another verifier (as "
@@ -91,6 +95,12 @@ def _go(args, directory: Path) -> int:
     spec = read_spec(directory)
     with _client(args) as client:
         result = run_job(client, directory)
+        _go_summary(spec, result)
+        _print_report(directory, args.prices, client)
+    return 1 if result.still_running else 0
+
+
+def _go_summary(spec, result) -> None:
     s = result.settled
     print(f"job {spec.job_id}: {s['completed']} completed, {s['failed']} failed, {s['infrastructure']} "
           f"infrastructure (after retries) this run; {result.already_done} settled before, {result.retried} "
@@ -99,15 +109,31 @@ def _go(args, directory: Path) -> int:
     if result.still_running:
         print(f"job {spec.job_id}: {result.still_running} attempt(s) still running after {spec.timeout_s:g}s: "
               f"`arena eval resume {spec.job_id}` waits for them", flush=True)
-    _print_report(directory, args.prices)
-    return 1 if result.still_running else 0
 
 
-def _print_report(directory: Path, prices: str | None) -> None:
+def _print_report(directory: Path, prices: str | None, client=None) -> None:
     from arena.evaluation import report
 
     built = report.build(directory, prices)
     print("\n".join(report.text_lines(built)))
+    if client is not None:
+        _store(client, built)
+
+
+def _store(client, built) -> None:
+    """The report kept on the trajectory service for the dashboard's Evaluations page; a failure
+    is said on stderr (the files are the report; the dashboard copy is a view of them)."""
+    import sys
+
+    import msgspec
+
+    from arena_core.errors import ArenaError
+
+    try:
+        client.store_eval_report(msgspec.json.encode(built))
+    except ArenaError as exc:
+        print(f"the report was not stored on the trajectory service (the dashboard will not show it; "
+              f"`arena eval report {built.spec.job_id}` stores it again): {exc}", file=sys.stderr)
 
 
 def cmd_eval_run(args) -> int:
@@ -140,6 +166,18 @@ def cmd_eval_report(args) -> int:
     print("\n".join(report.text_lines(built)))
     written = report.write_files(built, Path(args.out) if args.out else directory)
     print("wrote " + ", ".join(str(p) for p in written))
+    if not args.local:
+        import sys
+
+        from arena.cli import _client
+        from arena_core.errors import ArenaError
+
+        try:
+            with _client(args) as client:
+                _store(client, built)
+        except ArenaError as exc:  # no stack to reach: the files stand; say so
+            print(f"the report was not stored on the trajectory service (--local: files only): {exc}",
+                  file=sys.stderr)
     return 0
 
 
@@ -173,7 +211,8 @@ def cmd_eval_regrade(args) -> int:
 
     with _client(args) as client:
         version = asyncio.run(run(client))
-    built = report.build(directory, args.prices, version.version)
+        built = report.build(directory, args.prices, version.version)
+        _store(client, built)
     print("\n".join(report.text_lines(built)))
     written = report.write_files(built, directory)
     print(f"grading version {version.version}: {version.regraded} attempt(s) verified again "

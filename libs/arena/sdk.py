@@ -318,3 +318,9 @@ class ArenaClient:
     def leaderboard(self) -> dict[str, Any]:
         """Bradley–Terry ratings of every policy over every decided duel round (``GET /v1/leaderboard``)."""
         return self._call(self._traj, "GET", "/v1/leaderboard")
+
+    def store_eval_report(self, report_json: bytes) -> dict[str, Any]:
+        """Keep an ``arena eval`` report (its ``report.json``) on the trajectory service, where the
+        dashboard's Evaluations page reads it (``POST /v1/evals``)."""
+        return self._call(self._traj, "POST", "/v1/evals", content=report_json,
+                          headers={"content-type": "application/json"})

@@ -3,7 +3,8 @@
 without a reload, a rollout's LLM calls and token overlay, a tamper flag on Verify, a real GRPO
 run (the CPU trainer of arena_rl and its policy server) on Training and as the trainer-vs-inference
 overlay of a rollout it trained on, duels between three policies served by three backends on the
-leaderboard. Each test saves its page to docs/img/dashboard-<page>.png (1280x800).
+leaderboard, an evaluation job's report on Evaluations and its self-contained HTML report opened from disk.
+Each test saves its page to docs/img/dashboard-<page>.png (1280x800).
 
 Not in ``make test``: ``make test-dashboard``. ``ARENA_CHROMIUM`` names the browser binary
 (default /usr/bin/chromium)."""
@@ -424,3 +425,57 @@ def test_an_openenv_episode_shows_its_exchanges_on_the_rollout_page(stack, page)
     assert card.count() == 1
     text = card.inner_text()
     assert "reset" in text and "shell" in text and "core.py" in text and "submit" in text
+
+
+def test_evaluations_list_a_stored_job_show_its_report_and_the_html_report_renders_offline(stack, page, tmp_path):
+    """An ``arena eval`` report stored on the trajectory service (as the CLI does) is listed on
+    Evaluations and opens as tables, the pass@k curve and the models × tasks heat map; the job's
+    self-contained report.html opened from disk draws its curve and heat map and fetches nothing."""
+    import io
+
+    from arena.evaluation import report, runner
+    from arena_core.schemas import RolloutState
+    from tests.client.test_evaluation_job import FakeClient, dataset
+
+    solved = {"ckpt-800": {"t0", "t1", "t2"}, "ckpt-700": {"t0"}}
+    attempt_of = {runner.seed_of(0, f"t{t}", i): i for t in range(4) for i in range(3)}
+
+    def decide(task, model, seed, try_):  # ckpt-800 solves three tasks, ckpt-700 one, each on attempts 0 and 2
+        hit = task in solved[model] and attempt_of[seed] != 1
+        return RolloutState.COMPLETED, 1.0 if hit else 0.0, False
+
+    job = runner.create_job(dataset(tmp_path, 4), agent="task", models=["ckpt-800", "ckpt-700"], k=3, concurrency=4,
+                            root=tmp_path / "evals")
+    runner.run_job(FakeClient(decide), job, stream=io.StringIO(), tty=False)
+    built = report.build(job)
+    report.write_files(built, job)
+    client = stack[1]
+    assert client.store_eval_report(msgspec.json.encode(built))["version"] == 1
+    job_id = built.spec.job_id
+
+    page.goto(f"{page.base}/#/evals")
+    loaded(page, "evals")
+    row = page.locator(f'#evals tr[data-job="{job_id}"]')
+    assert "ckpt-800" in row.inner_text() and "v1" in row.inner_text()
+    row.locator("a.mono").click()
+    page.wait_for_selector("#eval-models")
+    loaded(page, "evals")
+    models = page.locator("#eval-models tbody tr")
+    assert models.count() == 2
+    assert models.nth(0).locator("td").nth(5).inner_text().startswith("0.500 [")  # ckpt-800's pass@1: 3 of 4 × 2/3
+    assert page.locator("svg.passk polyline").count() == 2  # a curve per model
+    heat = page.locator("#eval-heat tbody tr")
+    assert heat.count() == 4
+    assert page.locator('#eval-heat tr[data-task="t1"] td[data-model="ckpt-800"]').inner_text() == "2/3"
+    assert page.locator('#eval-heat tr[data-task="t1"] td[data-model="ckpt-800"]').get_attribute("style")
+    assert page.locator("#eval-comparisons tbody tr").count() == 3 and page.locator("#eval-ratings tbody tr").count() == 2
+    shot(page, "evals", full_page=True)
+
+    fetched: list[str] = []
+    page.on("request", lambda request: fetched.append(request.url))
+    page.goto((job / "report.html").as_uri())
+    page.wait_for_load_state("load")
+    assert fetched == [(job / "report.html").as_uri()]  # the page itself, and nothing else
+    svgs = page.locator("svg")
+    assert svgs.count() >= 2 and all(svgs.nth(i).bounding_box()["width"] > 100 for i in range(svgs.count()))
+    assert "ckpt-800" in page.locator("body").inner_text() and page.locator("table").count() >= 3

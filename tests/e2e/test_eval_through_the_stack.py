@@ -233,6 +233,14 @@ async def test_a_finished_job_regraded_by_another_verifier_gets_report_v2_keeps_
         assert records.final_results(records.read_log(job)) == final  # the log as it was: nothing ran again
         assert all(v2["grading"]["verifier"] in g["reason"] for g in grades)
 
+        # both versions' reports are on the trajectory service, where the dashboard reads them
+        async with httpx.AsyncClient(base_url=stack.settings.trajectory_url,
+                                     headers=apikeys.auth_headers(stack.api_key), timeout=30) as http:
+            [stored] = [j for j in (await http.get("/v1/evals")).json()["jobs"] if j["job_id"] == job.name]
+            assert stored["versions"] == [1, 2] and stored["models"][0]["model"] == STRONG
+            kept = (await http.get(f"/v1/evals/{job.name}", params={"version": 2})).json()
+            assert kept["report"]["tasks"] == v2["tasks"]
+
         # each attempt's real trajectory in ATIF beside Arena's own, token ids as captured
         done = await cli(base + ["export", job.name], env, timeout=120)
         assert f"{TASKS * K} attempt(s) exported" in done.stdout, done.stdout

@@ -143,9 +143,9 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
             route = params.ITEM_ROUTES.get(request.path_params["name"])
             if route is None:
                 raise NotFound(f"no dashboard route /api/{request.path_params['name'][:100]}/{{id}}")
-            params.clean(params.Route(route.upstream), request.query_params.multi_items())  # none taken
+            query = params.clean(route, request.query_params.multi_items())
             path = params.item_path(route, request.path_params["item"])
-            body = await api.get_raw(path, browser_key=key)
+            body = await api.get_raw(path, query, browser_key=key)
         except ArenaError as exc:
             return _error(exc)
         return Response(body, media_type="application/json", headers={"cache-control": "no-store"})

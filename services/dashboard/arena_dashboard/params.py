@@ -101,13 +101,15 @@ ROUTES: dict[str, Route] = {
     "trainer-metrics": Route("/v1/trainer-metrics", {"run": text(256), "limit": integer(1, 100_000)}),
     "duels": Route("/v1/duels", {"limit": integer(1, 200)}),
     "leaderboard": Route("/v1/leaderboard", {}),
+    "evals": Route("/v1/evals", {"limit": integer(1, 200)}),
 }
 
-#: ``/api/<name>/{id}`` routes: the id must be an identifier.
+#: ``/api/<name>/{id}`` routes: the id must be an identifier; the query, as the route's ``params`` allow.
 ITEM_ROUTES: dict[str, Route] = {
     "trajectories": Route("/v1/trajectories/{id}"),
     "groups": Route("/v1/groups/{id}"),
     "duels": Route("/v1/duels/{id}"),
+    "evals": Route("/v1/evals/{id}", {"version": integer(1, 10_000)}),
 }
 
 

@@ -30,7 +30,7 @@ from arena_core.schemas import (
     valid_id,
 )
 from arena_trajectory import analytics, assembler, insights
-from arena_trajectory import diffs, duels
+from arena_trajectory import diffs, duels, evals
 from arena_trajectory.listing import TrajectoryFilter, TrajectorySummary
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import TABLES
@@ -293,6 +293,28 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     async def leaderboard() -> Response:
         """Bradley–Terry ratings (Elo scale, 95% bootstrap intervals) over every decided round."""
         return _json(await duels.leaderboard(store))
+
+    # ----------------------------------------------------------------- evaluations (evals.py)
+
+    @app.post("/v1/evals", status_code=201, responses={201: openapi.answer(obj, "stored"), **openapi.errors(413)})
+    async def post_eval_report(request: Request) -> Response:
+        """An ``arena eval`` report (its ``report.json``), kept for the dashboard by job and grading version."""
+        body = await request.body()
+        if len(body) > evals.MAX_REPORT_BODY:
+            raise PayloadTooLarge(f"evaluation report body over {evals.MAX_REPORT_BODY} bytes")
+        job_id, version = await evals.store_report(store, body)
+        return _json({"stored": True, "job_id": job_id, "version": version}, 201)
+
+    @app.get("/v1/evals", responses={200: openapi.answer(evals.EvalList)})
+    async def list_evals(limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
+        """Evaluation jobs, newest first, with their latest version's headline figures."""
+        return _json(await evals.list_jobs(store, limit=limit))
+
+    @app.get("/v1/evals/{job_id}", responses={200: openapi.answer(obj), **openapi.errors(404)})
+    async def get_eval(job_id: str = Path(..., pattern=ID_PATTERN, max_length=128),
+                       version: int | None = Query(None, ge=1, le=10_000)) -> Response:
+        """A job's report of ``version`` (default its latest) as posted, with the versions it has."""
+        return Response(content=await evals.job_report(store, job_id, version), media_type="application/json")
 
     @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
     async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:

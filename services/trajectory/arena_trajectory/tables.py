@@ -115,6 +115,20 @@ DDL: tuple[str, ...] = (
         logprobs Array(Float32)
     ) ENGINE = ReplacingMergeTree(at)
     ORDER BY (rollout_id, sequence_index, run)""",
+    # an ``arena eval`` report as the client posted it, per job and grading version (evals.py)
+    f"""CREATE TABLE IF NOT EXISTS {DATABASE}.eval_reports (
+        job_id String,
+        version UInt32,
+        created_at DateTime64(3, 'UTC'),
+        stored_at DateTime64(3, 'UTC'),
+        dataset String,
+        agent String,
+        k UInt32,
+        tasks UInt32,
+        models String,
+        body String
+    ) ENGINE = ReplacingMergeTree(stored_at)
+    ORDER BY (job_id, version)""",
 )
 
 #: SQL over ``trajectories``: the row has a reward (the verifier's): verified, and not an

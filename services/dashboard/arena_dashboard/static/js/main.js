@@ -10,8 +10,9 @@ import * as tokens from "./page-tokens.js";
 import * as training from "./page-training.js";
 import * as tasks from "./page-tasks.js";
 import * as leaderboard from "./page-leaderboard.js";
+import * as evals from "./page-evals.js";
 
-const PAGES = { overview, rollouts, rollout, verify, tokens, training, tasks, leaderboard };
+const PAGES = { overview, rollouts, rollout, verify, tokens, training, tasks, leaderboard, evals };
 const NAV_OF = { rollout: "rollouts" };
 
 let current = null;  // { unsubscribe: [...], kind }
