@@ -261,3 +261,77 @@ async def test_a_finished_job_regraded_by_another_verifier_gets_report_v2_keeps_
             checked = await asyncio.to_thread(subprocess.run, [str(harbor), "-c", CHECK, str(job / "trajectories")],
                                               capture_output=True, text=True, timeout=300)
             assert checked.returncode == 0 and len(json.loads(checked.stdout)) == TASKS * K, checked.stderr
+
+
+@pytest.mark.timeout(1500)
+async def test_the_rollout_service_and_the_client_killed_half_way_then_resumed_run_no_attempt_twice(tmp_path):
+    """The rollout service (restarted by the stack's supervisor, as ``arena up`` does) and the
+    ``arena eval run`` process both SIGKILLed once a third of the attempts are logged, then
+    ``arena eval resume``: every attempt settled, none missed; on the server every try of an
+    attempt is one the log records, submitted or adopted (none submitted twice), and an attempt has a
+    second try only after an infrastructure outcome (a kill may cause one: retried, never a failure)."""
+    attempts = TASKS * 3
+    async with one_model_stack(tmp_path) as (stack, base, env):
+        stop_supervising = asyncio.Event()
+        supervisor = asyncio.create_task(stack.supervise(stop_supervising, interval=0.5))
+        try:
+            run = subprocess.Popen(base + ["run", "--dataset", str(quickstart_copies(tmp_path)), "--agent", "task",
+                                           "--model", STRONG, "--k", "3", "--concurrency", "2", "--timeout", "900"],
+                                   stdout=open(tmp_path / "run.out", "wb"), stderr=open(tmp_path / "run.err", "wb"),
+                                   env=env)
+            evals = tmp_path / "cli" / "evals"
+            try:
+                for _ in range(6000):
+                    jobs = list(evals.glob("ev-*")) if evals.is_dir() else []
+                    if jobs and finished_lines(jobs[0]) >= attempts // 3:
+                        break
+                    assert run.poll() is None, (tmp_path / "run.err").read_text()
+                    await asyncio.sleep(0.1)
+                rollout_pid = next(c.pid for c in stack.children if c.name == "rollout")
+                os.kill(rollout_pid, signal.SIGKILL)
+                os.kill(run.pid, signal.SIGKILL)
+                run.wait(10)
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait(10)
+            (job,) = jobs
+            before = finished_lines(job)
+            assert 0 < before < attempts
+            for _ in range(600):  # the supervisor brings the rollout service back
+                new = next((c.pid for c in stack.children if c.name == "rollout"), None)
+                if new not in (None, rollout_pid):
+                    break
+                await asyncio.sleep(0.1)
+            assert new not in (None, rollout_pid), "the rollout service was not restarted"
+
+            for _ in range(3):  # the restarted service may still be coming up: resume until settled
+                resumed = await asyncio.to_thread(subprocess.run, base + ["resume", job.name], capture_output=True,
+                                                  text=True, env=env, timeout=1200)
+                if resumed.returncode == 0:
+                    break
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        finally:
+            stop_supervising.set()
+            await supervisor
+
+        spec = records.read_spec(job)
+        log = records.read_log(job)
+        final = records.final_results(log)
+        assert sorted(final) == sorted(runner.plan(spec))  # none missed
+        tries = records.finished_attempts(log)
+        for key, done in tries.items():
+            assert all(t.outcome == "infrastructure" for t in done[:-1]), (key, done)  # a retry only after one
+            assert sum(t.outcome != "infrastructure" for t in done) <= 1, (key, done)  # never two verdicts
+        # a try's rollout as the log knows it: submitted, or adopted by the resume (finished only)
+        logged = {(r.task_id, r.model, r.attempt, r.try_): r.rollout_id for r in log}
+        async with httpx.AsyncClient(base_url=stack.settings.rollout_url,
+                                     headers=apikeys.auth_headers(stack.api_key), timeout=30) as http:
+            listed = (await http.get("/v1/rollouts", params={"limit_": 1000})).json()["rollouts"]
+        mine = [v for v in listed if v["metadata"].get(runner.META_JOB) == spec.job_id]
+        on_server = {(*v["metadata"][runner.META_ATTEMPT].rsplit("|", 2), v["metadata"][runner.META_TRY]):
+                     v["rollout_id"] for v in mine}
+        assert len(on_server) == len(mine)  # one rollout per try
+        assert {(t, m, int(i), int(n)): rid for (t, m, i, n), rid in on_server.items()} == logged
+        print(f"eval with the rollout service killed: {attempts} attempts, killed after {before}, "
+              f"{len(mine)} rollouts for them")
