@@ -35,6 +35,7 @@ WORKSPACE = "/sandbox/workspace"
 ARENA_DIR = "/sandbox/.arena"
 AGENT_DIR = "/sandbox/agent"
 RUN_DIR = "/run/arena"  # per-run host dir (shim, proxy socket), read-only inside
+CTL_DIR = "/run/arena-ctl"  # a session sandbox's command server: its code and socket, read-only inside
 PROXY_SOCKET = f"{RUN_DIR}/proxy.sock"
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -134,6 +135,11 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: The workspace as an overlay (lower, upper, work) mounted at ``workspace`` in the
     #: sandbox's own mount namespace, never in the service's (:func:`overlay.in_namespace_argv`).
     overlay: tuple[Path, Path, Path] | None = None
+    #: The command is the PID namespace's init (bwrap ``--as-pid-1``, no reaper of bwrap's own):
+    #: the command server of a sandbox whose commands share one session (``local_provider``).
+    as_pid_1: bool = False
+    #: A host directory bound read-only at :data:`CTL_DIR` (the command server's socket and code).
+    ctl_dir: Path | None = None
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -310,9 +316,13 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     if spec.agent_dir is not None:
         argv += ["--ro-bind", str(spec.agent_dir), AGENT_DIR]
     argv += ["--ro-bind", str(run_dir), RUN_DIR]
+    if spec.ctl_dir is not None:
+        argv += ["--ro-bind", str(spec.ctl_dir), CTL_DIR]
     argv.append("--clearenv")
     for name, value in env.items():
         argv += ["--setenv", name, value]
+    if spec.as_pid_1:
+        argv.append("--as-pid-1")
     argv += [
         "--remount-ro", "/",
         "--chdir", os.path.normpath(os.path.join(WORKSPACE, spec.workdir)),

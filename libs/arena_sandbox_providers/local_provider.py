@@ -1,7 +1,9 @@
 """The ``local`` provider: bubblewrap sandboxes (see :mod:`arena_sandbox_providers.local`).
 
 A sandbox is a directory ``<data_dir>/sandboxes/<owner>/<id>/`` plus, where cgroups are writable,
-a cgroup; each ``exec`` is a fresh ``bwrap`` over that directory. See docs/sandbox.md (Providers).
+a cgroup; each ``exec`` is a fresh ``bwrap`` over that directory, or, in a sandbox created with
+``CreateSpec.session``, a command sent to the command server (:mod:`.cmdserver`) that one long-lived
+``bwrap`` runs as its init. See docs/sandbox.md (Providers).
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import os
 import posixpath
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from arena_sandbox_providers import cgroups, local, overlay
+import msgspec
+
+from arena_sandbox_providers import cgroups, channel, cmdserver, local, overlay
 from arena_sandbox_providers.hostdir import HostDirSandbox, make_layout, tail_file
 from arena_sandbox_providers.local import ProxyForward, ResourceLimits, SandboxSpec
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, OutputCallback, SandboxError, SandboxLimits
@@ -32,7 +37,7 @@ class LocalSandbox(HostDirSandbox):
 
     def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
                  run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = (), overlays: _Overlays | None = None,
-                 *, nice: int = 0):
+                 *, nice: int = 0, session: bool = False):
         self.id = sandbox_id
         self.nice = nice
         self.root = root
@@ -47,6 +52,10 @@ class LocalSandbox(HostDirSandbox):
         self._merged: overlay.Merged | None = None  # the service's view of it
         self._upper_mtime = 0
         self._destroyed = False
+        #: commands go to a command server in one long-lived bwrap (``CreateSpec.session``)
+        self.session = session
+        self._server: _Server | None = None
+        self._server_lock = asyncio.Lock()
 
     async def put_dir(self, src: Path, dest: str, *, src_stable: bool = False) -> None:
         """A stable ``src`` put as the whole workspace becomes the lower layer of an overlay
@@ -56,6 +65,8 @@ class LocalSandbox(HostDirSandbox):
         copy them all (docs/performance.md)."""
         workspace = self.root / "workspace"
         target = Path(super()._host(dest))
+        if target.is_relative_to(workspace):
+            await self._stop_server()  # the layers of a mounted overlay are never written under it
         if self._merged is not None and target.is_relative_to(workspace):
             rel = str(target.relative_to(workspace))
             await asyncio.to_thread(self._copy_into_upper, Path(src), rel)
@@ -101,9 +112,12 @@ class LocalSandbox(HostDirSandbox):
         return self._merged.lookup(rel) or os.path.join(os.fspath(self.root), "absent", rel)
 
     async def put_files(self, files: Mapping[str, bytes]) -> None:
+        workspace = os.path.join(os.fspath(self.root), "workspace")
+        if self._server is not None and any(
+                (h := super(LocalSandbox, self)._host(p)) == workspace or h.startswith(workspace + "/") for p in files):
+            await self._stop_server()  # the layers of a mounted overlay are never written under it
         if self._merged is None:
             return await super().put_files(files)
-        workspace = os.path.join(os.fspath(self.root), "workspace")
         plain = {}
         for path, data in files.items():
             host = super()._host(path)
@@ -173,6 +187,10 @@ class LocalSandbox(HostDirSandbox):
         cancel: asyncio.Event | None = None,
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
+        if self.session and proxy is None and not self._destroyed and not self._server_lock.locked():
+            async with self._server_lock:
+                return await self._exec_in_session(command, env=env, workdir=workdir, timeout_s=timeout_s,
+                                                   cancel=cancel, on_output=on_output)
         log_path = self.root / "run" / f"exec-{uuid.uuid4().hex[:8]}.log"
         spec = self._spec(command, env=env, workdir=workdir, timeout_s=timeout_s, proxy=proxy, log_path=log_path)
         ooms = self.cgroup.oom_kills() if self.cgroup else 0
@@ -189,8 +207,108 @@ class LocalSandbox(HostDirSandbox):
         return ExecResult(exit_code=run.exit_code, timed_out=run.timed_out, killed=run.killed,
                           oom_killed=oom, duration_s=run.duration_s, proxy_fault=run.proxy_fault)
 
+    async def _exec_in_session(self, command: list[str], *, env: Mapping[str, str], workdir: str, timeout_s: float,
+                               cancel: asyncio.Event | None, on_output: OutputCallback | None) -> ExecResult:
+        """``command`` through the sandbox's command server (started by the first one): a fork and
+        exec in the namespaces, rlimits, cgroup and nice level it was started with, no new bwrap.
+        Each command gets the environment and directory it asks for, its wall clock and cancel as a
+        kill of everything the command started (the server's ``K``)."""
+        full_env = dict(env)
+        local.validate_env(full_env)
+        has_agent = any((self.root / "agent").iterdir())
+        cwd = posixpath.normpath(posixpath.join(local.WORKSPACE, self._workdir(workdir, has_agent)))
+        server = self._server
+        if server is not None and (server.has_agent != has_agent or not await server.channel.alive()):
+            await self._stop_server()
+            server = None
+        if server is None:
+            server = self._server = await self._start_server(has_agent)
+        ooms = self.cgroup.oom_kills() if self.cgroup else 0
+        sink = on_output if on_output is not None else (lambda chunk: None)
+        started = time.monotonic()
+        run = asyncio.ensure_future(server.channel.run(list(command), full_env, cwd, sink, sink))
+        stop = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+        try:
+            await asyncio.wait({run, *([stop] if stop else [])}, timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if stop is not None:
+                stop.cancel()
+        timed_out = not run.done() and not (cancel is not None and cancel.is_set())
+        killed = not run.done()
+        if killed:
+            server.channel.kill()  # the command and all it started; its R follows
+            done, _ = await asyncio.wait({run}, timeout=10.0)
+            if not done:
+                run.cancel()
+                await self._stop_server()
+        code: int | None = None
+        try:
+            code = run.result() if run.done() and not run.cancelled() else None
+        except channel.ChannelClosed as exc:  # the server (so the sandbox) ended under the command
+            await self._stop_server()
+            if not killed:
+                raise SandboxError(f"the sandbox ended while running the command: {exc}") from exc
+        oom = self.cgroup is not None and self.cgroup.oom_kills() > ooms
+        return ExecResult(exit_code=None if killed else code, timed_out=timed_out, killed=killed, oom_killed=oom,
+                          duration_s=time.monotonic() - started)
+
+    async def _start_server(self, has_agent: bool) -> _Server:
+        """The command server, as the init of a bwrap made as each ``exec`` makes its own (no LLM relay),
+        connected over a socket in a directory of its own that only this sandbox sees (read-only)."""
+        # a short host path (a socket's is at most 107 bytes), mode 0700, reaped with the runs' after a crash;
+        # read-only at local.CTL_DIR inside
+        ctl = Path(tempfile.mkdtemp(prefix=self.run_prefix + "ctl-", dir=local.run_tmp()))
+        try:
+            shutil.copyfile(cmdserver.__file__, ctl / "cmdserver.py")
+            listener = channel.listen(ctl / "ctl.sock", uid=os.getuid())
+        except OSError as exc:
+            shutil.rmtree(ctl, ignore_errors=True)
+            raise SandboxError(f"cannot start the sandbox's command server: {exc}") from exc
+        python = os.path.join(local._venv_bin(), "python3")
+        spec = msgspec.structs.replace(
+            self._spec([python, "-I", "-S", f"{local.CTL_DIR}/cmdserver.py", f"{local.CTL_DIR}/ctl.sock"], env={},
+                       workdir=local.WORKSPACE, timeout_s=float(365 * 86400), proxy=None,
+                       log_path=self.root / "run" / "cmdserver.log"),
+            as_pid_1=True, ctl_dir=ctl)
+        end = asyncio.Event()
+        task = asyncio.ensure_future(local.run(spec, cancel=end))
+
+        async def gone() -> str | None:
+            if not task.done():
+                return None
+            log_tail = (self.root / "run" / "cmdserver.log").read_bytes()[-500:].decode(errors="replace")
+            return f"its bwrap ended ({task.result() if not task.exception() else task.exception()}): {log_tail}"
+
+        try:
+            conn = await channel.Channel.accept(listener, ctl / "ctl.sock", uid=os.getuid(), timeout_s=60.0,
+                                                alive=gone)
+        except channel.ChannelClosed as exc:
+            end.set()
+            await asyncio.wait({task}, timeout=10.0)
+            shutil.rmtree(ctl, ignore_errors=True)
+            raise SandboxError(f"the sandbox's command server did not start: {exc}") from exc
+        return _Server(channel=conn, task=task, end=end, ctl=ctl, has_agent=has_agent)
+
+    async def _stop_server(self) -> None:
+        """Stop the command server (the sandbox's processes with it): before the service writes into
+        the workspace's layers, before a diff, at destroy. The next command starts another."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if not await server.channel.quit(5.0):
+            server.end.set()  # bwrap killed
+        await asyncio.wait({server.task}, timeout=15.0)
+        if not server.task.done():
+            server.end.set()
+            await asyncio.wait({server.task}, timeout=15.0)
+        if server.task.done() and not server.task.cancelled():
+            server.task.exception()  # retrieved: a failed run is in the log, not an unobserved error
+        await asyncio.to_thread(shutil.rmtree, server.ctl, True)
+
     async def diff(self, base: str, *, timeout_s: float = 120.0, put_at_base: bool = False,
                    max_bytes: int | None = None) -> str:
+        await self._stop_server()  # the diff's own sandbox mounts the layers again, the session's unmounted
         if put_at_base and await asyncio.to_thread(self.workspace_unchanged):
             return ""  # nothing in it changed since it was a clean checkout of base
         return await local.git_diff(self.root / "workspace", base, timeout_s=timeout_s, run_prefix=self.run_prefix,
@@ -200,7 +318,19 @@ class LocalSandbox(HostDirSandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        await self._stop_server()
         await asyncio.to_thread(_remove, self.root, self.cgroup)
+
+
+class _Server(msgspec.Struct, kw_only=True):
+    """A session sandbox's command server: its connection, the bwrap run it is the init of, what
+    ends that run, its socket's directory, whether /sandbox/agent was there when it started."""
+
+    channel: channel.Channel
+    task: asyncio.Future
+    end: asyncio.Event
+    ctl: Path
+    has_agent: bool
 
 
 def _remove(root: Path, cgroup: cgroups.SandboxCgroup | None) -> None:
@@ -276,7 +406,7 @@ class LocalProvider:
         return "no cgroups: pids and memory are NOT limited per sandbox (rlimits only)"
 
     def pool_key(self, spec: CreateSpec) -> CreateSpec:
-        return CreateSpec(limits=spec.limits)  # no images here: the host's /usr for every task
+        return CreateSpec(limits=spec.limits, session=spec.session)  # no images here: the host's /usr for every task
 
     async def create(self, spec: CreateSpec) -> LocalSandbox:
         sandbox_id = uuid.uuid4().hex[:12]
@@ -293,7 +423,7 @@ class LocalProvider:
         scaffolds = self.scaffolds_dir
         binds = (str(scaffolds),) if scaffolds is not None else ()
         return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds, self.overlays,
-                            nice=self.nice)
+                            nice=self.nice, session=spec.session)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:

@@ -52,6 +52,11 @@ class CreateSpec(msgspec.Struct, frozen=True, kw_only=True):
     workspace_mount: str = ""
     #: Sidecar services on the sandbox's own internal network (docker only; other providers refuse).
     services: tuple[SidecarService, ...] = ()
+    #: Commands run one after another in one long-lived sandbox (a command server as its init), sharing
+    #: its /tmp and processes' namespaces, as a container's do: no new namespaces per command. The
+    #: ``docker`` provider's sandboxes always work so; ``local`` ones when this is set (an OpenEnv
+    #: episode's many short commands). Commands with an LLM relay still get a sandbox of their own.
+    session: bool = False
 
 
 class ExecResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -329,7 +329,9 @@ async def run_job(
                                      f": the {name} provider cannot run them (submit it with provider docker)")
                 spec = CreateSpec(image=job.task.image_of(), limits=config.sandbox_limits,
                                   workspace_mount=job.task.workspace_mount() if name == "docker" else "",
-                                  services=tuple(job.task.services))
+                                  services=tuple(job.task.services),
+                                  # an OpenEnv client's actions: many short commands, one sandbox process
+                                  session=bool(job.task.agent.external))
                 if spec.services:  # its own network and sidecars: never a warm pool's
                     base_provider = provider.provider if isinstance(provider, WarmPool) else provider
                     sandbox = await base_provider.create(spec)
