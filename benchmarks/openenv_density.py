@@ -24,16 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import math
-import os
 import random
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from density import mem_available, pct, services_cpu  # noqa: E402
@@ -56,14 +55,17 @@ async def episode(url: str, i: int, args, open_now: list[int], peak: list[int], 
     """One episode; its reward, or ``None`` (why in ``failures``)."""
     from openenv.core import GenericEnvClient
 
+    phase = "connect"
     try:
         async with GenericEnvClient(base_url=url, message_timeout_s=600, connect_timeout_s=120) as env:
+            phase = "reset"
             await env.reset()
             open_now[0] += 1
             peak[0] = max(peak[0], open_now[0])
             try:
                 for s in range(args.steps):
                     await asyncio.sleep(think_s(args.latency, args.seed, i, s))
+                    phase = f"step {s + 1}"
                     t0 = time.perf_counter()
                     got = await env.step({"type": "call_tool", "tool_name": "shell",
                                           "arguments": {"command": f"echo episode {i} step {s}"}})
@@ -71,6 +73,7 @@ async def episode(url: str, i: int, args, open_now: list[int], peak: list[int], 
                     if got.observation.get("result", {}).get("output") != f"episode {i} step {s}\n":
                         failures[f"step output {str(got.observation)[:80]}"] += 1
                         return None
+                phase = "submit"
                 final = await env.step({"type": "call_tool", "tool_name": "submit", "arguments": {"answer": ANSWER}})
             finally:
                 open_now[0] -= 1
@@ -79,7 +82,9 @@ async def episode(url: str, i: int, args, open_now: list[int], peak: list[int], 
                 return None
             return final.reward
     except Exception as exc:  # noqa: BLE001 - a benchmark counts every way an episode fails
-        failures[f"{type(exc).__name__}: {str(exc)[:100]}"] += 1
+        # one line per kind of failure: rollout ids and numbers out of the message
+        why = re.sub(r"\d+(\.\d+)?", "N", re.sub(r"r-[0-9a-f]{20}", "r-…", str(exc)))
+        failures[f"at {phase}: {type(exc).__name__}: {why[:140]}"] += 1
         return None
 
 
@@ -89,8 +94,12 @@ async def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--latency", type=float, default=1.0, help="median think time before each action, s")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", metavar="DIR", help="run the stack in DIR and keep it (its logs: DIR/arena/logs)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="arena-openenv-density-") as tmp_:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=False)
+    with contextlib.nullcontext(args.keep) if args.keep else \
+            tempfile.TemporaryDirectory(prefix="arena-openenv-density-") as tmp_:
         tmp = Path(tmp_)
         repo = tmp / "repo"
         repo.mkdir()
@@ -139,7 +148,7 @@ async def main() -> None:
     print(f"openenv density: {n} episodes x {args.steps} shell steps, think time lognormal median "
           f"{args.latency:g} s; 2 cores; Arena settings changed: none (max_concurrent {n})")
     print(f"ended with reward 1          {ok:8d} of {n} ({100 * ok / n:.1f}%)")
-    for why, count in failures.most_common(5):
+    for why, count in failures.most_common(12):
         print(f"    failed: {count} x {why}")
     print(f"wall                         {wall:8.1f} s (ideal: the slowest episode's think time {ideal:.1f} s; "
           f"x{wall / ideal:.2f})")
