@@ -117,10 +117,10 @@ ROW_STACK_TESTS := tests/e2e/test_row_datasets_through_the_stack.py tests/verifi
 HARBOR_LOADER_TESTS := tests/client/test_harbor_terminal_bench_import.py::test_exported_tasks_load_in_harbors_own_loader \
 	tests/client/test_evaluation_atif.py::test_an_exported_job_validates_with_harbors_own_trajectory_model \
 	tests/client/test_harbor_terminal_bench_import.py::test_terminal_bench_mapping_matches_harbors_mapper
-## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider), and `arena tasks shell` in
-## such an image: `make test-datasets`
+## Harbor and Terminal-Bench tasks' own images (Podman builds, the docker provider), their hackability audit,
+## and `arena tasks shell` in such an image: `make test-datasets`
 HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/verification/test_reward_file_in_image.py \
-	tests/e2e/test_tasks_shell_in_task_image.py
+	tests/e2e/test_tasks_shell_in_task_image.py tests/e2e/test_harbor_terminal_bench_audit.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
 	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS)) $(addprefix --deselect=,$(HARBOR_LOADER_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
@@ -169,8 +169,8 @@ harbor-venv:
 ## Harbor and Terminal-Bench datasets: the fast tests, then import -> arena images build (Podman, offline,
 ## base mapped to arena/quickstart) -> validate (oracle 1, null 0, 3 runs) through the real stack (as root);
 ## SWE-smith and R2E-Gym rows in images built here (FROM arena/quickstart): import --from-images ->
-## validate --runs 3 -> audit of every task (no hack above a do-nothing agent); `arena tasks shell` in a Harbor
-## task's image (stdin, -- CMD, a terminal)
+## validate --runs 3 -> audit of every task (no hack above a do-nothing agent), the Harbor and Terminal-Bench
+## fixtures audited the same way; `arena tasks shell` in a Harbor task's image (stdin, -- CMD, a terminal)
 test-datasets: venv harbor-venv
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=quickstart bash deploy/docker-engine.sh images; fi
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
