@@ -1,5 +1,5 @@
-"""Arena's guard: a pytest plug-in the ``tests`` verifier loads (``PYTEST_PLUGINS``) into the test run
-before any of the agent's code is imported. Runs inside the sandbox, never in the service.
+"""Arena's guard: a pytest plug-in the ``tests`` and ``reward_file`` verifiers load (``PYTEST_PLUGINS``)
+into the test run before any of the agent's code is imported. Runs inside the sandbox, never in the service.
 
 It records, per test and apart from pytest's reports, what each phase raised, and whether the test
 framework's or the interpreter's internals changed under the run; the verifier compares that record
@@ -15,6 +15,8 @@ _RECORD = "@RECORD@"
 _WORKDIR = "@WORKDIR@"
 _ROOT = "@ROOT@"
 
+#: Set by a session for the processes it starts: theirs run under it.
+_PARENT = "ARENA_GUARD_" + _NONCE
 _write = _os.write
 _getcwd = _os.getcwd
 _FunctionType = type(lambda: None)
@@ -23,7 +25,8 @@ _MethodType = type(object().__str__)
 _ours = False
 _fd = None
 try:
-    _ours = _os.path.realpath(_getcwd()) == _os.path.realpath(_WORKDIR)
+    # no working directory: a test script's runs, wherever it runs them
+    _ours = not _WORKDIR or _os.path.realpath(_getcwd()) == _os.path.realpath(_WORKDIR)
     if _ours:
         _fd = _os.open(_RECORD, _os.O_WRONLY | _os.O_CREAT | _os.O_APPEND, 0o600)
         _write(2, ("arena-guard %s\n" % _NONCE).encode())
@@ -46,10 +49,10 @@ def _emit(*fields):
 
 try:
     import pytest as _pytest_mod
-    from _pytest import outcomes as _outcomes
 
-    _SKIP = (_outcomes.Skipped,)
-    _XFAIL = (getattr(_outcomes, "XFailed", ()),) if hasattr(_outcomes, "XFailed") else ()
+    # pytest's public names for what skip() and xfail() raise (``_pytest.outcomes``' Skipped, XFailed)
+    _SKIP = (_pytest_mod.skip.Exception,)
+    _XFAIL = (_pytest_mod.xfail.Exception,) if hasattr(_pytest_mod.xfail, "Exception") else ()
     try:
         import unittest as _unittest
         _SKIP = _SKIP + (_unittest.SkipTest,)
@@ -206,6 +209,8 @@ def _sid(config):
 def _is_ours(config):
     if not _ours:
         return False
+    if not _WORKDIR:
+        return True
     try:
         where = str(config.invocation_params.dir)
     except Exception:  # noqa: BLE001 - pytest < 5.1
@@ -221,7 +226,12 @@ if _pytest_mod is not None and _ours:
         if not _is_ours(config) or _state["session"] is not None:
             return
         _state["session"] = config
-        _emit("start", _sid(config), _os.getpid())
+        # the guarded session this one runs under (a test's own pytest run, an xdist worker's controller)
+        _emit("start", _sid(config), _os.getpid(), _os.environ.get(_PARENT, ""))
+        try:
+            _os.environ[_PARENT] = _sid(config)
+        except Exception:  # noqa: BLE001
+            pass
         try:
             _state["snapshot"] = _snapshot()
             _state["hooks"] = _hook_impls(config)
