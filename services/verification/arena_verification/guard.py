@@ -1,5 +1,6 @@
-"""The guard's side in the verifier: the plug-in's files for one run, and its record of the run
-checked against the runner's report. Pure but for reading the plug-in's source.
+"""The guard's side in the verifiers: the plug-in's files for one run, and its record of the run
+checked against the runner's report (``tests``) or a test script's summary and reward
+(``reward_file``). Pure but for reading the plug-in's source.
 
 docs/verification.md ("The guard").
 """
@@ -43,7 +44,8 @@ def plan(arena_dir: str) -> Guard:
 
 
 def files(guard: Guard, *, workdir: str, root: str) -> dict[str, bytes]:
-    """The plug-in's module, its constants filled in, by absolute path in the sandbox."""
+    """The plug-in's module, its constants filled in, by absolute path in the sandbox: active in
+    pytest runs started in ``workdir`` ("": anywhere), ``root`` the agent's code."""
     source = _SOURCE.read_text()
     for key, value in (("@NONCE@", guard.nonce), ("@RECORD@", guard.record), ("@WORKDIR@", workdir),
                        ("@ROOT@", root)):
@@ -62,7 +64,8 @@ def command(guard: Guard, command: str) -> str:
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
     """What the plug-in wrote: sessions started and ended, per test the phases' outcomes
-    (worst first when a test was recorded twice), and the internals it saw change."""
+    (worst first when a test was recorded twice), and the internals it saw change; the same per
+    session, with the session each ran under."""
 
     started: frozenset[str] = frozenset()
     ended: frozenset[str] = frozenset()
@@ -70,6 +73,21 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     #: test id -> (setup, call, teardown, xfail-marked)
     tests: dict[str, tuple[str, str, str, bool]] = {}
     tampered: tuple[str, ...] = ()
+    #: session -> the guarded session whose process started it ("" for none)
+    parents: dict[str, str] = {}
+    #: session -> the exit status pytest computed at its end
+    exits: dict[str, int] = {}
+    #: session -> test id -> phases, as ``tests``
+    session_tests: dict[str, dict[str, tuple[str, str, str, bool]]] = {}
+    #: session -> what it saw replaced
+    session_tampered: dict[str, tuple[str, ...]] = {}
+
+    def top_sessions(self) -> set[str]:
+        """The sessions a test script started itself: under no session, or under one that ran no
+        test (pytest-xdist's controller); not a test's own inner pytest run."""
+        return {sid for sid in self.started
+                if not (parent := self.parents.get(sid, "")) or parent not in self.started
+                or not self.session_tests.get(parent)}
 
 
 def _unescape(field: str) -> str:
@@ -92,27 +110,42 @@ def _failed(phases: tuple[str, str, str, bool]) -> bool:
     return setup == _FAILED or teardown == _FAILED or (call == _FAILED and not xfail_marked)
 
 
+def _merge(tests: dict[str, tuple[str, str, str, bool]], test_id: str, phases: tuple[str, str, str, bool]) -> None:
+    old = tests.get(test_id)
+    if old is None or (_failed(phases) and not _failed(old)):
+        tests[test_id] = phases  # a failure recorded anywhere wins
+
+
 def read(text: str) -> Record:
     """The record's lines (``kind<TAB>session<TAB>...``); lines it cannot read are skipped."""
     started, ended, statuses, tampered = set(), set(), [], []
     tests: dict[str, tuple[str, str, str, bool]] = {}
+    parents: dict[str, str] = {}
+    exits: dict[str, int] = {}
+    session_tests: dict[str, dict[str, tuple[str, str, str, bool]]] = {}
+    session_tampered: dict[str, list[str]] = {}
     for line in text.splitlines():
         fields = [_unescape(f) for f in line.split("\t")]
         kind = fields[0]
         if kind == "start" and len(fields) >= 2:
             started.add(fields[1])
+            parents[fields[1]] = fields[3] if len(fields) >= 4 else ""
         elif kind == "end" and len(fields) >= 3:
             ended.add(fields[1])
-            statuses.append(int(fields[2]) if fields[2].lstrip("-").isdigit() else -1)
+            status = int(fields[2]) if fields[2].lstrip("-").isdigit() else -1
+            statuses.append(status)
+            exits[fields[1]] = status
         elif kind == "tampered" and len(fields) >= 3:
             tampered.append(fields[2])
+            session_tampered.setdefault(fields[1], []).append(fields[2])
         elif kind == "test" and len(fields) >= 7:
             phases = (fields[3], fields[4], fields[5], fields[6] == "1")
-            old = tests.get(fields[2])
-            if old is None or (_failed(phases) and not _failed(old)):
-                tests[fields[2]] = phases  # a failure recorded anywhere wins
+            _merge(tests, fields[2], phases)
+            _merge(session_tests.setdefault(fields[1], {}), fields[2], phases)
     return Record(started=frozenset(started), ended=frozenset(ended), exit_statuses=tuple(statuses),
-                  tests=tests, tampered=tuple(dict.fromkeys(tampered)))
+                  tests=tests, tampered=tuple(dict.fromkeys(tampered)), parents=parents, exits=exits,
+                  session_tests=session_tests,
+                  session_tampered={sid: tuple(dict.fromkeys(what)) for sid, what in session_tampered.items()})
 
 
 def check(parsed: ParsedOutput, record: Record | None, *, log_text: str, marker: str, exit_code: int | None,
@@ -151,4 +184,47 @@ def check(parsed: ParsedOutput, record: Record | None, *, log_text: str, marker:
     if exit_code == 0 and any(_failed(p) for p in record.tests.values()):
         failed = next(t for t, p in record.tests.items() if _failed(p))
         problems.append(f"the runner exited 0 although {failed} failed")
+    return problems, True
+
+
+#: Statuses of pytest's short test summary that score as a pass (Terminal-Bench's reading).
+_SUMMARY_NOT_FAILURES = frozenset({"PASSED", "SKIPPED", "XFAIL"})
+
+
+def check_script(record: Record | None, *, log_text: str, marker: str, summary: dict[str, str] | None,
+                 rewarded: bool) -> tuple[list[str], bool]:
+    """(what contradicts a test script's pytest runs, whether they were guarded at all): the
+    ``reward_file`` verifier's reading, where the script, not Arena, runs pytest and turns it into
+    a reward. Only the sessions the script started count (:meth:`Record.top_sessions`).
+
+    ``summary``: pytest's short test summary by test name (without its file), ``None`` without one;
+    ``rewarded``: the script's reward is above 0. Contradictions: the plug-in loaded but left no
+    record; internals replaced under a run; a test the plug-in saw fail that the summary lists
+    PASSED, SKIPPED or XFAIL; a session that exited 0 although one of its tests failed (the status
+    a script turns into its reward); a session that never finished while the summary is there or
+    the script rewarded the run.
+    """
+    if record is None or not record.started:
+        if marker in log_text:
+            return ["the guard's record of the run is missing (deleted or never written)"], True
+        return [], False
+    top = sorted(record.top_sessions())
+    problems = [f"{what} during the run" for what in
+                dict.fromkeys(what for sid in top for what in record.session_tampered.get(sid, ()))]
+    lying, zero = [], []
+    for sid in top:
+        failed = [t for t, phases in record.session_tests.get(sid, {}).items() if _failed(phases)]
+        for test_id in failed:
+            said = (summary or {}).get(test_id.split("::", 1)[-1])
+            if said in _SUMMARY_NOT_FAILURES:
+                lying.append(f"{test_id} was listed {said} but failed")
+        if failed and record.exits.get(sid) == 0:
+            zero.append(failed[0])
+    if lying:
+        problems.append(f"{len(lying)} test(s) listed as not failed that failed: " + "; ".join(lying[:5]))
+    if zero:
+        problems.append(f"pytest exited 0 although {zero[0]} failed")
+    if any(sid not in record.ended for sid in top) and (summary is not None or rewarded):
+        problems.append("a test process ended before pytest finished its session, yet "
+                        + ("its summary is there" if summary is not None else "the script rewarded the run"))
     return problems, True

@@ -19,9 +19,12 @@ import secrets
 import time
 from pathlib import Path, PurePosixPath
 
+import msgspec
+
 from arena_core.errors import VerificationError
 from arena_core.schemas import MinReward, PathSource, RewardFileVerifier, VerificationResult, VerifyJob
 from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
+from arena_verification import guard
 from arena_verification.restore import InvalidTask
 from arena_verification.protected import FLAG_RUNNER_TAMPERED
 from arena_verification.tests_verifier import (
@@ -292,19 +295,29 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
                         reason=f"the diff{label} does not apply: {error}", log_tail=_tail(error))
             for name, files, script, min_reward, timeout_s in steps:
                 canaries = plan_summary_canaries(files) if spec.pytest_summary else None
-                rewards, log_tail, log = await _run_step(sandbox, with_canaries(files, canaries), script, timeout_s,
-                                                         workdir, spec.env)
+                step = await _run_step(sandbox, with_canaries(files, canaries), script, timeout_s, workdir, spec.env,
+                                       root=mount or WORKSPACE)
+                rewards, log_tail, log = step.rewards, step.log_tail, step.log
                 label = f"step {name}: " if name else ""
+                notes += [f"{label}{note}" for note in step.notes]
                 if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
                     return _no_reward(job, started, f"{label}{rewards}", log_tail)
+                lies = step.lies(rewarded=(scalar_reward(rewards) or 0.0) > 0)
                 if spec.pytest_summary and (failure := pytest_summary_failure(log, canaries)):
-                    rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
-                    notes.append(f"{label}reward 0: {failure}")
-                    flags.append(FLAG_RUNNER_TAMPERED if failure.startswith("runner tampered") else FLAG_SUMMARY)
-                elif canaries is not None:
+                    lies = ([failure] if failure.startswith("runner tampered") else []) + lies
+                    if not lies:
+                        rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
+                        notes.append(f"{label}reward 0: {failure}")
+                        flags.append(FLAG_SUMMARY)
+                elif canaries is not None and not lies:
                     # the must-fail canary made the script's exit status (and so its reward file) 0:
                     # Terminal-Bench's own rule decides, every listed test of the task's passed
                     rewards = {**rewards, "reward": 1.0}
+                if lies:  # the canaries or the guard caught the test process lying: its reward is worthless
+                    rewards = {**rewards, "reward": 0.0}
+                    notes.append(f"{label}reward 0: " + "; ".join(lies))
+                    if FLAG_RUNNER_TAMPERED not in flags:
+                        flags.append(FLAG_RUNNER_TAMPERED)
                 graded.append((name, rewards))
                 if name:
                     notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
@@ -332,9 +345,41 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
         reason="; ".join(notes), log_tail=log_tail)
 
 
+class _Step(msgspec.Struct, frozen=True, kw_only=True):
+    """One step's run: its rewards (or why there are none), its log, and the guard's record."""
+
+    rewards: dict[str, float] | str
+    log: str
+    log_tail: str
+    watch: guard.Guard | None = None
+    record: bytes | None = None
+    notes: tuple[str, ...] = ()
+
+    def lies(self, *, rewarded: bool) -> list[str]:
+        """What the guard's record says the script's pytest runs lied about (``guard.check_script``)."""
+        if self.watch is None:
+            return []
+        seen, _ = guard.check_script(guard.read(self.record.decode("utf-8", "replace")) if self.record else None,
+                                     log_text=self.log, marker=self.watch.marker, summary=summary_statuses(self.log),
+                                     rewarded=rewarded)
+        return [f"runner tampered: {what}" for what in seen]
+
+
 async def _run_step(sandbox, files: dict[str, bytes], script: str, timeout_s: float, workdir: str,
-                    env: dict[str, str]) -> tuple[dict[str, float] | str, str, str]:
-    """Put one step's tests at /tests, run its script, read its rewards (or why there are none)."""
+                    env: dict[str, str], *, root: str) -> _Step:
+    """Put one step's tests at /tests, run its script with the guard in its pytest runs, read its
+    rewards (or why there are none). A script whose pytest could not import the guard (it set its
+    own ``PYTHONPATH``) is run once more without it, and the reason says so."""
+    step = await _run_script(sandbox, files, script, timeout_s, workdir, env, watch=guard.plan(HARBOR_DIR), root=root)
+    if step.watch is not None and f'Error importing plugin "{step.watch.module}"' in step.log:
+        step = await _run_script(sandbox, files, script, timeout_s, workdir, env, watch=None, root=root)
+        return msgspec.structs.replace(step, notes=(
+            "the test script's pytest could not import the runner guard: run again without it",))
+    return step
+
+
+async def _run_script(sandbox, files: dict[str, bytes], script: str, timeout_s: float, workdir: str,
+                      env: dict[str, str], *, watch: guard.Guard | None, root: str) -> _Step:
     setup = _Output(64 * 1024)
     run = await sandbox.exec(["sh", "-c", _SETUP], env={}, workdir=WORKSPACE, timeout_s=60.0, on_output=setup)
     if run.exit_code == NO_LAYER:
@@ -344,21 +389,27 @@ async def _run_step(sandbox, files: dict[str, bytes], script: str, timeout_s: fl
     for rel in files:
         if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
             raise InvalidTask(f"test file {rel!r} is not a path under /tests")
-    await sandbox.put_files({f"{HARBOR_DIR}/tests/{rel}": data for rel, data in files.items()})
+    placed = {f"{HARBOR_DIR}/tests/{rel}": data for rel, data in files.items()}
+    command = _RUN
+    if watch is not None:  # active in every pytest run of the script, wherever it runs it
+        placed.update(guard.files(watch, workdir="", root=root))
+        command = guard.command(watch, _RUN)
+    await sandbox.put_files(placed)
     path = f"/tests/{script}"
-    run = await sandbox.exec(["sh", "-c", _RUN, path], env={**TEST_ENV, "TEST_DIR": "/tests", **env},
+    run = await sandbox.exec(["sh", "-c", command, path], env={**TEST_ENV, "TEST_DIR": "/tests", **env},
                              workdir=workdir, timeout_s=timeout_s, on_output=_Output(64 * 1024))
     log = (await sandbox.read_file(f"{HARBOR_DIR}/{TEST_STDOUT}", max_bytes=MAX_LOG_BYTES) or b"").decode(
         "utf-8", errors="replace")
-    log_tail = _tail(log)
+    record = await sandbox.read_file(watch.record, max_bytes=MAX_LOG_BYTES) if watch is not None else None
+    step = _Step(rewards="", log=log, log_tail=_tail(log), watch=watch, record=record)
     if run.timed_out:
-        return f"the test script timed out after {timeout_s:g}s", log_tail, log
+        return msgspec.structs.replace(step, rewards=f"the test script timed out after {timeout_s:g}s")
     try:
         rewards = parse_rewards(await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_TXT}", max_bytes=MAX_REWARD_BYTES),
                                 await sandbox.read_file(f"{HARBOR_DIR}/{REWARD_JSON}", max_bytes=MAX_REWARD_BYTES))
     except RewardFileError as exc:
-        return f"{exc} (the test script exited {run.exit_code})", log_tail, log
-    return rewards, log_tail, log
+        return msgspec.structs.replace(step, rewards=f"{exc} (the test script exited {run.exit_code})")
+    return msgspec.structs.replace(step, rewards=rewards)
 
 
 def _no_reward(job: VerifyJob, started: float, why: str, log_tail: str) -> VerificationResult:
