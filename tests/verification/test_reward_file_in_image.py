@@ -155,3 +155,16 @@ async def test_terminal_bench_reports_rewritten_past_the_canaries_are_caught_by_
     hack = await verifier(tasks["fix-fizzbuzz"], rewrite(OLD_FIZZBUZZ + head + hacks.TARGETED_REPORTS))
     assert hack.reward == 0.0 and "runner_tampered" in hack.flags, hack.reason
     assert "test_fizzbuzz was listed PASSED but failed" in hack.reason
+
+
+async def test_a_script_whose_pytest_cannot_import_the_guard_is_run_again_without_it(tasks, verifier):
+    """A test.sh that sets its own PYTHONPATH (and keeps PYTEST_PLUGINS): pytest cannot import the
+    guard and stops; the honest answer still scores 1, and the reason says the run was not guarded."""
+    task = tasks["arena-fixtures.hello-file"]
+    script = (b"#!/bin/bash\nexport PYTHONPATH=/app\npython3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py\n"
+              b"if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+    own_path = msgspec.structs.replace(task, verifier=msgspec.structs.replace(
+        task.verifier, files={**task.verifier.files, "test.sh": script}))
+    solved = await verifier(own_path, new_file("hello.txt", "Hello, world!\n"))
+    assert (solved.reward, solved.flags) == (1.0, []), solved.reason
+    assert "could not import the runner guard: run again without it" in solved.reason
