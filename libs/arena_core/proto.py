@@ -5,6 +5,7 @@ subject catalog. ``python -m arena_core.proto`` writes it; ``--check`` fails on 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -17,11 +18,23 @@ from arena_core.schemas import MESSAGES, SCHEMA_VERSION
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "proto"
 
 
+def _clean_descriptions(node):
+    """Docstrings as ``inspect.cleandoc`` leaves them (indentation removed), whichever msgspec made
+    the schema: 0.23 dedents them itself, 0.22 kept the indentation, and ``proto/`` must not
+    depend on which one is installed."""
+    if isinstance(node, dict):
+        return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_descriptions(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
+
+
 def render() -> dict[str, str]:
     """File name -> content, for every generated file."""
     files: dict[str, str] = {}
     for name, cls in sorted(MESSAGES.items()):
-        schema = msgspec.json.schema(cls)
+        schema = _clean_descriptions(msgspec.json.schema(cls))
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         schema["$id"] = f"arena/{name}.json"
         files[f"schemas/{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
