@@ -119,7 +119,7 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
     app = FastAPI(title="Arena trajectories", docs_url=None, redoc_url=None, responses=openapi.errors(422, 503))
     openapi.install(app, [Trajectory, TrajectoryList, ExportPage, GroupView, TrainerMetrics, health.Health,
                         *insights.SCHEMAS])
-    openapi.install(app, [duels.DuelList, duels.DuelView, duels.Leaderboard])
+    openapi.install(app, [duels.DuelList, duels.DuelView, duels.Leaderboard, evals.EvalList, evals.EvalReportPost])
     obj = {"type": "object"}
 
     @app.exception_handler(ArenaError)
@@ -296,7 +296,8 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
 
     # ----------------------------------------------------------------- evaluations (evals.py)
 
-    @app.post("/v1/evals", status_code=201, responses={201: openapi.answer(obj, "stored"), **openapi.errors(413)})
+    @app.post("/v1/evals", status_code=201, openapi_extra=openapi.request_body(evals.EvalReportPost),
+              responses={201: openapi.answer(obj, "stored"), **openapi.errors(413, 422)})
     async def post_eval_report(request: Request) -> Response:
         """An ``arena eval`` report (its ``report.json``), kept for the dashboard by job and grading version."""
         body = await request.body()

@@ -10,11 +10,12 @@ few fields the listing needs are read from it on the way in. Nothing here comput
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import msgspec
 
 from arena_core.errors import InvalidRequest, NotFound
-from arena_core.schemas import valid_id
+from arena_core.schemas import ID_MAX, ID_PATTERN, valid_id
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import DATABASE
 
@@ -39,21 +40,23 @@ class _Task(msgspec.Struct):
 
 
 class _Spec(msgspec.Struct):
-    job_id: str
-    created_at: float
+    job_id: Annotated[str, msgspec.Meta(pattern=ID_PATTERN, max_length=ID_MAX)]
+    #: Unix seconds; the table's DateTime64 holds 1970 to 2299 (this bound: 2200)
+    created_at: Annotated[float, msgspec.Meta(ge=0, le=7_258_118_400)]
     dataset: str
     agent: str
     models: list[str]
-    k: int
+    k: Annotated[int, msgspec.Meta(ge=1, le=100_000)]
     tasks: list[_Task]
 
 
 class _Grading(msgspec.Struct):
-    version: int
+    version: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 
 
-class _Report(msgspec.Struct):
-    """What the listing reads of a posted report (every other field is kept, not read)."""
+class EvalReportPost(msgspec.Struct):
+    """``POST /v1/evals``: an ``arena eval`` report (its ``report.json``). What the listing reads of it is
+    checked; every other field is kept as posted, not read."""
 
     spec: _Spec
     models: list[_Model]
@@ -88,10 +91,10 @@ class EvalList(msgspec.Struct, kw_only=True):
     jobs: list[EvalSummary]
 
 
-_decode_report = msgspec.json.Decoder(_Report)
+_decode_report = msgspec.json.Decoder(EvalReportPost)
 
 
-def read_report(body: bytes) -> _Report:
+def read_report(body: bytes) -> EvalReportPost:
     if len(body) > MAX_REPORT_BODY:
         raise InvalidRequest(f"evaluation report body over {MAX_REPORT_BODY} bytes")
     try:
