@@ -121,8 +121,12 @@ HARBOR_LOADER_TESTS := tests/client/test_harbor_terminal_bench_import.py::test_e
 ## and `arena tasks shell` in such an image: `make test-datasets`
 HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/verification/test_reward_file_in_image.py \
 	tests/e2e/test_tasks_shell_in_task_image.py tests/e2e/test_harbor_terminal_bench_audit.py
+## `arena eval` over two swebench-mini instances, two scripted models, k = 2 (issue 39): 8 rollouts with real
+## verification, minutes on a shared host, in `make test-datasets`
+EVAL_DATASET_TESTS := tests/e2e/test_eval_over_swebench_mini.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
-	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS)) $(addprefix --deselect=,$(HARBOR_LOADER_TESTS))
+	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS) $(EVAL_DATASET_TESTS)) \
+	$(addprefix --deselect=,$(HARBOR_LOADER_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
 TEST_STACKS  := tests/security tests/client tests/stack tests/deploy tests/dashboard tests/rl $(MINI_TESTS)
@@ -170,12 +174,13 @@ harbor-venv:
 ## base mapped to arena/quickstart) -> validate (oracle 1, null 0, 3 runs) through the real stack (as root);
 ## SWE-smith and R2E-Gym rows in images built here (FROM arena/quickstart): import --from-images ->
 ## validate --runs 3 -> audit of every task (no hack above a do-nothing agent), the Harbor and Terminal-Bench
-## fixtures audited the same way; `arena tasks shell` in a Harbor task's image (stdin, -- CMD, a terminal)
+## fixtures audited the same way; `arena tasks shell` in a Harbor task's image (stdin, -- CMD, a terminal);
+## an `arena eval` job over swebench-mini with two scripted models of known solve rates
 test-datasets: venv harbor-venv
 	@if [ "$$(id -u)" = 0 ]; then ARENA_IMAGES=quickstart bash deploy/docker-engine.sh images; fi
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
 		tests/verification/test_reward_file_rule.py $(HARBOR_IMAGE_TESTS)
-	$(PY) -m pytest -q -p no:cacheprovider $(ROW_STACK_TESTS) $(ROW_IMAGE_TESTS)
+	$(PY) -m pytest -q -p no:cacheprovider $(ROW_STACK_TESTS) $(ROW_IMAGE_TESTS) $(EVAL_DATASET_TESTS)
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
 ## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman
