@@ -34,7 +34,10 @@ from arena_core.sources import prepare_workspace
 from arena_sandbox_providers import local
 from arena_verification.runner import verify
 
-pytestmark = pytest.mark.skipif(local.available() is not None, reason=f"no sandbox: {local.available()}")
+#: the module fixture verifies every case (~30 on one instance, 4 at a time): minutes on a loaded
+#: 2-core host, past pytest-timeout's default 300 s for its first test's setup
+pytestmark = [pytest.mark.skipif(local.available() is not None, reason=f"no sandbox: {local.available()}"),
+              pytest.mark.timeout(1200)]
 
 DATASET = Path(__file__).resolve().parents[2] / "examples" / "swebench-mini"
 ROWS = {row.instance_id: row for row in datasets.read_rows(DATASET / "dataset.jsonl")}

@@ -78,14 +78,14 @@ async def test_diff_that_does_not_apply(tmp_path):
 
 async def test_a_test_command_that_hangs_times_out(tmp_path):
     verifier = msgspec.structs.replace(TASK.verifier, command="python -m pytest -rA -v tests; sleep 60",
-                                       timeout_s=6)
+                                       timeout_s=20)  # the tests' own run fits, the sleep never
     task = msgspec.structs.replace(TASK, verifier=verifier)
     r = await run(tmp_path, scripted_diff("correct"), task)
     # Every listed test passed before the hang, but a run that did not finish is not trusted.
     assert r.counts == Counts(f2p_passed=2, p2p_passed=5)
     assert (r.reward, r.passed) == (0.0, False)
     assert r.flags == ["timeout"]
-    assert r.reason.startswith("the test command timed out after 6s")
+    assert r.reason.startswith("the test command timed out after 20s")
 
 
 async def test_output_that_is_not_pytest_is_a_parse_failure(tmp_path):
