@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,12 @@ def logged_scalars(kind: str, where: Path) -> dict[str, list[tuple[int, float]]]
     """Every scalar series the run at ``where`` holds, as ``{name: [(step, value), ...]}``."""
     if kind == "wandb":
         (run_dir,) = (where / "wandb").glob("offline-run-*")
+        # wandb's service process writes the run's file on its own: its last records (the history
+        # among them) can land just after ``finish`` returned; the exit record comes last
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+                r.WhichOneof("record_type") == "exit" for r in wandb_records(run_dir)):
+            time.sleep(0.2)
         return wandb_history(run_dir)
     if kind == "mlflow":
         client, run = mlflow_run(where)
