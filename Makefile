@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SHELL  := /bin/bash
 
-.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images images-newest test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv harbor-venv test-datasets
+.PHONY: test-serial test-hacks test-cluster test-compose rl-deps test-rl venv demo demo-rl test test-pkg fuzz test-chaos proto proto-check clean bench images images-newest test-agents scaffolds-venv test-dashboard image-openenv-echo test-openenv demo-openenv harbor-venv test-datasets test-eval
 
 $(STAMP): pyproject.toml deploy/setup-host.sh
 	bash deploy/setup-host.sh
@@ -124,8 +124,11 @@ HARBOR_IMAGE_TESTS := tests/e2e/test_harbor_terminal_bench_datasets.py tests/ver
 ## `arena eval` over two swebench-mini instances, two scripted models, k = 2 (issue 39): 8 rollouts with real
 ## verification, minutes on a shared host, in `make test-datasets`
 EVAL_DATASET_TESTS := tests/e2e/test_eval_over_swebench_mini.py
+## arena eval through the real stack: a job killed half-way (the client; the rollout service and the client)
+## and resumed, a regraded job's v2 report, ATIF export (~6 min on 2 cores): `make test-eval`
+EVAL_STACK_TESTS := tests/e2e/test_eval_through_the_stack.py
 TEST_IGNORES := $(addprefix --ignore=,$(AGENT_TESTS) $(RL_MODEL_TESTS) $(DASHBOARD_TESTS) $(OPENENV_IMAGE_TESTS) \
-	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS) $(EVAL_DATASET_TESTS)) \
+	$(ROW_IMAGE_TESTS) $(HARBOR_IMAGE_TESTS) $(ROW_STACK_TESTS) $(EVAL_DATASET_TESTS) $(EVAL_STACK_TESTS)) \
 	$(addprefix --deselect=,$(HARBOR_LOADER_TESTS))
 MINI_TESTS   := tests/e2e/test_agent_mini_swe_agent.py
 TEST_E2E     := tests/e2e --ignore=$(MINI_TESTS)
@@ -181,6 +184,10 @@ test-datasets: venv harbor-venv
 	$(PY) -m pytest -q -p no:cacheprovider tests/client/test_harbor_terminal_bench_import.py \
 		tests/verification/test_reward_file_rule.py $(HARBOR_IMAGE_TESTS)
 	$(PY) -m pytest -q -p no:cacheprovider $(ROW_STACK_TESTS) $(ROW_IMAGE_TESTS) $(EVAL_DATASET_TESTS)
+
+## arena eval's stack tests (kill and resume, regrade, ATIF) and the eval over swebench-mini
+test-eval: venv
+	$(PY) -m pytest -q -p no:cacheprovider $(EVAL_STACK_TESTS) $(EVAL_DATASET_TESTS)
 
 ## sandbox images, built locally with Podman (no registry): the bases and one per agent scaffold
 ## (docs/agents.md "Images"); as root into the docker engine's store, else into the user's podman
