@@ -69,7 +69,7 @@ async def test_300_rollouts_at_once_get_429s_and_none_expires_in_the_queue(tmp_p
 
             finals = []
             for rid in admitted:
-                got = await http.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 300})
+                got = await http.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 300}, timeout=330)
                 assert got.status_code == 200, got.text
                 finals.append(got.json())
         expired = [(v["rollout_id"], v["reason"]) for v in finals

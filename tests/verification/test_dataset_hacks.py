@@ -9,9 +9,10 @@ worked are kept: in-process report patching that tries to spare the canaries by 
 and a neutered test helper module outside the task's named test files.
 
 All verifications of all instances run concurrently once (a module fixture, 4 at a time);
-one test per (instance, case) checks its verdict. ``make test`` runs every case on one instance
-(the one with a test helper module, so all cases); ``make test-hacks`` (``ARENA_DATASET_HACKS=all``)
-runs them on all five.
+one test per (instance, case) checks its verdict. ``make test-hacks`` runs them on all five
+instances (``ARENA_DATASET_HACKS=all``, its default); ``ARENA_DATASET_HACKS=one make test-hacks``
+every case on one instance (the one with a test helper module, so all cases). ``make test`` runs
+the hack suite on the quickstart task (tests/verification/test_hacks.py), not this.
 """
 
 from __future__ import annotations
