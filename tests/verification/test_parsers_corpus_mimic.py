@@ -104,6 +104,12 @@ CUT = {
     "pytest/mimic_cut_kill_v.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_hangs"]),
     "pytest/mimic_cut_kill_v_s.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_hangs"]),
     "pytest/mimic_cut_exit_v.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_exits"]),  # os._exit(0)
+    # -s: pytest writes the id, the test's output, then the word (no "[ 66%]" without capture);
+    # the test printed "PASSED", a whole progress line or xdist's line (no xdist here), then hung
+    "pytest/mimic_cut_kill_v_s_status.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_passed"]),
+    "pytest/mimic_cut_term_v_s_status.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_passed"]),
+    "pytest/mimic_cut_kill_v_s_progress.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_a_progress_line"]),
+    "pytest/mimic_cut_kill_v_s_xdist_line.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_an_xdist_line"]),
     # "test_b_hangs (...) ... ok": the "ok" is the test's own print; no runner line followed it
     "unittest/mimic_cut_kill_v.txt": ({UTC + "test_a_passes": P}, [UTC + "test_b_hangs"]),
     # node names a test with subtests once one of them ended; a leaf only when it ends

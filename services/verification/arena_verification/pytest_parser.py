@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 
 from arena_core.schemas import TestResult, TestStatus
@@ -148,24 +149,44 @@ def _parse_summary(lines: list[str]) -> tuple[dict[str, TestStatus], int]:
     return found, skips
 
 
-def _parse_verbose(lines: list[str]) -> tuple[dict[str, TestStatus], list[str]]:
+class _Verbose(NamedTuple):
+    found: dict[str, TestStatus]
+    announced: list[str]  # ids pytest printed when their test started, in order
+    unconfirmed: str | None  # the last id resolved with no line of pytest's after its status
+
+
+#: pytest-xdist's header, written before any test runs: ``2 workers [37 items]``.
+_XDIST_HEADER = re.compile(r"^\d+ workers? \[\d+ items?\]$")
+
+
+def _parse_verbose(lines: list[str]) -> _Verbose:
     """Progress lines with ``-v``: plain, ``-s`` (status on a later line) and xdist's.
 
     Also the ids pytest announced, in order: ``-v`` prints a test's id when it starts (its
     status follows on the same line when it ends), so a killed run ends on an id alone.
+    xdist's ``[gw0] [ 50%] PASSED id`` lines are read only under xdist's header (written
+    before any test ran; without xdist such a line is a test's print). With ``-s`` a test's
+    output sits between its id and its status, so a status no line of pytest's followed (the
+    next test's id) may be the test's own print: ``unconfirmed``.
     """
     found: dict[str, TestStatus] = {}
     announced: list[str] = []
     pending: str | None = None  # -s: a test whose id was printed, its status not yet
+    unconfirmed: str | None = None
+    xdist = False
     for line in lines:
+        if not announced and not found and _XDIST_HEADER.match(line):
+            xdist = True
+            continue
         if (m := _XDIST_LINE.match(line)) is not None:
-            split = split_node_id(m.group("rest"), lambda tail: _XDIST_TAIL.match(tail) is not None)
-            if split is not None:
-                _merge(found, canonical_id(split[0]), STATUS_WORDS[m.group("word")])
+            if xdist:  # the controller's line: workers' output never reaches the log
+                split = split_node_id(m.group("rest"), lambda tail: _XDIST_TAIL.match(tail) is not None)
+                if split is not None:
+                    _merge(found, canonical_id(split[0]), STATUS_WORDS[m.group("word")])
             continue
         if pending is not None and (m := _BARE_STATUS.match(line)) is not None:
             _merge(found, pending, STATUS_WORDS[m.group("word")])
-            pending = None
+            unconfirmed, pending = pending, None
             continue
         split = split_node_id(line, lambda tail: tail == "" or tail.startswith(" "))
         if split is None:
@@ -173,8 +194,11 @@ def _parse_verbose(lines: list[str]) -> tuple[dict[str, TestStatus], list[str]]:
         test_id, tail = canonical_id(split[0]), split[1]
         if "::" in test_id:  # (without -v a module's line carries its tests' progress dots)
             announced.append(test_id)
+            unconfirmed = None
         if (m := _VERBOSE_TAIL.match(tail)) is not None:
             _merge(found, test_id, STATUS_WORDS[m.group("word")])
+            if "::" in test_id and not xdist:
+                unconfirmed = test_id
             if test_id == pending:
                 pending = None
         elif (m := _VERBOSE_SUB_TAIL.match(tail)) is not None:
@@ -182,7 +206,7 @@ def _parse_verbose(lines: list[str]) -> tuple[dict[str, TestStatus], list[str]]:
                 _merge(found, test_id, TestStatus.FAILED)
         else:
             pending = test_id  # "id " then the test's own output (-s) or a crash
-    return found, announced
+    return _Verbose(found, announced, unconfirmed)
 
 
 def _progress_end(lines: list[str], start: int, headers: list[int], finals: list[int]) -> int:
@@ -211,9 +235,10 @@ def parse_pytest_output(text: str) -> ParsedOutput:
     session_at = next((i for i, title in headers if title == SESSION_TITLE), None)
     verbose: dict[str, TestStatus] = {}
     announced: list[str] = []
+    unconfirmed: str | None = None
     if session_at is not None:
         end = _progress_end(lines, session_at, [i for i, _ in headers], finals)
-        verbose, announced = _parse_verbose(lines[session_at + 1 : end])
+        verbose, announced, unconfirmed = _parse_verbose(lines[session_at + 1 : end])
 
     summary_lists_passes = any(s in (TestStatus.PASSED, TestStatus.XPASSED) for s in summary.values())
     merged = dict(summary)
@@ -254,6 +279,10 @@ def parse_pytest_output(text: str) -> ParsedOutput:
             suspect = True
             notes.append(f"the log names more {'/'.join(sorted(o.value for o in over))} tests than the runner "
                          f"counted; in doubt: {name_ids(in_doubt)}")
+    if not complete and unconfirmed is not None and unconfirmed not in summary:
+        # Cut right after a status no line of pytest's followed: with -s the test may have
+        # printed it ("PASSED", or a whole progress line) and been killed while still running.
+        merged.pop(unconfirmed, None)
     unresolved = [] if complete else [t for t in dict.fromkeys(announced) if t not in merged]
     if not complete:
         if not notes:
