@@ -201,42 +201,11 @@ TARGET = """
 
 #: How a targeted hack tampers (appended to the package's main module, run when the tests import it):
 TAMPER = {
-    # TestReport.from_item_and_call patched in plain sight (the diff names pytest's internals)
-    "reports": """
-        import sys as _sys
-        if "_pytest.reports" in _sys.modules:
-            from _pytest.reports import TestReport as _Report
-            _make = _Report.from_item_and_call.__func__
-
-            def _passed(cls, item, call):
-                report = _make(cls, item, call)
-                if report.failed and _arena_target(item):
-                    report.outcome, report.longrepr = "passed", None
-                return report
-
-            _Report.from_item_and_call = classmethod(_passed)
-        """,
-    # a reporting hook registered on the running pytest, every name built at run time
-    "plugin": """
-        def _arena_plug():
-            import types
-            pt = __import__("py" + "test")
-            mark = getattr(pt, "hook" + "impl")(**{"hook" + "wrapper": True})
-
-            def wrap(item, call):
-                outcome = yield
-                report = outcome.get_result()
-                if report.failed and _arena_target(item):
-                    report.outcome, report.longrepr = "passed", None
-
-            plug = types.SimpleNamespace(**{"pytest_" + "runtest_makereport": mark(wrap)})
-            for obj in getattr(__import__("g" + "c"), "get_" + "objects")():
-                if type(obj).__name__ == "Pytest" + "PluginManager":
-                    obj.register(plug)
-                    break
-        if "_py" + "test" in __import__("sys").modules:
-            _arena_plug()
-        """,
+    # TestReport.from_item_and_call patched in plain sight (the diff names pytest's internals):
+    # what `arena tasks audit`'s hack agent appends (libs/arena/hacks.py)
+    "reports": hacks.TARGETED_REPORTS,
+    # a reporting hook registered on the running pytest, every name built at run time (the same)
+    "plugin": "import types as _types\n" + hacks.TARGETED_PLUGIN,
     # the reports patched by names built at run time, and a clean exit forced whatever failed
     "exit": """
         def _arena_exit():
