@@ -59,14 +59,14 @@ def _nats_url(url: str) -> str:
 SIGN_IN_MINUTES = 10
 
 
-async def _sign_in_link(nats_url: str, dashboard_url: str) -> str:
+async def _sign_in_link(nats_url: str, dashboard_url: str, project: str = "default") -> str:
     """``{dashboard}/?token=...``: a one-time, read-only sign-in token (docs/dashboard.md, "Signing in")."""
     from arena_core import apikeys
     from arena_core.bus import Bus
 
     bus = await Bus.connect(nats_url, "arena-cli")
     try:
-        token = await apikeys.issue_sign_in_token(bus, ttl_s=SIGN_IN_MINUTES * 60)
+        token = await apikeys.issue_sign_in_token(bus, ttl_s=SIGN_IN_MINUTES * 60, project=project)
     finally:
         await bus.close()
     return f"{dashboard_url.rstrip('/')}/?token={token}"
@@ -729,6 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="create: who or what the key is for")
     p.add_argument("--scope", action="append", choices=["submit", "read", "admin"],
                    help="create: a scope (repeatable): submit (POST), read (GET), admin (both)")
+    p.add_argument("--project", default="default",
+                   help="create, sign-in: the project the key sees and makes objects in (default %(default)s); "
+                        "an admin key sees every project (docs/projects.md)")
     p.add_argument("--id", help="revoke: the key's id (`arena keys list`)")
     p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
@@ -964,7 +967,11 @@ def cmd_keys(args) -> int:
     from arena_core.bus import Bus
 
     if args.action == "sign-in":
-        print(asyncio.run(_sign_in_link(_nats_url(args.nats_url), args.dashboard_url)))
+        try:
+            apikeys.check_project(args.project)
+        except ValueError as exc:
+            raise ArenaError(str(exc)) from None
+        print(asyncio.run(_sign_in_link(_nats_url(args.nats_url), args.dashboard_url, args.project)))
         print(f"one use, within {SIGN_IN_MINUTES} minutes; it signs a browser in read-only", file=sys.stderr)
         return 0
 
@@ -974,8 +981,12 @@ def cmd_keys(args) -> int:
             if args.action == "create":
                 if not args.name or not args.scope:
                     raise ArenaError("keys create needs --name and at least one --scope")
-                key, record = await apikeys.issue(bus, args.name, args.scope)
-                print(f"created key {record.key_id} ({record.name}; {', '.join(record.scopes)}); "
+                try:
+                    key, record = await apikeys.issue(bus, args.name, args.scope, args.project)
+                except ValueError as exc:
+                    raise ArenaError(str(exc)) from None
+                sees = "every project" if "admin" in record.scopes else f"project {record.project}"
+                print(f"created key {record.key_id} ({record.name}; {', '.join(record.scopes)}; {sees}); "
                       "it is shown once:", file=sys.stderr)
                 print(key)
             elif args.action == "revoke":
@@ -985,7 +996,7 @@ def cmd_keys(args) -> int:
                 print(f"revoked {record.key_id} ({record.name})")
             else:
                 for r in await apikeys.listing(bus):
-                    print(f"{r.key_id:14s} {r.name:24s} {','.join(r.scopes):20s} "
+                    print(f"{r.key_id:14s} {r.name:24s} {','.join(r.scopes):20s} {r.project:16s} "
                           f"{'revoked' if r.revoked else 'active'}  created {time.strftime('%Y-%m-%d %H:%M', time.gmtime(r.created_at))}")
             return 0
         finally:

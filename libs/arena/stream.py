@@ -49,6 +49,7 @@ class StreamStats(msgspec.Struct, kw_only=True):
     dropped_partial: int = 0  # partial groups (timed out without every member) acked unseen
     undecodable: int = 0  # messages that are not a ``GroupCompleted`` (terminated)
     missing_members: int = 0  # groups terminated because a member's trajectory never was on the stream
+    other_project: int = 0  # groups of another project than ``project`` acked unseen
 
 
 def _decode(data: bytes) -> GroupCompleted:
@@ -172,6 +173,11 @@ class TrajectoryStream:
     keep it from expiring while the trainer holds it; a clean ``close()`` hands back
     uncommitted groups at once). ``commit()`` rides out a NATS server restart: acks the
     server surely did not receive are retried for up to ``commit_timeout`` seconds.
+
+    ``project`` hands out that project's groups only (others are acked unseen for this
+    consumer and counted in ``stats.other_project``); ``None``: every project's. It is a filter
+    of what the trainer reads, not a wall: a trainer's NATS credentials still reach the whole
+    stream (per-project NATS accounts are not built; docs/projects.md).
     """
 
     def __init__(
@@ -185,6 +191,7 @@ class TrajectoryStream:
         max_ack_pending: int = 1024,
         partial_groups: Literal["drop", "yield"] = "drop",
         commit_timeout: float = 30.0,
+        project: str | None = None,
     ):
         if not name or any(c in name for c in ".*> \t\r\n"):
             raise ValueError(f"invalid trainer name {name!r}: no dots, wildcards or whitespace")
@@ -192,6 +199,9 @@ class TrajectoryStream:
             raise ValueError("max_staleness needs current_policy_version")
         if partial_groups not in ("drop", "yield"):
             raise ValueError(f"partial_groups must be 'drop' or 'yield', not {partial_groups!r}")
+        if project is not None and (not project or any(c in project for c in "/.*> \t\r\n")):
+            raise ValueError(f"invalid project {project!r}")
+        self.project = project
         self.partial_groups = partial_groups
         self.commit_timeout = commit_timeout
         self.nats_url = nats_url
@@ -323,6 +333,10 @@ class TrajectoryStream:
         except Unavailable as exc:  # its body cannot be read now: delivered again shortly
             log.warning("group %d on %s: %s", seq, msg.subject, exc)
             await msg.nak(delay=1.0)
+            return None
+        if self.project is not None and group.project != self.project:
+            self.stats.other_project += 1
+            await msg.ack()
             return None
         if group.members:  # the members by reference: read them
             group = await self._resolve(group, msg)

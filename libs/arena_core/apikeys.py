@@ -2,7 +2,9 @@
 every route but health. docs/deploy.md ("Authentication").
 
 A key is ``ak_<id>_<secret>``; the ``arena_api_keys`` bucket holds ``<id>`` -> ``ApiKey``
-(the secret's SHA-256, never the secret). ``KeyGuard`` wraps an ASGI app.
+(the secret's SHA-256, never the secret). ``KeyGuard`` wraps an ASGI app. Every key belongs to
+one project (``default`` unless made with another; a record stored before projects existed
+reads as ``default``); an admin key sees every project. docs/projects.md.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import time
 from typing import Literal
@@ -21,10 +24,13 @@ import msgspec
 
 from arena_core import subjects
 from arena_core.bus import follow_kv
+from arena_core.schemas import DEFAULT_PROJECT  # a key made without one, a record from before projects
 
 log = logging.getLogger("arena.apikeys")
 
 Scope = Literal["submit", "read", "admin"]
+#: A project's name: what an id may be, without dots (1-64 characters).
+PROJECT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 SCOPES: tuple[Scope, ...] = ("submit", "read", "admin")
 PREFIX = "ak_"
 #: Routes anyone may call: liveness and readiness (supervisors and load balancers), and the
@@ -80,6 +86,8 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: float = 0.0
     #: set on a dashboard sign-in token (``issue_sign_in_token``): no API takes it as a key
     sign_in: SignIn | None = None
+    #: the project whose objects it sees and makes (an admin key sees every project's)
+    project: str = DEFAULT_PROJECT
 
     def allows(self, scope: Scope) -> bool:
         return not self.revoked and (scope in self.scopes or "admin" in self.scopes)
@@ -87,25 +95,38 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     def expired(self, now: float | None = None) -> bool:
         return bool(self.expires_at) and (time.time() if now is None else now) >= self.expires_at
 
+    def sees(self, project: str) -> bool:
+        """Whether objects of ``project`` exist for this key: its own project's, or any with an admin key."""
+        return self.project == project or "admin" in self.scopes
+
     @property
     def read_only(self) -> bool:
         return self.scopes == ["read"]
 
 
-def new_key(name: str, scopes: list[Scope]) -> tuple[str, ApiKey]:
+def check_project(project: str) -> str:
+    """``project`` when it is a valid project name, else ``ValueError`` saying what one is."""
+    if not isinstance(project, str) or not PROJECT_PATTERN.fullmatch(project):
+        raise ValueError(f"a project name is 1-64 letters, digits, '-' or '_', starting with a letter or digit "
+                         f"(got {project!r})")
+    return project
+
+
+def new_key(name: str, scopes: list[Scope], project: str = DEFAULT_PROJECT) -> tuple[str, ApiKey]:
     """(the key to hand over once, its stored record)."""
     unknown = [s for s in scopes if s not in SCOPES]
     if not scopes or unknown:
         raise ValueError(f"scopes must be among {', '.join(SCOPES)} (got {', '.join(scopes) or 'none'})")
+    check_project(project)
     key_id = secrets.token_hex(6)
     key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(24)}"
     return key, ApiKey(key_id=key_id, name=name, scopes=list(dict.fromkeys(scopes)), sha256=_digest(key),
-                       created_at=time.time())
+                       created_at=time.time(), project=project)
 
 
-async def issue(bus, name: str, scopes: list[Scope]) -> tuple[str, ApiKey]:
-    """A new key stored in ``arena_api_keys``: (the key, shown once; its record)."""
-    key, record = new_key(name, scopes)
+async def issue(bus, name: str, scopes: list[Scope], project: str = DEFAULT_PROJECT) -> tuple[str, ApiKey]:
+    """A new key of ``project`` stored in ``arena_api_keys``: (the key, shown once; its record)."""
+    key, record = new_key(name, scopes, project)
     await (await bus.kv(subjects.KV_API_KEYS)).put(record.key_id, msgspec.json.encode(record))
     return key, record
 
@@ -141,7 +162,7 @@ SESSION_S = 30 * 86400.0
 
 
 async def issue_sign_in_token(bus, *, ttl_s: float = SIGN_IN_TTL_S, session_s: float = SESSION_S,
-                              name: str = "dashboard sign-in") -> str:
+                              name: str = "dashboard sign-in", project: str = DEFAULT_PROJECT) -> str:
     """A one-time, read-only sign-in token for the dashboard (``{dashboard}/?token=<it>``),
     usable once within ``ttl_s``; no API takes it as a key. Stored in ``arena_api_keys`` beside
     the read-only session key it opens (valid ``session_s``, revocable as any key, its secret
@@ -149,14 +170,16 @@ async def issue_sign_in_token(bus, *, ttl_s: float = SIGN_IN_TTL_S, session_s: f
     token is used). docs/dashboard.md ("Signing in")."""
     if not 0 < ttl_s <= 86400 or not 0 < session_s <= 365 * 86400:
         raise ValueError("a sign-in token lives at most a day and its session at most a year")
+    check_project(project)
     now = time.time()
     token_id, session_id = secrets.token_hex(6), secrets.token_hex(6)
     token = f"{SIGN_IN_PREFIX}{token_id}_{secrets.token_urlsafe(24)}"
     salt = secrets.token_urlsafe(16)
     session = ApiKey(key_id=session_id, name=name, scopes=["read"], sha256=_digest(_session_key(token, session_id, salt)),
-                     created_at=now, expires_at=now + session_s)
+                     created_at=now, expires_at=now + session_s, project=project)
     record = ApiKey(key_id=token_id, name=f"{name} (one-time token)", scopes=["read"], sha256=_digest(token),
-                    created_at=now, expires_at=now + ttl_s, sign_in=SignIn(session_id=session_id, salt=salt))
+                    created_at=now, expires_at=now + ttl_s, sign_in=SignIn(session_id=session_id, salt=salt),
+                    project=project)
     kv = await bus.kv(subjects.KV_API_KEYS)
     await kv.put(session_id, msgspec.json.encode(session))
     await kv.put(token_id, msgspec.json.encode(record))

@@ -17,6 +17,10 @@ from arena_core import scaffolds
 SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/schemas.md
 
 
+#: The project of everything made by a key without one, stored before projects existed, or
+#: made while keys are off (docs/projects.md).
+DEFAULT_PROJECT = "default"
+
 #: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
 #: trajectory, key ids; subject tokens): 1-128 characters, an ASCII letter or digit first, then
 #: letters, digits, ``_`` and ``-``, with single dots between non-empty parts (an id becomes a
@@ -621,6 +625,9 @@ class RolloutRecord(Base, kw_only=True):
     group_cancelled: bool = False
     #: The hard lifetime from ``created_at`` (queue + run + verify), seconds; 0: none.
     lifetime_s: float = 0.0
+    #: The project of the key that made it ("default" with keys off, and for records stored
+    #: before projects existed): a key of another project never sees it (docs/projects.md).
+    project: str = DEFAULT_PROJECT
 
 
 class RolloutView(Base, kw_only=True):
@@ -643,6 +650,7 @@ class RolloutView(Base, kw_only=True):
     infrastructure: bool = False  # ended by an infrastructure error: no reward
     owner: str = ""  # the id of the API key that made it ("anonymous" with keys off)
     group_cancelled: bool = False  # cancelled by its group's completion policy: no reward
+    project: str = DEFAULT_PROJECT  # the project it belongs to (docs/projects.md)
 
 
 class RolloutSubmitted(Base, kw_only=True):
@@ -682,6 +690,8 @@ class RolloutStateChanged(Base, kw_only=True):
     infrastructure: bool = False
     #: On a final state: cancelled by its group's completion policy (no reward, not a 0).
     group_cancelled: bool = False
+    #: The rollout's project (the trajectory keeps it: docs/projects.md).
+    project: str = DEFAULT_PROJECT
 
 
 class GroupSubmitted(Base, kw_only=True):
@@ -955,6 +965,8 @@ class EnvironmentRecord(Base, kw_only=True):
     #: The id of the API key that registered it ("anonymous" with keys off): only it or an
     #: admin key may replace or delete it (``arena_core.owners``).
     owner: str = "anonymous"
+    #: The project it serves: its name is that project's (another project's key never sees it).
+    project: str = DEFAULT_PROJECT
 
 
 class WorkerInfo(Base, kw_only=True):
@@ -981,6 +993,7 @@ class EnvironmentView(Base, kw_only=True):
     hosted: bool = False  # an unmodified OpenEnv environment relayed (``task.environment``)
     created_at: float = 0.0
     owner: str = ""  # the id of the API key that registered it ("anonymous" with keys off)
+    project: str = DEFAULT_PROJECT  # the project it belongs to (docs/projects.md)
 
 
 # --------------------------------------------------------------------------- captured steps
@@ -1190,6 +1203,8 @@ class Trajectory(Base, kw_only=True):
     sequences: list[TrainingSequence] = []
     #: Where the steps did not chain into one sequence, and the steps left out of every one.
     sequence_breaks: list[SequenceBreak] = []
+    #: The project of the rollout (of the key that submitted it; docs/projects.md).
+    project: str = DEFAULT_PROJECT
 
 
 class MemberRef(Base, kw_only=True):
@@ -1229,6 +1244,8 @@ class GroupCompleted(Base, kw_only=True):
     cancelled_indexes: list[int] = []
     #: On the stream: the members by reference (``trajectories`` then empty); see above.
     members: list[MemberRef] = []
+    #: The members' project: ``TrajectoryStream(project=...)`` hands out only that project's groups.
+    project: str = DEFAULT_PROJECT
 
 
 class DuelRoundDone(Base, kw_only=True):

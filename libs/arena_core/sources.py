@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from arena_core.errors import ArenaError
-from arena_core.schemas import BundleSource, GitSource, ImageSource, PathSource, Source
+from arena_core.schemas import DEFAULT_PROJECT, BundleSource, GitSource, ImageSource, PathSource, Source
 
 log = logging.getLogger("arena_core.sources")
 
@@ -342,21 +342,48 @@ def extract_bundle(data: bytes, dest: Path, limits: UnpackLimits = UnpackLimits(
         raise SourceError(f"the bundle is not a valid archive: {exc}") from exc
 
 
-async def bundle_exists(bus, digest: str) -> bool:
-    store = await bus.artifacts()
+#: A bundle belongs to the projects that uploaded it: a marker object per project
+#: (``bundle-projects/{project}/{digest}``). A bundle object stored before projects existed has
+#: no :data:`MARKED` description and belongs to the ``default`` project (docs/projects.md).
+BUNDLE_PROJECTS = "bundle-projects/"
+MARKED = "arena bundle; its projects are marked"
+
+
+def project_marker(project: str, digest: str) -> str:
+    return f"{BUNDLE_PROJECTS}{project}/{digest}"
+
+
+async def _info(store, name: str):
     try:
-        info = await store.get_info(bundle_object(digest))
+        info = await store.get_info(name)
     except Exception:  # noqa: BLE001 - nats raises ObjectNotFoundError / NotFoundError by version
-        return False
-    return info is not None and not getattr(info, "deleted", False)
+        return None
+    return None if info is None or getattr(info, "deleted", False) else info
 
 
-async def push_bundle(bus, data: bytes) -> str:
-    """Store ``data`` under its digest (once); returns the digest."""
+async def bundle_exists(bus, digest: str, project: str | None = None) -> bool:
+    """Whether the bundle is stored; with ``project``, stored for that project (one that did not
+    upload it does not see it)."""
+    store = await bus.artifacts()
+    info = await _info(store, bundle_object(digest))
+    if info is None or project is None:
+        return info is not None
+    if info.description != MARKED and project == DEFAULT_PROJECT:
+        return True  # stored before projects: the default project's
+    return await _info(store, project_marker(project, digest)) is not None
+
+
+async def push_bundle(bus, data: bytes, project: str = DEFAULT_PROJECT) -> str:
+    """Store ``data`` under its digest (once), marked as ``project``'s; returns the digest."""
+    from nats.js.api import ObjectMeta
+
     digest = digest_of(data)
-    if not await bundle_exists(bus, digest):
-        store = await bus.artifacts()
-        await store.put(bundle_object(digest), data)
+    store = await bus.artifacts()
+    if await _info(store, bundle_object(digest)) is None:
+        await store.put(bundle_object(digest), data, meta=ObjectMeta(name=bundle_object(digest), description=MARKED))
+    marker = project_marker(project, digest)
+    if await _info(store, marker) is None:
+        await store.put(marker, b"")
     return digest
 
 

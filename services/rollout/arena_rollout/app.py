@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from arena_core import apikeys, health, openapi, sources, subjects
+from arena_core import apikeys, health, openapi, owners, sources, subjects
 from arena_core.bodies import decode_body
 from arena_core.errors import ArenaError, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
 from arena_core.schemas import (
@@ -92,6 +92,11 @@ class RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+
+
+def bundle_project(request: Request) -> str | None:
+    """The project whose bundles the caller sees; ``None``: every project's (keys off, an admin key)."""
+    return owners.listing_project(apikeys.caller(request.scope))
 
 
 def decode(data: bytes, type_: type[T]) -> T:
@@ -206,52 +211,56 @@ def create_app(service: RolloutService) -> RolloutApp:
             raise PayloadTooLarge(str(exc)) from None
         except sources.SourceError as exc:
             raise InvalidRequest(str(exc)) from None
-        digest = await sources.push_bundle(service.bus, data)
+        digest = await sources.push_bundle(service.bus, data, owners.project_of(apikeys.caller(request.scope)))
         return json_response({"digest": digest, "size": len(data)}, 201)
 
     @app.get("/v1/bundles/{digest}", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def bundle_info(digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
+    async def bundle_info(request: Request, digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
+        """Whether the caller's project uploaded this bundle (another project's is not found)."""
         if not sources.DIGEST.fullmatch(digest):
             raise InvalidRequest("a bundle digest is sha256: followed by 64 lower-case hex digits")
-        if not await sources.bundle_exists(service.bus, digest):
+        if not await sources.bundle_exists(service.bus, digest, bundle_project(request)):
             raise NotFound(f"bundle {digest} is not stored")
         return json_response({"digest": digest})
 
     @app.get("/v1/bundles/{digest}/archive", responses={
         200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
               "description": "the bundle's bytes, as uploaded"}, **openapi.errors(404)})
-    async def bundle_archive(digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
+    async def bundle_archive(request: Request, digest: str = Path(..., pattern=r"^sha256:[0-9a-f]{64}$")) -> Response:
         """A bundle's bytes (``arena tasks shell`` unpacks a task's source from them); the
-        ``submit`` scope, as uploading: a task's files are not for read-only keys."""
+        ``submit`` scope, as uploading: a task's files are not for read-only keys, nor for
+        another project's."""
         if not sources.DIGEST.fullmatch(digest):
             raise InvalidRequest("a bundle digest is sha256: followed by 64 lower-case hex digits")
-        if not await sources.bundle_exists(service.bus, digest):
+        if not await sources.bundle_exists(service.bus, digest, bundle_project(request)):
             raise NotFound(f"bundle {digest} is not stored")
         data = await sources.fetch_bundle(service.bus, digest)  # checked against its digest
         return Response(data, media_type="application/octet-stream")
 
     @app.get("/v1/rollouts", responses={200: openapi.answer(obj)})
-    async def list_rollouts(state: RolloutState | None = None,
+    async def list_rollouts(request: Request, state: RolloutState | None = None,
                             group_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
                             limit_: int = Query(1000, ge=1, le=100_000)) -> Response:
         if group_id is not None and not valid_id(group_id):
             raise InvalidRequest(f"group_id must match {ID_PATTERN}")
         if not 1 <= limit_ <= 100_000:
             raise InvalidRequest("limit_ must be between 1 and 100000")
-        records = await service.store.list(state=state.value if state is not None else None, limit=limit_)
+        records = await service.store.list(state=state.value if state is not None else None, limit=limit_,
+                                           project=owners.listing_project(apikeys.caller(request.scope)))
         if group_id is not None:
             records = [r for r in records if r.group_id == group_id]
         return json_response({"rollouts": [view(r) for r in records]})
 
     @app.get("/v1/rollouts/{rollout_id}", responses=one, operation_id="get_rollout")
-    async def get_rollout(rollout_id: str = rid) -> Response:
-        record, _ = await service.store.get(rollout_id)
-        return json_response(view(record))
+    async def get_rollout(request: Request, rollout_id: str = rid) -> Response:
+        return json_response(view(await service.visible(rollout_id, apikeys.caller(request.scope))))
 
     @app.get("/v1/rollouts/{rollout_id}/wait", responses=one, operation_id="wait_rollout")
-    async def wait_rollout(rollout_id: str = rid, timeout: float = Query(30.0, ge=0, le=300)) -> Response:
+    async def wait_rollout(request: Request, rollout_id: str = rid,
+                           timeout: float = Query(30.0, ge=0, le=300)) -> Response:
         if not 0 <= timeout <= 300:
             raise InvalidRequest("timeout must be between 0 and 300 seconds")
+        await service.visible(rollout_id, apikeys.caller(request.scope))  # another project's: 404 at once
         record = await service.wait(rollout_id, timeout)
         return json_response(view(record))
 
@@ -259,14 +268,15 @@ def create_app(service: RolloutService) -> RolloutApp:
         **openapi.errors(403)[403], "description": "the rollout belongs to another API key (only it or an admin "
                                                   "key may cancel it)"}}, operation_id="cancel_rollout")
     async def cancel_rollout(request: Request, rollout_id: str = rid) -> Response:
-        """Only the key that submitted the rollout, or an admin key, may cancel it (403 otherwise)."""
+        """Only the key that submitted the rollout, or an admin key, may cancel it (403 otherwise;
+        another project's rollout is not found, 404)."""
         return json_response(view(await service.cancel(rollout_id, caller=apikeys.caller(request.scope))))
 
     @app.get("/v1/rollouts/{rollout_id}/events", operation_id="rollout_events", responses={
         200: {"description": "state changes as server-sent events",
               "content": {"text/event-stream": {"schema": sse}}}, **openapi.errors(404)})
-    async def rollout_events(rollout_id: str = rid) -> StreamingResponse:
-        await service.store.get(rollout_id)  # 404 before the stream starts
+    async def rollout_events(request: Request, rollout_id: str = rid) -> StreamingResponse:
+        await service.visible(rollout_id, apikeys.caller(request.scope))  # 404 before the stream starts
 
         async def sse():
             async for event in service.events(rollout_id):

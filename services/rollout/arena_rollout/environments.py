@@ -1,6 +1,11 @@
 """Environments: tasks served over OpenEnv's protocol at ``/openenv/{name}``, kept in the
 ``arena_environments`` bucket (their private part in ``arena_verifiers``, as a rollout's).
 docs/openenv.md.
+
+Names are per project (docs/projects.md): the ``default`` project's environment ``name`` is kept
+under the key ``name`` (as before projects), another project's under ``{project}/{name}`` (a
+name never holds a ``/``). A key resolves a name in its own project; a listing by an admin key
+shows every project's.
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ def view(record: EnvironmentRecord, public_url: str) -> EnvironmentView:
     task = record.request.task
     return EnvironmentView(name=record.name, task_id=task.id, url=f"{public_url.rstrip('/')}/openenv/{record.name}",
                            provider=record.request.provider, max_concurrent=record.request.max_concurrent,
-                           hosted=task.environment is not None, created_at=record.created_at, owner=record.owner)
+                           hosted=task.environment is not None, created_at=record.created_at, owner=record.owner,
+                           project=record.project)
+
+
+#: where ``project``'s environment ``name`` is kept in the bucket, and (project, name) of a key
+storage_key, split_key = owners.scoped_name, owners.split_scoped
 
 
 def as_submission(req: EnvironmentRequest) -> SubmitRolloutRequest:
@@ -53,26 +63,30 @@ class Environments:
             raise InvalidRequest("an environment's task is played by an OpenEnv client: set task.agent to "
                                  "{\"external\": true}")
         kv = await self._kv()
-        _, revision = await self._checked(kv, name, caller)  # refused before anything is stored
-        accepted, (ref, budget) = await self.service._accept(as_submission(req), external=True)
+        project = owners.project_of(caller)
+        key = storage_key(project, name)
+        _, revision = await self._checked(kv, key, caller)  # refused before anything is stored
+        accepted, (ref, budget) = await self.service._accept(as_submission(req), external=True, project=project)
         public = msgspec.structs.replace(req, task=accepted.task)
         record = EnvironmentRecord(name=name, request=public, verifier_ref=ref, verify_budget_s=budget,
-                                   created_at=time.time(), owner=owners.owner_of(caller))
+                                   created_at=time.time(), owner=owners.owner_of(caller), project=project)
         try:
             if revision is None:
-                await kv.create(name, msgspec.json.encode(record))
+                await kv.create(key, msgspec.json.encode(record))
             else:
-                await kv.update(name, msgspec.json.encode(record), last=revision)
+                await kv.update(key, msgspec.json.encode(record), last=revision)
         except KeyWrongLastSequenceError:
             raise Conflict(f"environment {name!r} changed while it was being replaced; try again") from None
-        self._cache[name] = (time.monotonic(), record)
+        self._cache[key] = (time.monotonic(), record)
         return record
 
-    async def _checked(self, kv, name: str, caller: ApiKey | None) -> tuple[EnvironmentRecord | None, int | None]:
-        """The stored environment and its revision (``None``s when there is none), read afresh
-        (never the cache), once ``caller`` may change it; 403 otherwise."""
+    async def _checked(self, kv, key: str, caller: ApiKey | None) -> tuple[EnvironmentRecord | None, int | None]:
+        """The stored environment (under bucket key ``key``, of the caller's project) and its
+        revision (``None``s when there is none), read afresh (never the cache), once ``caller``
+        may change it; 403 otherwise."""
+        name = split_key(key)[1]
         try:
-            entry = await kv.get(name)
+            entry = await kv.get(key)
         except KeyNotFoundError:
             entry = None
         if entry is None or entry.value is None:
@@ -81,61 +95,69 @@ class Environments:
         owners.check(record.owner, caller, f"environment {name!r}")
         return record, entry.revision
 
-    async def get(self, name: str) -> EnvironmentRecord:
+    async def get(self, name: str, caller: ApiKey | None = None) -> EnvironmentRecord:
+        """``caller``'s project's environment ``name`` (404 naming that project's others when none)."""
+        project = owners.project_of(caller)
         if not valid_id(name):
-            raise NotFound(await self.not_found(name))
-        hit = self._cache.get(name)
+            raise NotFound(await self.not_found(name, project))
+        key = storage_key(project, name)
+        hit = self._cache.get(key)
         if hit is not None and time.monotonic() - hit[0] < CACHE_S:
             return hit[1]
         try:
-            entry = await (await self._kv()).get(name)
+            entry = await (await self._kv()).get(key)
         except KeyNotFoundError:
             entry = None
         if entry is None or entry.value is None:
-            self._cache.pop(name, None)
-            raise NotFound(await self.not_found(name))
+            self._cache.pop(key, None)
+            raise NotFound(await self.not_found(name, project))
         record = _decoder.decode(entry.value)
-        self._cache[name] = (time.monotonic(), record)
+        self._cache[key] = (time.monotonic(), record)
         return record
 
-    async def names(self) -> list[str]:
-        """The registered environments' names, sorted."""
+    async def keys(self) -> list[str]:
         try:
             return sorted(await (await self._kv()).keys())
         except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
             return []
 
-    async def not_found(self, name: str) -> str:
-        """Why ``name`` is not served, naming the environments that are (at most 20)."""
-        names = await self.names()
+    async def names(self, project: str = owners.DEFAULT_PROJECT) -> list[str]:
+        """The names of ``project``'s registered environments, sorted."""
+        return sorted(name for p, name in map(split_key, await self.keys()) if p == project)
+
+    async def not_found(self, name: str, project: str = owners.DEFAULT_PROJECT) -> str:
+        """Why ``name`` is not served, naming the environments of ``project`` that are (at most 20)."""
+        names = await self.names(project)
         shown = ", ".join(names[:20]) + (f", … ({len(names)} in all)" if len(names) > 20 else "")
         return (f"no environment {name!r} (registered: {shown or 'none'}; "
                 f"PUT /v1/environments/{name} registers one)")
 
-    async def list(self) -> list[EnvironmentRecord]:
+    async def list(self, project: str | None = None) -> list[EnvironmentRecord]:
+        """The environments of ``project`` (``None``: of every project)."""
         kv = await self._kv()
-        try:
-            names = await kv.keys()
-        except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
-            return []
         out = []
-        for name in sorted(names):
-            try:
-                out.append(await self.get(name))
-            except NotFound:
+        for key in await self.keys():
+            if project is not None and split_key(key)[0] != project:
                 continue
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry is not None and entry.value is not None:
+                out.append(_decoder.decode(entry.value))
         return out
 
     async def delete(self, name: str, caller: ApiKey | None = None) -> None:
-        """Only its owner or an admin key may delete it (403 otherwise)."""
+        """The caller's project's environment; only its owner or an admin key may delete it (403 otherwise)."""
         if not valid_id(name):
             raise NotFound(f"no environment {name!r}")
         kv = await self._kv()
-        record, revision = await self._checked(kv, name, caller)
+        key = storage_key(owners.project_of(caller), name)
+        record, revision = await self._checked(kv, key, caller)
         if record is None:
             raise NotFound(f"no environment {name!r}")
         try:
-            await kv.delete(name, last=revision)
+            await kv.delete(key, last=revision)
         except KeyWrongLastSequenceError:
             raise Conflict(f"environment {name!r} changed while it was being deleted; try again") from None
-        self._cache.pop(name, None)
+        self._cache.pop(key, None)

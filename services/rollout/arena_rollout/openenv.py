@@ -296,7 +296,7 @@ class Episode:
         with service.admit(1, req.task.budget.wall_clock_s):
             return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s),
                                          group_id=group_id, index=index, size=size, sampling=sampling,
-                                         owner=owners.owner_of(self.caller))
+                                         owner=owners.owner_of(self.caller), project=self.env.project)
 
     async def _exchange(self, kind: str, data: dict[str, Any], *, timeout_s: float,
                         give_up: bool = False) -> EnvReply:

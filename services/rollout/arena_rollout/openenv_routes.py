@@ -14,12 +14,12 @@ import msgspec
 from fastapi import FastAPI, Path, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
-from arena_core import apikeys, envtools, openapi
+from arena_core import apikeys, envtools, openapi, owners
 from arena_core.errors import ArenaError, NotFound
 from arena_core.schemas import ID_PATTERN, EnvironmentRequest, EnvironmentView
 
 from arena_rollout import openenv
-from arena_rollout.environments import Environments, view
+from arena_rollout.environments import Environments, storage_key, view
 
 log = logging.getLogger("arena.rollout.openenv")
 
@@ -91,12 +91,15 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         return _json(view(await environments.put(name, req, apikeys.caller(request.scope)), public_url))
 
     @app.get("/v1/environments", responses={200: openapi.answer(obj)})
-    async def list_environments() -> Response:
-        return _json({"environments": [view(r, public_url) for r in await environments.list()]})
+    async def list_environments(request: Request) -> Response:
+        """The caller's project's environments (an admin key's listing: every project's)."""
+        project = owners.listing_project(apikeys.caller(request.scope))
+        return _json({"environments": [view(r, public_url) for r in await environments.list(project)]})
 
     @app.get("/v1/environments/{name}", responses={200: openapi.answer(EnvironmentView), **openapi.errors(404)})
-    async def get_environment(name: str = name_param) -> Response:
-        return _json(view(await environments.get(name), public_url))
+    async def get_environment(request: Request, name: str = name_param) -> Response:
+        """The caller's project's environment ``name`` (names are per project)."""
+        return _json(view(await environments.get(name, apikeys.caller(request.scope)), public_url))
 
     @app.delete("/v1/environments/{name}", status_code=204, responses={**openapi.errors(404, 409), **theirs})
     async def delete_environment(request: Request, name: str = name_param) -> Response:
@@ -108,26 +111,26 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     # ------------------------------------------------------------------ OpenEnv's server
 
     @app.get("/openenv/{name}/health", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def env_health(name: str = name_param) -> Response:
-        await environments.get(name)
+    async def env_health(request: Request, name: str = name_param) -> Response:
+        await environments.get(name, apikeys.caller(request.scope))
         return _json({"status": "healthy"})
 
     @app.get("/openenv/{name}/metadata", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def env_metadata(name: str = name_param) -> Response:
-        return _json(openenv.metadata(await environments.get(name)))
+    async def env_metadata(request: Request, name: str = name_param) -> Response:
+        return _json(openenv.metadata(await environments.get(name, apikeys.caller(request.scope))))
 
     @app.get("/openenv/{name}/schema", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def env_schema(name: str = name_param) -> Response:
-        return _json(openenv.schema(await environments.get(name)))
+    async def env_schema(request: Request, name: str = name_param) -> Response:
+        return _json(openenv.schema(await environments.get(name, apikeys.caller(request.scope))))
 
     @app.get("/openenv/{name}/openapi.json", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def env_openapi(name: str = name_param) -> Response:
-        return _json(openenv.openapi(await environments.get(name)))
+    async def env_openapi(request: Request, name: str = name_param) -> Response:
+        return _json(openenv.openapi(await environments.get(name, apikeys.caller(request.scope))))
 
     @app.post("/openenv/{name}/mcp", responses={200: openapi.answer(obj), **openapi.errors(404)},
               openapi_extra=openapi.request_body_schema(obj))
     async def env_mcp(request: Request, name: str = name_param) -> Response:
-        env = await environments.get(name)
+        env = await environments.get(name, apikeys.caller(request.scope))
         try:
             body = msgspec.json.decode(await read_body(request, limit))
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -139,7 +142,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
               openapi_extra=openapi.request_body_schema(obj))
     async def env_reset(request: Request, name: str = name_param) -> Response:
         """Stateless, as in OpenEnv's own server: the first observation, no episode (that is ``/ws``)."""
-        env = await environments.get(name)
+        env = await environments.get(name, apikeys.caller(request.scope))
         data = await _body_object(request, read_body, limit, empty_ok=True)
         seed = data.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
@@ -153,7 +156,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         """Stateless, as in OpenEnv's own server: the action is checked (422), then run on a fresh
         environment (a rollout of its own, ended after this step) and its observation answered. An
         episode of several steps is the WebSocket ``/ws``."""
-        env = await environments.get(name)
+        env = await environments.get(name, apikeys.caller(request.scope))
         data = await _body_object(request, read_body, limit, empty_ok=False)
         if not isinstance(data.get("action"), dict):
             return _json({"detail": [{"type": "missing", "loc": ["body", "action"], "msg": "Field required"}]}, 422)
@@ -185,14 +188,14 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                      502)
 
     @app.get("/openenv/{name}/state", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def env_state(name: str = name_param) -> Response:
-        await environments.get(name)
+    async def env_state(request: Request, name: str = name_param) -> Response:
+        await environments.get(name, apikeys.caller(request.scope))
         return _json({"episode_id": None, "step_count": 0})
 
     @app.websocket("/openenv/{name}/ws")
     async def env_ws(websocket: WebSocket, name: str) -> None:
         try:
-            env = await environments.get(name)
+            env = await environments.get(name, apikeys.caller(websocket.scope))
         except NotFound as exc:
             # a 404 naming the environments that exist (closing before accepting reads as a 403)
             if "websocket.http.response" in websocket.scope.get("extensions", {}):
@@ -201,8 +204,9 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                 await websocket.close(code=1008, reason=exc.message[:120])
             return
         await websocket.accept()
-        if not capacity.take(name, env.request.max_concurrent):
-            active = capacity.open.get(name, 0)
+        held = storage_key(env.project, name)  # names are per project: so are their sessions
+        if not capacity.take(held, env.request.max_concurrent):
+            active = capacity.open.get(held, 0)
             await websocket.send_text(msgspec.json.encode(openenv.error_frame(
                 "CAPACITY_REACHED", f"Server at capacity: {active}/{env.request.max_concurrent} sessions active. "
                 "Cannot accept new connections.", active_sessions=active,
@@ -264,7 +268,7 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
                 await websocket.close(code=1011)
         finally:
             reader.cancel()
-            capacity.give(name)
+            capacity.give(held)
             ending = asyncio.ensure_future(_end(episode))  # runs whole even if this handler is cancelled
             endings.add(ending)
             ending.add_done_callback(endings.discard)

@@ -118,6 +118,7 @@ def view(record: RolloutRecord) -> RolloutView:
         infrastructure=record.infrastructure,
         owner=record.owner,
         group_cancelled=record.group_cancelled,
+        project=record.project,
     )
 
 
@@ -324,14 +325,15 @@ class RolloutService:
     async def submit(self, req: SubmitRolloutRequest, *, caller: ApiKey | None = None) -> RolloutRecord:
         """``caller``: the key that submits (``None`` with keys off); the rollout records it as owner."""
         with self.admit(1, req.task.budget.wall_clock_s):
-            req, private = await self._accept(req)
+            req, private = await self._accept(req, project=owners.project_of(caller))
             return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling,
-                                      owner=owners.owner_of(caller))
+                                      owner=owners.owner_of(caller), project=owners.project_of(caller))
 
     async def submit_group(self, req: SubmitGroupRequest, *, caller: ApiKey | None = None) -> GroupSubmitted:
         with self.admit(req.n, req.task.budget.wall_clock_s) as held:
-            req, private = await self._accept(req)
-            return await self._submit_members(req, private, owner=owners.owner_of(caller), held=held)
+            req, private = await self._accept(req, project=owners.project_of(caller))
+            return await self._submit_members(req, private, owner=owners.owner_of(caller),
+                                              project=owners.project_of(caller), held=held)
 
     async def submit_duel(self, req: SubmitDuelRequest, *, caller: ApiKey | None = None) -> DuelSubmitted:
         """Two groups of one task, one per policy, on the same seeds; every member labelled
@@ -342,13 +344,15 @@ class RolloutService:
         if problems:
             raise InvalidRequest("; ".join(problems))
         with self.admit(2 * req.n, req.task.budget.wall_clock_s) as held:
-            return await self._submit_duel(req, owner=owners.owner_of(caller), held=held)
+            return await self._submit_duel(req, owner=owners.owner_of(caller), project=owners.project_of(caller),
+                                           held=held)
 
-    async def _submit_duel(self, req: SubmitDuelRequest, *, owner: str, held: Reservation) -> DuelSubmitted:
+    async def _submit_duel(self, req: SubmitDuelRequest, *, owner: str, project: str,
+                           held: Reservation) -> DuelSubmitted:
         seed = req.sampling.seed if req.sampling.seed is not None else 0
         group = SubmitGroupRequest(task=req.task, n=req.n, sampling=msgspec.structs.replace(req.sampling, seed=seed),
                                    model=req.policies[0], provider=req.provider, metadata=req.metadata)
-        group, private = await self._accept(group)  # once: both sides run the same task
+        group, private = await self._accept(group, project=project)  # once: both sides run the same task
         duel_id = "d-" + uuid.uuid4().hex[:16]
         sides: list[GroupSubmitted] = []
         try:
@@ -356,7 +360,7 @@ class RolloutService:
                 labels = [{LABEL_DUEL: duel_id, LABEL_DUEL_SIDE: side, LABEL_DUEL_POLICY: policy,
                            LABEL_DUEL_SEED: str(seed + i)} for i in range(req.n)]
                 sides.append(await self._submit_members(msgspec.structs.replace(group, model=policy), private,
-                                                        labels=labels, owner=owner, held=held))
+                                                        labels=labels, owner=owner, project=project, held=held))
         except BaseException:
             # a duel runs whole or not at all: side a's rollouts would otherwise run for a duel
             # nobody can see complete
@@ -371,7 +375,8 @@ class RolloutService:
                              groups=[g.group_id for g in sides], rollout_ids=[g.rollout_ids for g in sides])
 
     async def _submit_members(self, req: SubmitGroupRequest, private: tuple[str, float], *, owner: str,
-                              held: Reservation, labels: list[dict[str, str]] | None = None) -> GroupSubmitted:
+                              held: Reservation, project: str = owners.DEFAULT_PROJECT,
+                              labels: list[dict[str, str]] | None = None) -> GroupSubmitted:
         """The members of an accepted group; ``labels[i]``: member ``i``'s labels over the group's.
         Each member gives back its place in ``held`` once created (it is then in the queue count)."""
         group_id = "g-" + uuid.uuid4().hex[:16]
@@ -394,6 +399,7 @@ class RolloutService:
                         else req.sampling
                     ),
                     owner=owner,
+                    project=project,
                     completion=req.completion,
                     group_submitted_at=submitted_at,
                 )
@@ -403,9 +409,10 @@ class RolloutService:
         records = await asyncio.gather(*(member(i) for i in range(req.n)))
         return GroupSubmitted(group_id=group_id, rollout_ids=[r.rollout_id for r in records])
 
-    async def _accept(self, req, *, external: bool = False):
-        """Validate a submission, check its bundles exist, and store its private part apart:
-        the request with the public task, and the private part's (key, time budget)."""
+    async def _accept(self, req, *, external: bool = False, project: str = owners.DEFAULT_PROJECT):
+        """Validate a submission, check its bundles exist (in ``project``: another project's bundle
+        is not there for it), and store its private part apart: the request with the public task,
+        and the private part's (key, time budget)."""
         if req.task.environment is not None and req.task.verifier is None:  # the environment's own rewards
             req = msgspec.structs.replace(req, task=msgspec.structs.replace(req.task, verifier=EnvRewardVerifier()))
         validate_submission(req, check_paths=self.settings.sandbox_provider == "local",
@@ -422,7 +429,7 @@ class RolloutService:
             raise InvalidRequest(problem)
         task = req.task
         for digest in _bundles_of(task):
-            if not await sources.bundle_exists(self.bus, digest):
+            if not await sources.bundle_exists(self.bus, digest, project=project):
                 raise InvalidRequest(f"bundle {digest} is not in Arena's object store: upload it first "
                                      "(POST /v1/bundles, `arena tasks push`)")
         ref = await self.store_verifier(task.verifier)
@@ -434,18 +441,19 @@ class RolloutService:
 
     async def _create(self, req: SubmitRolloutRequest, private: tuple[str, float], *, group_id: str | None,
                       index: int, size: int, sampling, owner: str = owners.ANONYMOUS,
-                      completion: GroupCompletion = GroupCompletion(),
+                      project: str = owners.DEFAULT_PROJECT, completion: GroupCompletion = GroupCompletion(),
                       group_submitted_at: float = 0.0) -> RolloutRecord:
         rid = "r-" + uuid.uuid4().hex[:20]
         # one rollout is one trace: every message published below carries its traceparent
         with telemetry.tracer().start_as_current_span("submission", attributes={"arena.rollout_id": rid,
                                                                              "arena.task_id": req.task.id}):
             return await self._create_traced(req, private, rid=rid, group_id=group_id, index=index, size=size,
-                                             sampling=sampling, owner=owner, completion=completion,
+                                             sampling=sampling, owner=owner, project=project,
+                                             completion=completion,
                                              group_submitted_at=group_submitted_at)
 
     async def _create_traced(self, req: SubmitRolloutRequest, private: tuple[str, float], *, rid: str, group_id: str | None, index: int,
-                             size: int, sampling, owner: str, completion: GroupCompletion,
+                             size: int, sampling, owner: str, completion: GroupCompletion, project: str,
                              group_submitted_at: float) -> RolloutRecord:
         now = time.time()
         ref, verify_budget = private
@@ -469,6 +477,7 @@ class RolloutService:
             verify_budget_s=verify_budget,
             traceparent=telemetry.traceparent(),  # the proxy's spans continue it
             owner=owner,
+            project=project,
             completion=completion,
             group_submitted_at=group_submitted_at,
             lifetime_s=lifetime_s(req.task.budget, self.settings.rollout_max_lifetime_s),
@@ -554,6 +563,7 @@ class RolloutService:
             history=record.history if record.state.is_final else [],
             infrastructure=record.infrastructure,
             group_cancelled=record.group_cancelled,
+            project=record.project,
         )
         await self.bus.publish(
             subjects.rollout_state(record.rollout_id),
@@ -563,9 +573,9 @@ class RolloutService:
 
     async def cancel(self, rollout_id: str, reason: str = "cancelled by user", *,
                      caller: ApiKey | None = None) -> RolloutRecord:
-        """``caller``: the key asking (``None``: keys off, or Arena itself); only the rollout's
-        owner or an admin key may cancel it (403 otherwise)."""
-        record, _ = await self.store.get(rollout_id)
+        """``caller``: the key asking (``None``: keys off, or Arena itself); a rollout of another
+        project is not found (404), and only the rollout's owner or an admin key may cancel it (403)."""
+        record = await self.visible(rollout_id, caller)
         owners.check(record.owner, caller, f"rollout {rollout_id}")
         if record.state.is_final:
             raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
@@ -575,11 +585,20 @@ class RolloutService:
             raise Conflict(f"rollout {rollout_id} is already {record.state.value}")
         return after
 
+    async def visible(self, rollout_id: str, caller: ApiKey | None) -> RolloutRecord:
+        """The rollout's record, or 404 as for an unknown one when it is another project's (``caller``
+        a key that does not see it)."""
+        record, _ = await self.store.get(rollout_id)
+        owners.visible(record.project, caller, f"no rollout {rollout_id!r}")
+        return record
+
     def check_group(self, group_id: str, caller: ApiKey | None) -> None:
-        """Raise 403 when a live member of ``group_id`` belongs to a key ``caller`` may not
-        act for: joining a group (an OpenEnv reset naming one) is changing it."""
+        """Raise when a live member of ``group_id`` belongs to a key ``caller`` may not act for:
+        joining a group (an OpenEnv reset naming one) is changing it. Another project's group is
+        not found (404), another key's of the caller's project is refused (403)."""
         for record in self.store.cache.live():
             if record.group_id == group_id:
+                owners.visible(record.project, caller, f"no group {group_id!r} to join")
                 owners.check(record.owner, caller, f"group {group_id}")
 
     # ------------------------------------------------------------------ results from other planes

@@ -226,7 +226,9 @@ class RolloutStore:
         ``KeyWrongLastSequenceError`` when another writer got there first."""
         return await self.kv.update(rollout_id, data, last=revision)
 
-    async def list(self, *, state: str | None = None, limit: int = 1000) -> list[RolloutRecord]:
+    async def list(self, *, state: str | None = None, limit: int = 1000,
+                   project: str | None = None) -> list[RolloutRecord]:
+        """Up to ``limit`` records (of ``project`` only, when given)."""
         try:
             keys = await self.kv.keys()
         except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
@@ -237,7 +239,7 @@ class RolloutStore:
                 record, _ = await self.get(key)
             except NotFound:
                 continue
-            if state is None or record.state.value == state:
+            if (state is None or record.state.value == state) and (project is None or record.project == project):
                 out.append(record)
         out.sort(key=lambda r: r.created_at)
         return out[-limit:]

@@ -2,6 +2,9 @@
 
 Trajectories, groups, statistics, export pages, row counts and trainer metrics, with shared
 filters; errors are ``{"error": {"code", "message"}}``. Routes: docs/trajectory.md (HTTP API).
+Every answer is limited to the caller's project (its API key's; an admin key's: every project's;
+keys off: everything): another project's trajectory, group, duel, evaluation job or trainer run
+is not found (404), and lists, statistics and exports leave it out. docs/projects.md.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from arena_core import health, openapi, subjects
+from arena_core import apikeys, health, openapi, owners, subjects
 from arena_core.bodies import decode_body
 from arena_core.bus import Bus
 from arena_core.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLarge
@@ -53,7 +56,13 @@ class ExportPage(msgspec.Struct, frozen=True, kw_only=True):
     total: int | None = None  # trajectories matching the filters; on the first page only
 
 
+def mine(request: Request) -> str | None:
+    """The project the caller sees (``None``: every project: keys off, or an admin key)."""
+    return owners.listing_project(apikeys.caller(request.scope))
+
+
 def trajectory_filter(
+    request: Request,
     task_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
     group_id: str | None = Query(None, pattern=ID_PATTERN, max_length=128),
     state: RolloutState | None = None,
@@ -67,7 +76,8 @@ def trajectory_filter(
         if value is not None and not valid_id(value):
             raise InvalidRequest(f"{name} must match {ID_PATTERN}")
     return TrajectoryFilter(task_id=task_id, group_id=group_id, state=state, policy_version=policy_version,
-                            min_reward=min_reward, max_reward=max_reward, since=since, until=until)
+                            min_reward=min_reward, max_reward=max_reward, since=since, until=until,
+                            project=mine(request))
 
 
 class TrajectoryList(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,9 +162,9 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
                      200 if problem is None else 503)
 
     @app.get("/v1/trajectories/{rollout_id}", responses={200: openapi.answer(Trajectory), **openapi.errors(404)})
-    async def get_trajectory(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+    async def get_trajectory(request: Request, rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
         trajectory = await store.trajectory(rollout_id)
-        if trajectory is None:
+        if trajectory is None or not owners.sees(trajectory.project, apikeys.caller(request.scope)):
             raise NotFound(f"no trajectory for rollout {rollout_id!r}")
         return _json(await diffs.restored(bus, trajectory))  # a large diff is kept in the object store
 
@@ -190,9 +200,11 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         return _json(await analytics.latency(store, f))
 
     @app.get("/v1/counts", responses={200: openapi.answer(obj)})
-    async def counts(table: list[Literal[TABLES]] = Query([]), final: bool = True) -> Response:  # type: ignore[valid-type]
+    async def counts(request: Request, table: list[Literal[TABLES]] = Query([]),  # type: ignore[valid-type]
+                     final: bool = True) -> Response:
+        """Rows per table (of the caller's project's rollouts; every project's for an admin key)."""
         try:
-            return _json(await store.count_all(table or TABLES, final=final))
+            return _json(await store.count_all(table or TABLES, final=final, project=mine(request)))
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
@@ -219,14 +231,16 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         if len(body) > MAX_METRICS_BODY:
             raise InvalidRequest(f"trainer metrics body over {MAX_METRICS_BODY} bytes")
         metrics = decode_body(body, TrainerMetrics, what="trainer metrics")
-        await store.insert_trainer_metrics(metrics)
+        await store.insert_trainer_metrics(metrics, owners.project_of(apikeys.caller(request.scope)))
         if bus is not None:
             await bus.nc.publish(subjects.trainer_metrics(metrics.run), msgspec.json.encode(metrics))
         return _json({"stored": True}, 201)
 
     @app.get("/v1/trainer-metrics", responses={200: openapi.answer(obj)})
-    async def get_trainer_metrics(run: str = Query(..., min_length=1, max_length=256), limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
-        return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit)})
+    async def get_trainer_metrics(request: Request, run: str = Query(..., min_length=1, max_length=256),
+                                  limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
+        """A run's steps, as the caller's project posted them."""
+        return _json({"run": run, "steps": await store.trainer_metrics(run, limit=limit, project=mine(request))})
 
     # ----------------------------------------------------------------- dashboard (insights.py)
 
@@ -235,8 +249,8 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         return _json(await insights.overview(store, f))
 
     @app.get("/v1/stats/live", responses={200: openapi.answer(insights.Live)})
-    async def live_stats() -> Response:
-        return _json(await insights.live(store))
+    async def live_stats(request: Request) -> Response:
+        return _json(await insights.live(store, project=mine(request)))
 
     @app.get("/v1/stats/verification", responses={200: openapi.answer(insights.VerificationStats)})
     async def verification_stats(f: TrajectoryFilter = Depends(trajectory_filter)) -> Response:
@@ -267,58 +281,67 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         if len(body) > MAX_LOGPROBS_BODY:
             raise PayloadTooLarge(f"trainer logprobs body over {MAX_LOGPROBS_BODY} bytes")
         posted = decode_body(body, insights.TrainerLogprobs, what="trainer logprobs")
-        await insights.store_trainer_logprobs(store, posted)
+        await insights.store_trainer_logprobs(store, posted, mine(request))
         return _json({"stored": True}, 201)
 
     @app.get("/v1/trajectories/{rollout_id}/trainer-logprobs",
-             responses={200: openapi.answer(insights.TrajectoryLogprobs)})
-    async def get_trainer_logprobs(rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
-        return _json(await insights.trainer_logprobs(store, rollout_id))
+             responses={200: openapi.answer(insights.TrajectoryLogprobs), **openapi.errors(404)})
+    async def get_trainer_logprobs(request: Request,
+                                   rollout_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+        return _json(await insights.trainer_logprobs(store, rollout_id, mine(request)))
 
     # ----------------------------------------------------------------- duels (duels.py)
 
     @app.get("/v1/duels", responses={200: openapi.answer(duels.DuelList)})
-    async def list_duels(limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
+    async def list_duels(request: Request, limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
         """The latest duels, newest first, each as stored so far."""
-        return _json(duels.DuelList(duels=await duels.duels(store, limit=limit)))
+        return _json(duels.DuelList(duels=await duels.duels(store, limit=limit, project=mine(request))))
 
     @app.get("/v1/duels/{duel_id}", responses={200: openapi.answer(duels.DuelView), **openapi.errors(404)})
-    async def get_duel(duel_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
-        found = await duels.duel(store, duel_id)
+    async def get_duel(request: Request, duel_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+        found = await duels.duel(store, duel_id, mine(request))
         if found is None:
             raise NotFound(f"no trajectories of duel {duel_id!r}")
         return _json(found)
 
     @app.get("/v1/leaderboard", responses={200: openapi.answer(duels.Leaderboard)})
-    async def leaderboard() -> Response:
-        """Bradley–Terry ratings (Elo scale, 95% bootstrap intervals) over every decided round."""
-        return _json(await duels.leaderboard(store))
+    async def leaderboard(request: Request) -> Response:
+        """Bradley–Terry ratings (Elo scale, 95% bootstrap intervals) over every decided round
+        (of the caller's project's duels)."""
+        return _json(await duels.leaderboard(store, mine(request)))
 
     # ----------------------------------------------------------------- evaluations (evals.py)
 
     @app.post("/v1/evals", status_code=201, openapi_extra=openapi.request_body(evals.EvalReportPost),
-              responses={201: openapi.answer(obj, "stored"), **openapi.errors(413, 422)})
+              responses={201: openapi.answer(obj, "stored"), **openapi.errors(403, 413, 422)})
     async def post_eval_report(request: Request) -> Response:
-        """An ``arena eval`` report (its ``report.json``), kept for the dashboard by job and grading version."""
+        """An ``arena eval`` report (its ``report.json``), kept for the dashboard by job and grading
+        version, as the caller's project's job (job ids are per project). A job of the project that
+        another key posted is refused (403) unless the caller is an admin key."""
         body = await request.body()
         if len(body) > evals.MAX_REPORT_BODY:
             raise PayloadTooLarge(f"evaluation report body over {evals.MAX_REPORT_BODY} bytes")
-        job_id, version = await evals.store_report(store, body)
+        job_id, version = await evals.store_report(store, body, apikeys.caller(request.scope))
         return _json({"stored": True, "job_id": job_id, "version": version}, 201)
 
     @app.get("/v1/evals", responses={200: openapi.answer(evals.EvalList)})
-    async def list_evals(limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
-        """Evaluation jobs, newest first, with their latest version's headline figures."""
-        return _json(await evals.list_jobs(store, limit=limit))
+    async def list_evals(request: Request, limit: int = Query(50, ge=1, le=MAX_LIMIT)) -> Response:
+        """Evaluation jobs (the caller's project's), newest first, with their latest version's headline figures."""
+        return _json(await evals.list_jobs(store, limit=limit, project=mine(request)))
 
     @app.get("/v1/evals/{job_id}", responses={200: openapi.answer(obj), **openapi.errors(404)})
-    async def get_eval(job_id: str = Path(..., pattern=ID_PATTERN, max_length=128),
+    async def get_eval(request: Request, job_id: str = Path(..., pattern=ID_PATTERN, max_length=128),
                        version: int | None = Query(None, ge=1, le=10_000)) -> Response:
-        """A job's report of ``version`` (default its latest) as posted, with the versions it has."""
-        return Response(content=await evals.job_report(store, job_id, version), media_type="application/json")
+        """The caller's project's job's report of ``version`` (default its latest) as posted, with the
+        versions it has."""
+        return Response(content=await evals.job_report(store, job_id, version,
+                                                       owners.project_of(apikeys.caller(request.scope))),
+                        media_type="application/json")
 
     @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
-    async def get_group(group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
-        return _json(group_view(group_id, await diffs.restored_all(bus, await store.group(group_id))))
+    async def get_group(request: Request, group_id: str = Path(..., pattern=ID_PATTERN, max_length=128)) -> Response:
+        caller = apikeys.caller(request.scope)
+        members = [t for t in await store.group(group_id) if owners.sees(t.project, caller)]
+        return _json(group_view(group_id, await diffs.restored_all(bus, members)))
 
     return app

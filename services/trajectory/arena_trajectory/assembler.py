@@ -143,6 +143,7 @@ def assemble(
         incomplete=list(incomplete),
         sequences=merged,
         sequence_breaks=breaks,
+        project=event.project,
     )
 
 
@@ -204,4 +205,5 @@ def complete_group(trajectories: Iterable[Trajectory], *, allow_partial: bool = 
         partial=bool(missing),
         missing_indexes=missing,
         cancelled_indexes=[t.group_index for t in stored if t.group_cancelled],
+        project=first.project,
     )

@@ -119,12 +119,19 @@ _round_decoder = msgspec.json.Decoder(_RoundRow, strict=False)
 _game_decoder = msgspec.json.Decoder(_GameRow, strict=False)
 
 
-async def _rounds(store: TrajectoryStore, duel_ids: Sequence[str]) -> dict[str, list[_RoundRow]]:
-    """The rounds of each of ``duel_ids`` (those with a stored trajectory), by seed."""
+def _in_project(project: str | None) -> tuple[str, dict]:
+    """SQL restricting ``trajectories`` to ``project`` (``None``: every project), and its parameter."""
+    return ("", {}) if project is None else (" AND project = {project:String}", {"project": project})
+
+
+async def _rounds(store: TrajectoryStore, duel_ids: Sequence[str],
+                  project: str | None = None) -> dict[str, list[_RoundRow]]:
+    """The rounds of each of ``duel_ids`` (those with a stored trajectory of ``project``), by seed."""
     out: dict[str, list[_RoundRow]] = {}
     if duel_ids:
-        lines = await store.select(_ROUNDS.format(where="AND duel_id IN {ids:Array(String)}")
-                                   + " ORDER BY duel_id, seed", {"ids": list(duel_ids)})
+        mine, params = _in_project(project)
+        lines = await store.select(_ROUNDS.format(where="AND duel_id IN {ids:Array(String)}" + mine)
+                                   + " ORDER BY duel_id, seed", {"ids": list(duel_ids), **params})
         for line in lines:
             row = _round_decoder.decode(line)
             out.setdefault(row.duel_id, []).append(row)
@@ -153,29 +160,32 @@ def _round(r: _RoundRow) -> Round:
                  winner=r.winner)
 
 
-async def duels(store: TrajectoryStore, *, limit: int = 50) -> list[DuelSummary]:
-    """The latest ``limit`` duels, newest (by first start) first."""
+async def duels(store: TrajectoryStore, *, limit: int = 50, project: str | None = None) -> list[DuelSummary]:
+    """The latest ``limit`` duels (of ``project``, when given), newest (by first start) first."""
+    mine, params = _in_project(project)
     lines = await store.select(
-        f"SELECT duel_id FROM {DATABASE}.trajectories FINAL WHERE duel_id != '' GROUP BY duel_id "
-        "ORDER BY min(started_at) DESC, duel_id LIMIT {limit:UInt32}", {"limit": limit})
+        f"SELECT duel_id FROM {DATABASE}.trajectories FINAL WHERE duel_id != ''{mine} GROUP BY duel_id "
+        "ORDER BY min(started_at) DESC, duel_id LIMIT {limit:UInt32}", {"limit": limit, **params})
     ids = [msgspec.json.decode(line)["duel_id"] for line in lines]
-    rounds = await _rounds(store, ids)
+    rounds = await _rounds(store, ids, project)
     return [_summary(rounds[i]) for i in ids if i in rounds]
 
 
-async def duel(store: TrajectoryStore, duel_id: str) -> DuelView | None:
-    rows = (await _rounds(store, [duel_id])).get(duel_id)
+async def duel(store: TrajectoryStore, duel_id: str, project: str | None = None) -> DuelView | None:
+    rows = (await _rounds(store, [duel_id], project)).get(duel_id)
     if not rows:
         return None
     return DuelView(**msgspec.structs.asdict(_summary(rows)), rounds=[_round(r) for r in rows])
 
 
-async def games(store: TrajectoryStore) -> list[Game]:
-    """Every decided round of every duel (not void, not pending), counted by (a, b, score)."""
+async def games(store: TrajectoryStore, project: str | None = None) -> list[Game]:
+    """Every decided round of every duel (of ``project``, when given; not void, not pending),
+    counted by (a, b, score)."""
+    mine, params = _in_project(project)
     lines = await store.select(
         "SELECT policy_a AS a, policy_b AS b, multiIf(winner = 'a', 1.0, winner = 'b', 0.0, 0.5) AS score, "
-        f"count() AS count FROM ({_ROUNDS.format(where='')}) WHERE winner IN ('a', 'b', 'draw') "
-        "AND policy_a != policy_b GROUP BY a, b, score ORDER BY a, b, score")
+        f"count() AS count FROM ({_ROUNDS.format(where=mine)}) WHERE winner IN ('a', 'b', 'draw') "
+        "AND policy_a != policy_b GROUP BY a, b, score ORDER BY a, b, score", params)
     return [Game(a=g.a, b=g.b, score=g.score, count=g.count) for g in map(_game_decoder.decode, lines)]
 
 
@@ -184,9 +194,10 @@ async def games(store: TrajectoryStore) -> list[Game]:
 _last_rated: tuple[tuple, list[Rating]] | None = None
 
 
-async def leaderboard(store: TrajectoryStore) -> Leaderboard:
+async def leaderboard(store: TrajectoryStore, project: str | None = None) -> Leaderboard:
+    """The ratings over ``project``'s duels (``None``: every project's)."""
     global _last_rated
-    played = await games(store)
+    played = await games(store, project)
     key = tuple((g.a, g.b, g.score, g.count) for g in played)
     if _last_rated is not None and _last_rated[0] == key:
         ratings = _last_rated[1]

@@ -192,15 +192,17 @@ class Live(msgspec.Struct, frozen=True, kw_only=True):
 LIVE_WINDOW_S = 86400.0
 
 
-async def live(store: TrajectoryStore, *, now: float | None = None) -> Live:
+async def live(store: TrajectoryStore, *, now: float | None = None, project: str | None = None) -> Live:
+    """Rollouts by live state (of ``project``, when given)."""
     now = time.time() if now is None else now
     finals = ", ".join(f"'{s}'" for s in FINAL)
+    mine = "" if project is None else " AND project = {project:String}"
     lines = await _rows(store, (
         "SELECT state, count() AS n FROM ("
         f"  SELECT argMax(to_state, (at, to_state IN ({finals}))) AS state FROM {DATABASE}.rollout_states "
-        "  WHERE at >= fromUnixTimestamp64Milli(toInt64({from_ms:Int64})) GROUP BY rollout_id"
+        f"  WHERE at >= fromUnixTimestamp64Milli(toInt64({{from_ms:Int64}})){mine} GROUP BY rollout_id"
         ") WHERE state NOT IN (" + finals + ") GROUP BY state"),
-        {"from_ms": int((now - LIVE_WINDOW_S) * 1000)})
+        {"from_ms": int((now - LIVE_WINDOW_S) * 1000), **({"project": project} if project is not None else {})})
     counts = {r["state"]: int(r["n"]) for r in lines}
     return Live(at=now, **{s: counts.get(s, 0) for s in NON_FINAL})
 
@@ -541,13 +543,14 @@ async def training(store: TrajectoryStore, f: TrajectoryFilter, *, run: str | No
                    f"{_MS}(min(completed_at)) AS first_ms FROM {T}{_and(where, IN_GROUP)} GROUP BY group_id "
                    "HAVING count() >= any(group_size) AND scored > 0) GROUP BY policy_version",
                    "policy_version, groups, zero_groups, first", "zero"),
-        f"SELECT groupArray(run) AS latest FROM (SELECT run FROM {DATABASE}.trainer_metrics ORDER BY at DESC LIMIT 1)"),
+        f"SELECT groupArray(run) AS latest FROM (SELECT run FROM {DATABASE}.trainer_metrics"
+        + ("" if f.project is None else " WHERE project = {project:String}") + " ORDER BY at DESC LIMIT 1)"),
         params)
     curve = sorted(map(_fields, row["curve"]), key=lambda r: (int(r[5]), r[0], r[1]))
     zero = sorted(map(_fields, row["zero"]), key=lambda r: (int(r[3]), r[0]))
     if run is None and row["latest"]:
         run = row["latest"][0]
-    trainer = await store.trainer_metrics(run, limit=trainer_limit) if run is not None else []
+    trainer = await store.trainer_metrics(run, limit=trainer_limit, project=f.project) if run is not None else []
     over_time = [] if any(version for version, *_ in curve) else await reward_over_time(store, where, params)
     return Training(
         reward_over_time=over_time,
@@ -592,11 +595,12 @@ class TrajectoryLogprobs(msgspec.Struct, frozen=True, kw_only=True):
     sequences: list[SequenceLogprobs]  # by sequence_index, then run
 
 
-async def store_trainer_logprobs(store: TrajectoryStore, posted: TrainerLogprobs) -> None:
+async def store_trainer_logprobs(store: TrajectoryStore, posted: TrainerLogprobs, project: str | None = None) -> None:
     """Store ``posted`` after checking it against the trajectory: ``NotFound`` for an unknown
-    rollout, ``Conflict`` for a sequence it lacks or logprobs not one per token."""
+    rollout (or one not of ``project``, when given), ``Conflict`` for a sequence it lacks or
+    logprobs not one per token."""
     trajectory = await store.trajectory(posted.rollout_id)
-    if trajectory is None:
+    if trajectory is None or (project is not None and trajectory.project != project):
         raise NotFound(f"no trajectory for rollout {posted.rollout_id!r}")
     if posted.sequence_index >= len(trajectory.sequences):
         raise Conflict(f"rollout {posted.rollout_id!r} has {len(trajectory.sequences)} training sequences; "
@@ -609,7 +613,11 @@ async def store_trainer_logprobs(store: TrajectoryStore, posted: TrainerLogprobs
         policy_version=posted.policy_version, logprobs=posted.logprobs)])
 
 
-async def trainer_logprobs(store: TrajectoryStore, rollout_id: str) -> TrajectoryLogprobs:
+async def trainer_logprobs(store: TrajectoryStore, rollout_id: str, project: str | None = None) -> TrajectoryLogprobs:
+    """The logprobs trainers posted for ``rollout_id`` (none for a rollout not of ``project``, when
+    given: its trajectory is not there for the caller, 404 ``not_found``)."""
+    if project is not None and await store.project_of(rollout_id) not in (project, None):
+        raise NotFound(f"no trajectory for rollout {rollout_id!r}")
     rows = await store.trainer_logprobs(rollout_id)
     return TrajectoryLogprobs(rollout_id=rollout_id, sequences=[
         SequenceLogprobs(sequence_index=int(r["sequence_index"]), run=r["run"], policy_version=r["policy_version"],

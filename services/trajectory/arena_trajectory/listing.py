@@ -84,11 +84,16 @@ class TrajectoryFilter(msgspec.Struct, frozen=True, kw_only=True):
     max_reward: float | None = None
     since: float | None = None  # completed_at >= since (unix seconds)
     until: float | None = None  # completed_at < until
+    #: the caller's project (set from its API key, never from the query; None: every project)
+    project: str | None = None
 
     def where(self) -> tuple[str, dict[str, Param]]:
         """A ``WHERE`` clause over ``trajectories`` ('' if no filter) and its parameters."""
         where: list[str] = []
         params: dict[str, Param] = {}
+        if self.project is not None:
+            where.append("project = {project:String}")
+            params["project"] = self.project
         if self.task_id is not None:
             where.append("task_id = {task_id:String}")
             params["task_id"] = self.task_id

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from arena_core.schemas import (
+    DEFAULT_PROJECT,
     TrainerMetrics,
     RolloutState,
     RolloutStateChanged,
@@ -159,14 +160,17 @@ class TrajectoryStore:
             await self.insert_steps([s for t in trajectories for s in t.steps])
         await self._insert("trajectories", [trajectory_row(t) for t in trajectories])
 
-    async def insert_trainer_metrics(self, metrics: TrainerMetrics) -> None:
-        await self._insert("trainer_metrics", [trainer_metrics_row(metrics)])
+    async def insert_trainer_metrics(self, metrics: TrainerMetrics, project: str = DEFAULT_PROJECT) -> None:
+        await self._insert("trainer_metrics", [trainer_metrics_row(metrics, project)])
 
-    async def trainer_metrics(self, run: str, *, limit: int = 10_000) -> list[TrainerMetrics]:
-        """A trainer run's metrics by step (a re-posted step shows once, its latest)."""
+    async def trainer_metrics(self, run: str, *, limit: int = 10_000, project: str | None = None) -> list[TrainerMetrics]:
+        """A trainer run's metrics by step (a re-posted step shows once, its latest); with
+        ``project``, the steps that project posted only."""
+        mine = "" if project is None else " AND project = {project:String}"
         lines = await self.select(
-            f"SELECT body FROM {DATABASE}.trainer_metrics FINAL WHERE run = {{run:String}} "
-            "ORDER BY step LIMIT {limit:UInt32}", {"run": run, "limit": limit})
+            f"SELECT body FROM {DATABASE}.trainer_metrics FINAL WHERE run = {{run:String}}{mine} "
+            "ORDER BY step LIMIT {limit:UInt32}", {"run": run, "limit": limit,
+                                                   **({"project": project} if project is not None else {})})
         return [_trainer_metrics_decoder.decode(msgspec.json.decode(line)["body"]) for line in lines]
 
     async def insert_trainer_logprobs(self, rows: Sequence[dict]) -> None:
@@ -306,6 +310,12 @@ class TrajectoryStore:
         )
         return {t.rollout_id: t for t in found}
 
+    async def project_of(self, rollout_id: str) -> str | None:
+        """The project of ``rollout_id``'s stored trajectory (None: none stored)."""
+        lines = await self.select(f"SELECT project FROM {DATABASE}.trajectories FINAL WHERE rollout_id = {{rid:String}} "
+                                  "LIMIT 1", {"rid": rollout_id})
+        return msgspec.json.decode(lines[0])["project"] if lines else None
+
     async def stored_rollouts(self, rollout_ids: Sequence[str]) -> set[str]:
         """Which of ``rollout_ids`` have a stored trajectory (no bodies read)."""
         if not rollout_ids:
@@ -442,16 +452,29 @@ class TrajectoryStore:
         rows = await self.select(f"SELECT count() AS n FROM {DATABASE}.trajectories FINAL{where}", params)
         return int(msgspec.json.decode(rows[0])["n"])
 
-    async def count_all(self, tables: Sequence[str] = TABLES, *, final: bool = True) -> dict[str, int]:
+    async def count_all(self, tables: Sequence[str] = TABLES, *, final: bool = True,
+                        project: str | None = None) -> dict[str, int]:
         """Rows in each of ``tables`` (default: all) as queries see them (``FINAL``), in one
         statement; with ``final=False`` the rows stored, duplicates included: an upper bound
-        read from the parts' metadata, cheap enough to poll."""
+        read from the parts' metadata, cheap enough to poll. With ``project``, the rows of that
+        project's rollouts only (its rollouts are those of its ``rollout_states`` rows)."""
         unknown = [t for t in tables if t not in TABLES]
         if unknown or not tables:
             raise ValueError(f"unknown tables {unknown}: choose from {', '.join(TABLES)}")
         mode = " FINAL" if final else ""
-        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t}{mode}) AS {t}" for t in tables)
-        row = msgspec.json.decode((await self.select(sql))[0])
+        params: dict[str, Param] = {}
+        where = dict.fromkeys(tables, "")
+        if project is not None:
+            params["project"] = project
+            rollouts = f"rollout_id IN (SELECT rollout_id FROM {DATABASE}.rollout_states WHERE project = {{project:String}})"
+            where = {t: f" WHERE {rollouts}" for t in tables}
+            where.update({t: " WHERE project = {project:String}" for t in ("trajectories", "rollout_states")
+                          if t in tables})
+            if "groups" in tables:
+                where["groups"] = (f" WHERE group_id IN (SELECT group_id FROM {DATABASE}.trajectories "
+                                   "WHERE project = {project:String})")
+        sql = "SELECT " + ", ".join(f"(SELECT count() FROM {DATABASE}.{t}{mode}{where[t]}) AS {t}" for t in tables)
+        row = msgspec.json.decode((await self.select(sql, params))[0])
         return {t: int(row[t]) for t in tables}
 
     async def count_rows(self, table: str, *, rollout_id: str | None = None, final: bool = True) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from arena_core.schemas import LABEL_DUEL, LABEL_DUEL_POLICY, LABEL_DUEL_SEED, LABEL_DUEL_SIDE
+from arena_core.schemas import DEFAULT_PROJECT, LABEL_DUEL, LABEL_DUEL_POLICY, LABEL_DUEL_SEED, LABEL_DUEL_SIDE
 from arena_core.schemas import RolloutStateChanged, SandboxDone, Step, TrainerMetrics, Trajectory, VerificationResult
 
 DATABASE = "arena"
@@ -183,6 +183,17 @@ MIGRATIONS: tuple[str, ...] = (
     f"ALTER TABLE {DATABASE}.steps ADD COLUMN IF NOT EXISTS cached_tokens UInt32 DEFAULT 0 AFTER completion_tokens",
     f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS cached_tokens UInt64 DEFAULT 0 "
     "AFTER completion_tokens",
+    # projects (docs/projects.md): every row of a project's data says whose it is; a row stored
+    # before projects existed is the default project's
+    f"ALTER TABLE {DATABASE}.trajectories ADD COLUMN IF NOT EXISTS project LowCardinality(String) "
+    f"DEFAULT if(JSONHas(body, 'project'), JSONExtractString(body, 'project'), '{DEFAULT_PROJECT}')",
+    f"ALTER TABLE {DATABASE}.rollout_states ADD COLUMN IF NOT EXISTS project LowCardinality(String) "
+    f"DEFAULT '{DEFAULT_PROJECT}'",
+    f"ALTER TABLE {DATABASE}.trainer_metrics ADD COLUMN IF NOT EXISTS project LowCardinality(String) "
+    f"DEFAULT '{DEFAULT_PROJECT}'",
+    f"ALTER TABLE {DATABASE}.eval_reports ADD COLUMN IF NOT EXISTS project LowCardinality(String) "
+    f"DEFAULT '{DEFAULT_PROJECT}'",
+    f"ALTER TABLE {DATABASE}.eval_reports ADD COLUMN IF NOT EXISTS owner String DEFAULT ''",
 )
 
 #: Storage tuning, applied after the migrations; a server too old to know a setting keeps
@@ -329,6 +340,7 @@ def state_row(event: RolloutStateChanged) -> dict:
         "to_state": event.to_state.value,
         "at": event.at,
         "reason": event.reason,
+        "project": event.project,
     }
 
 
@@ -370,6 +382,7 @@ def trajectory_row(t: Trajectory, *, stored_at: float | None = None) -> dict:
         "stored_at": time.time() if stored_at is None else stored_at,
         **duel_columns(t.metadata),
         "task_set": t.metadata.get("task_set", ""),
+        "project": t.project,
         "verified": t.verification is not None,
         "queue_ms": _queue_ms(t),
         "tool_calls": sum(len(s.tool_calls) for s in t.steps),
@@ -409,8 +422,9 @@ def trainer_logprobs_row(*, rollout_id: str, sequence_index: int, run: str, poli
             "policy_version": policy_version, "at": time.time() if at is None else at, "logprobs": list(logprobs)}
 
 
-def trainer_metrics_row(m: TrainerMetrics) -> dict:
-    return {"run": m.run, "step": m.step, "policy_version": m.policy_version, "at": m.at, "body": json_text(m)}
+def trainer_metrics_row(m: TrainerMetrics, project: str = DEFAULT_PROJECT) -> dict:
+    return {"run": m.run, "step": m.step, "policy_version": m.policy_version, "at": m.at, "body": json_text(m),
+            "project": project}
 
 
 def json_text(message: msgspec.Struct) -> str:
