@@ -72,6 +72,59 @@ def name_ids(ids: list[str]) -> str:
     return shown + (f" and {len(ids) - NOTE_IDS} more" if len(ids) > NOTE_IDS else "")
 
 
+def doubted(
+    lines: dict[str, set[TestStatus]],
+    counted: dict[TestStatus, int],
+    failed_list: set[str] | None = None,
+) -> tuple[list[str], dict[str, TestStatus]]:
+    """The ids whose result may come from a line a test printed, by the runner's own counts,
+    and the status of every other id (the only one its lines, the list and the counts leave).
+
+    ``lines``: every status the result lines read gave each id, a printed one included (the
+    parser's result keeps the worse). ``counted``: the runner's own count per status (a
+    status it does not count is not checked). ``failed_list``: the runner's own list of its
+    failed tests, when it writes one and it holds as many as it counted failed: a listed id
+    is failed whatever its lines say, an unlisted one has no failure of the runner's.
+
+    An id is in doubt when its lines disagree and the list does not settle it (one of them
+    was printed), when it has only a failure the list does not name, or when more ids could
+    have one status than the runner counted with it: any of those may be the one a test
+    printed. Where exactly as many ids can have a status as the runner counted with it, each
+    of them has it (every real test has its real line), and the others are checked again
+    without it. Where fewer can than it counted, a real line was lost (a test's output cut
+    into it): nothing is settled by elimination, every id the list does not settle is in doubt.
+    """
+    possible: dict[str, set[TestStatus]] = {}
+    for test_id, statuses in lines.items():
+        if failed_list is not None:
+            if test_id in failed_list:
+                continue
+            statuses = statuses - {TestStatus.FAILED}
+        possible[test_id] = set(statuses)
+    need = dict(counted)
+    if failed_list is not None:
+        need.pop(TestStatus.FAILED, None)
+    listed = {t: TestStatus.FAILED for t in lines if t not in possible}
+    if any(sum(1 for sts in possible.values() if status in sts) < n for status, n in need.items()):
+        return [t for t in lines if t in possible], listed
+    changed = True
+    while changed:  # exactly as many candidates as the runner counted: each is the real one
+        changed = False
+        for status, n in need.items():
+            could = [t for t, sts in possible.items() if status in sts]
+            if len(could) == n and any(len(possible[t]) > 1 for t in could):
+                for t in could:
+                    possible[t] = {status}
+                changed = True
+    doubt = {t for t, sts in possible.items() if len(sts) != 1}
+    for status, n in need.items():
+        could = [t for t, sts in possible.items() if status in sts]
+        if len(could) > n:
+            doubt.update(could)
+    settled = {t: next(iter(sts)) for t, sts in possible.items() if t not in doubt}
+    return [t for t in lines if t in doubt], {**listed, **settled}
+
+
 def build(
     found: dict[str, TestStatus],
     *,
@@ -83,12 +136,15 @@ def build(
     suspect: str = "",
     in_doubt: list[str] | None = None,
     announced: list[str] | None = None,
+    counted_per_status: bool = False,
 ) -> ParsedOutput:
     """A ``ParsedOutput``.
 
     ``suspect`` when ``found`` names more tests than the runner counted (``reported_total``)
     or the parser saw another disagreement with the runner's own count (``suspect``: what);
-    ``in_doubt`` then names the ids concerned (all of them when not given). ``announced``:
+    ``in_doubt`` then names the ids concerned (all of them when not given; with
+    ``counted_per_status`` it already accounts for the runner's total, by its per-status
+    counts: :func:`doubted`, and names more than ``found`` only when empty). ``announced``:
     tests the runner announced in order; those not in ``found`` when the run was cut
     (``complete`` false) are ``unresolved``.
     """
@@ -99,7 +155,7 @@ def build(
     doubt: list[str] = []
     if reasons:
         # more tests than the runner counted: any of them may be one a test printed
-        over = reported_total is not None and len(found) > reported_total
+        over = reported_total is not None and len(found) > reported_total and not counted_per_status
         doubt = [t for t in dict.fromkeys([*(in_doubt or []), *(found if over else [])]) if t] or list(found)
         notes.append(f"{'; '.join(reasons)}; in doubt: {name_ids(doubt)}")
     unresolved = [] if complete else [t for t in dict.fromkeys(announced or []) if t not in found]
