@@ -10,7 +10,7 @@ import json
 import re
 
 from arena_core.schemas import TestStatus
-from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
+from arena_verification.parsed import ParsedOutput, build, doubted, merge, strip_ansi
 
 SEP = " > "
 
@@ -139,6 +139,14 @@ _MOCHA_FAILURE = re.compile(r"^  (?P<num>\d+)\) (?P<first>.*)$")
 
 
 def parse_mocha_output(text: str) -> ParsedOutput:
+    """mocha's spec reporter: a suite's title when it starts, ``✔ name`` / ``N) name`` /
+    ``- name`` when a test ends, then ``N passing`` / ``N failing`` / ``N pending`` and the
+    numbered failures, each with its suite path.
+
+    A numbered line in the tree is mocha's only where the numbered list after the counts
+    names that very test under that number (a printed ``1) plain`` or ``  1) calc`` is
+    skipped, and opens or closes no suite); with no counts (a cut run) every one is taken.
+    """
     lines = strip_ansi(text).splitlines()
     # The last block of counts is mocha's own: a test may print "  99 passing" before it.
     counts_at = None
@@ -146,7 +154,14 @@ def parse_mocha_output(text: str) -> ParsedOutput:
         if _MOCHA_COUNT.match(line) and (i == 0 or not _MOCHA_COUNT.match(lines[i - 1])):
             counts_at = i
     end = counts_at if counts_at is not None else len(lines)
+    totals: dict[str, int] = {}
+    i = end
+    while i < len(lines) and (m := _MOCHA_COUNT.match(lines[i])):
+        totals[m.group("word")] = int(m.group("n"))
+        i += 1
+    numbered = _mocha_failures(lines[i:]) if counts_at is not None else None
     found: dict[str, TestStatus] = {}
+    seen: dict[str, set[TestStatus]] = {}  # every status each id's lines gave
     suites: list[str] = []
     for line in lines[:end]:
         m = _MOCHA_LINE.match(line)
@@ -155,8 +170,11 @@ def parse_mocha_output(text: str) -> ParsedOutput:
         level = len(m.group("indent")) // 2 - 1
         if level > len(suites):
             continue
-        del suites[level:]
         mark = (m.group("mark") or "").strip()
+        test_id = SEP.join([*suites[:level], m.group("name")])
+        if mark.endswith(")") and numbered is not None and numbered.get(int(mark[:-1])) != test_id:
+            continue  # not the failure mocha numbered so: printed
+        del suites[level:]
         if not mark:
             suites.append(m.group("name"))
             continue
@@ -166,25 +184,33 @@ def parse_mocha_output(text: str) -> ParsedOutput:
             status = TestStatus.SKIPPED
         else:
             status = TestStatus.FAILED
-        merge(found, SEP.join([*suites, m.group("name")]), status)
-    totals: dict[str, int] = {}
-    i = end
-    while i < len(lines) and (m := _MOCHA_COUNT.match(lines[i])):
-        totals[m.group("word")] = int(m.group("n"))
-        i += 1
-    _apply_mocha_failures(lines[i:], found)
+        merge(found, test_id, status)
+        seen.setdefault(test_id, set()).add(status)
+    for test_id in (numbered or {}).values():
+        merge(found, test_id, TestStatus.FAILED)
     total = sum(totals.values()) if totals else None
-    # More passes than mocha counted: a test printed "✔ x" (the spec reporter does not escape output).
-    named = {word: sum(1 for v in found.values() if v is st)
-             for word, st in (("passing", TestStatus.PASSED), ("failing", TestStatus.FAILED))}
-    over = [w for w, n in named.items() if counts_at is not None and n > totals.get(w, 0)]
+    suspect, doubt = "", None
+    if counts_at is not None:
+        counted = {st: totals.get(word, 0) for word, st in _MOCHA_WORDS.items()}
+        listed = set((numbered or {}).values())
+        doubt, settled = doubted(seen, counted, listed if len(listed) == counted[TestStatus.FAILED] else None)
+        found.update({t: st for t, st in settled.items() if t in found})
+        named = {st: sum(1 for v in found.values() if v is st) for st in counted}
+        if doubt or named != counted:
+            suspect = "; ".join(f"the runner counted {counted[st]} {word}, the log names {named[st]}"
+                                for word, st in _MOCHA_WORDS.items() if named[st] != counted[st]) or \
+                "an id's result lines disagree"
+            doubt = doubt or list(found)
     return build(found, complete=counts_at is not None, reported_total=total, source="mocha", totals=totals,
-                 suspect="; ".join(f"the runner counted {totals.get(w, 0)} {w}, the log names {named[w]}" for w in over),
-                 in_doubt=list(found) if over else None)
+                 suspect=suspect, in_doubt=doubt, counted_per_status=True)
 
 
-def _apply_mocha_failures(lines: list[str], found: dict[str, TestStatus]) -> None:
-    """``  1) suite\\n       nested\\n         test name:`` -- the path ends at the ``:`` line."""
+_MOCHA_WORDS = {"passing": TestStatus.PASSED, "failing": TestStatus.FAILED, "pending": TestStatus.SKIPPED}
+
+
+def _mocha_failures(lines: list[str]) -> dict[int, str]:
+    """``  1) suite\n       nested\n         test name:`` -- the path ends at the ``:`` line."""
+    out: dict[int, str] = {}
     i = 0
     while i < len(lines):
         m = _MOCHA_FAILURE.match(lines[i])
@@ -197,7 +223,8 @@ def _apply_mocha_failures(lines: list[str], found: dict[str, TestStatus]) -> Non
             i += 1
         if parts[-1].endswith(":"):
             parts[-1] = parts[-1][:-1]
-            merge(found, SEP.join(parts), TestStatus.FAILED)
+            out.setdefault(int(m.group("num")), SEP.join(parts))
+    return out
 
 
 # ------------------------------------------------------------------------------ JSON reports

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from arena_core.schemas import TestStatus
-from arena_verification.parsed import ParsedOutput, build, merge, strip_ansi
+from arena_verification.parsed import ParsedOutput, build, doubted, merge, strip_ansi
 
 SEP = " > "
 
@@ -82,6 +82,11 @@ _SPEC_LINE = re.compile(r"^(?P<indent>(?:  )*)(?P<mark>[✔✖﹣▶])\s(?P<rest
 _SPEC_DURATION = re.compile(r"^(?P<name>.*?) \([\d.]+m?s\)(?P<tail>.*)$")
 _SPEC_TESTS = re.compile(r"^ℹ tests (?P<n>\d+)$")
 _SPEC_SUITES = re.compile(r"^ℹ suites (?P<n>\d+)$")
+_SPEC_COUNT = re.compile(r"^ℹ (?P<word>pass|fail|cancelled|skipped|todo) (?P<n>\d+)$")
+#: node's own counts, by the status the parser gives a line: a cancelled test's line is ``✖``,
+#: a todo's ``✔``/``✖ ... # TODO`` (skipped)
+_SPEC_STATUS = {"pass": TestStatus.PASSED, "fail": TestStatus.FAILED, "cancelled": TestStatus.FAILED,
+                "skipped": TestStatus.SKIPPED, "todo": TestStatus.SKIPPED}
 _SPEC_FAILING = "✖ failing tests:"
 
 
@@ -108,6 +113,7 @@ def parse_node_spec(text: str) -> ParsedOutput:
     total_at = max((i for i, line in enumerate(lines) if _SPEC_TESTS.match(line)), default=None)
     end = total_at if total_at is not None else len(lines)
     found: dict[str, TestStatus] = {}
+    seen: dict[str, set[TestStatus]] = {}  # every status each id's lines gave
     announced: list[str] = []  # "▶" lines: the only tests spec names before they end
     suites: list[str] = []  # open suites, one per level
     for line in lines[:end]:
@@ -124,14 +130,53 @@ def parse_node_spec(text: str) -> ParsedOutput:
             continue
         entry = _spec_entry(m.group("mark"), m.group("rest"))
         if entry is not None:
-            merge(found, SEP.join([*suites, entry[0]]), entry[1])
+            test_id = SEP.join([*suites, entry[0]])
+            merge(found, test_id, entry[1])
+            seen.setdefault(test_id, set()).add(entry[1])
     _apply_failing_section(lines, end, found)
     total = suites_n = None
+    suspect, doubt = "", None
     if total_at is not None:
         total = int(_SPEC_TESTS.match(lines[total_at]).group("n"))  # type: ignore[union-attr]
         suites_n = next((int(m.group("n")) for line in lines[total_at:] if (m := _SPEC_SUITES.match(line))), None)
+        counted: dict[TestStatus, int] = {}
+        for line in lines[total_at:]:
+            if m := _SPEC_COUNT.match(line):
+                status = _SPEC_STATUS[m.group("word")]
+                counted[status] = counted.get(status, 0) + int(m.group("n"))
+        suspect, doubt = _spec_doubt(seen, set(announced), counted, suites_n or 0, total + (suites_n or 0))
     return build(found, complete=total_at is not None, reported_total=_bound(total, suites_n), source="node_spec",
-                 totals=_totals(total, suites_n), announced=announced)
+                 totals=_totals(total, suites_n), announced=announced, suspect=suspect, in_doubt=doubt,
+                 counted_per_status=doubt is not None)
+
+
+def _spec_doubt(seen: dict[str, set[TestStatus]], opened: set[str], counted: dict[TestStatus, int], suites: int,
+                total: int) -> tuple[str, list[str] | None]:
+    """The ids a test's print may have given their result, by node's own counts.
+
+    ``ℹ pass``/``fail``/``cancelled``/``skipped``/``todo`` count tests, not suites, and spec
+    opens both with ``▶``: of the opened ids with one status at least that many minus the
+    suites are tests, so the leaves with it can number no more than node counted with it,
+    less those. More leaves than that (or lines of one id that disagree) are in doubt; an
+    opened id only when its lines disagree. ``None`` when the check cannot name any: then,
+    if the log names more tests than node counted, every id is in doubt.
+    """
+    if not counted:
+        return "", None
+    bounds = {}
+    for status, n in counted.items():
+        opened_with = sum(1 for t in opened if seen.get(t) == {status})
+        bounds[status] = max(0, n - max(0, opened_with - suites))
+    leaves = {t: sts for t, sts in seen.items() if t not in opened}
+    doubt, _ = doubted(leaves, bounds, exact=False)
+    doubt += [t for t in seen if t in opened and len(seen[t]) > 1]
+    over = [f"{sum(1 for sts in leaves.values() if st in sts)} {st.value}" for st, n in bounds.items()
+            if sum(1 for sts in leaves.values() if st in sts) > n]
+    if not doubt:
+        return "", None if len(seen) > total else []
+    what = f"the log names more tests of a status than node counted ({', '.join(over)})" if over else \
+        "an id's result lines disagree"
+    return what, doubt
 
 
 def _apply_failing_section(lines: list[str], end: int, found: dict[str, TestStatus]) -> None:
