@@ -63,3 +63,45 @@ def test_clients_send_the_key_from_the_environment(monkeypatch):
     assert apikeys.auth_headers("ak_2_t") == {"authorization": "Bearer ak_2_t"}
     monkeypatch.delenv("ARENA_API_KEY")
     assert apikeys.auth_headers() == {}
+
+
+def test_a_key_belongs_to_one_project_and_keys_stored_before_projects_are_the_default_ones():
+    key, record = new_key("team", ["submit", "read"], "alpha")
+    assert record.project == "alpha" and record.sees("alpha") and not record.sees("beta")
+    _, admin = new_key("ops", ["admin"], "alpha")
+    assert admin.sees("beta")  # an admin key sees every project
+    # a record as stored before projects existed (no project field) loads as the default project's
+    old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(record).items() if k != "project"})
+    assert b"project" not in old
+    loaded = msgspec.json.decode(old, type=apikeys.ApiKey)
+    assert loaded.project == "default" and loaded.key_id == record.key_id
+    ring = KeyRing()
+    ring.keys[loaded.key_id] = loaded
+    assert ring.check(key) == loaded  # and still works
+    assert new_key("x", ["read"])[1].project == "default"
+    for bad in ("", "a/b", "a.b", "-x", "x" * 65, "a b"):
+        with pytest.raises(ValueError, match="project name"):
+            new_key("x", ["read"], bad)
+
+
+def test_owners_hide_another_projects_objects_and_refuse_another_keys_changes():
+    from arena_core import owners
+    from arena_core.errors import Forbidden, NotFound
+
+    _, a1 = new_key("a1", ["submit", "read"], "alpha")
+    _, a2 = new_key("a2", ["submit", "read"], "alpha")
+    _, b = new_key("b", ["submit", "read"], "beta")
+    _, admin = new_key("admin", ["admin"], "ops")
+    assert owners.project_of(a1) == "alpha" and owners.project_of(None) == "default"
+    assert owners.listing_project(a1) == "alpha" and owners.listing_project(admin) is None
+    assert owners.listing_project(None) is None  # keys off: everything
+    owners.visible("alpha", a2, "no rollout 'r'")
+    with pytest.raises(NotFound, match="no rollout 'r'"):
+        owners.visible("alpha", b, "no rollout 'r'")
+    owners.visible("alpha", admin, "x")
+    owners.visible("alpha", None, "x")
+    with pytest.raises(Forbidden):
+        owners.check(a1.key_id, a2, "rollout r")
+    owners.check(a1.key_id, admin, "rollout r")
+    assert owners.scoped_name("default", "env") == "env" and owners.scoped_name("alpha", "env") == "alpha/env"
+    assert owners.split_scoped("alpha/env") == ("alpha", "env") and owners.split_scoped("env") == ("default", "env")

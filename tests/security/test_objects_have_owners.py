@@ -16,7 +16,7 @@ import websockets
 
 from arena_core import apikeys, subjects
 from arena_core.runtime import serve
-from arena_core.schemas import AgentSpec, Budget, ExactVerifier, Task
+from arena_core.schemas import AgentSpec, Budget, ExactVerifier, RolloutView, Task
 from arena_core.settings import Settings
 from arena_rollout.app import create_app
 from arena_rollout.service import RolloutService
@@ -238,8 +238,11 @@ def api_settings() -> Settings:
 
 
 async def test_with_keys_off_everything_is_owned_by_anonymous_and_anyone_may_cancel(api, tmp_path):
+    """And everything is of the ``default`` project (docs/projects.md)."""
     made = await api.post("/v1/rollouts", json={"task": task_json(tmp_path)})
     assert made.status_code == 201, made.text
     assert made.json()["owner"] == "anonymous"
+    # keys off: one project, nothing checked (a default value is left off the wire: the schema's)
+    assert msgspec.convert(made.json(), RolloutView).project == "default"
     cancelled = await api.post(f"/v1/rollouts/{made.json()['rollout_id']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
