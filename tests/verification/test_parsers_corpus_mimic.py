@@ -56,6 +56,8 @@ JS_TRUTH = {
 }
 JEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken suite": F}
 VITEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken suite": S}
+VF = "test/flips.test.js > calc > "
+VITEST_FLIPS_TRUTH = {VF + "plain": P, VF + "fails": F, VF + "skipped": S, VF + "prints results": P, VF + "later": P}
 MOCHA_TRUTH = {"calc > plain": P, "calc > prints results": P, "calc > name with a > b, a :: b and a ... b": P}
 MOCHA_STATUSES_TRUTH = {"calc > plain": P, "calc > prints results": P, "calc > fails": F, "calc > skipped": S,
                         "calc > inner > deep": P, "second > passes": P}  # mocha's JSON reporter, same run
@@ -96,6 +98,9 @@ CASES = {
     "vitest/mimic_load_fails_verbose.txt": ({"test/ok.test.js > loads and passes": P}, True, False),
     "vitest/mimic_load_fails_default.txt": ({}, True, False),  # the default reporter names failures only
     **{f"vitest/mimic_{m}.txt": (VITEST_TRUTH, True, True) for m in ("verbose", "verbose_color")},
+    # printed "× plain" and "✓ fails" after those tests' own lines (vitest writes a line when
+    # its test ends), "↓ later" before later's: vitest's "Failed Tests" and counts settle them
+    "vitest/mimic_verbose_flips.txt": (VITEST_FLIPS_TRUTH, True, False),
     # the default reporter: "Failed Suites" names the suite, which is no test
     "vitest/mimic_default.txt": (_failures(VITEST_TRUTH), True, False),
     "mocha/mimic_spec.txt": (MOCHA_TRUTH, True, True),
@@ -122,6 +127,11 @@ IN_DOUBT = {
     # can be the one pending test. "calc > fails" is mocha's numbered failure: settled
     "mocha/mimic_spec_ghost.txt": ["third > ghost", "third > prints a ghost", "calc > plain", "calc > prints results",
                                    "calc > inner > deep", "second > passes", "calc > skipped"],
+    # the ghost makes five ids that can be vitest's four passes; "fails" is in "Failed Tests",
+    # "under a broken suite" the one id that can be its one skip
+    **{f"vitest/mimic_{m}.txt": [JM + "ghost", JM + "plain", JM + "prints results",
+                                 JM + "name with a > b, a :: b and a ... b", "test/suite.test.js > beside it"]
+       for m in ("verbose", "verbose_color")},
     # more leaves passed than node counted passes, less the opened ids that must be tests
     # (three passed, two are suites): the passes are in doubt; not "parent > child fails",
     # nor the parents and suites, whose lines agree

@@ -95,19 +95,27 @@ _VITEST_SECTION = re.compile(r"^⎯+ (?P<name>Failed Tests|Failed Suites|Unhandl
 _VITEST_MARKS = {"✓": TestStatus.PASSED, "×": TestStatus.FAILED, "↓": TestStatus.SKIPPED, "□": TestStatus.SKIPPED}
 
 
+_VITEST_COUNT = re.compile(r"(\d+) (failed|passed|expected fail|skipped|todo)\b")
+#: vitest's counts by the mark of a test's line: an expected failure (``test.fails``) is ``✓``
+_VITEST_WORDS = {"failed": TestStatus.FAILED, "passed": TestStatus.PASSED, "expected fail": TestStatus.PASSED,
+                 "skipped": TestStatus.SKIPPED, "todo": TestStatus.SKIPPED}
+
+
 def parse_vitest_output(text: str) -> ParsedOutput:
     """``vitest run --reporter=verbose``; the default reporter names failures only.
 
     A test's ``console.log`` comes in ``stdout |``/``stderr |`` blocks (skipped); what it
-    writes to ``process.stdout`` directly comes before its file's results, so a test's last
-    result line is the runner's. ``FAIL  file > name`` is read in "Failed Tests" only
-    ("Failed Suites" names suites, which are not tests).
+    writes to ``process.stdout`` directly lands among the result lines (vitest writes a
+    test's line when it ends, the test's own writes come while it runs, before or after
+    other tests' lines). ``FAIL  file > name`` is read in "Failed Tests" only ("Failed
+    Suites" names suites, which are not tests): vitest's own list of its failed tests.
     """
     lines = strip_ansi(text).splitlines()
     total_at = max((i for i, line in enumerate(lines) if _VITEST_TOTAL.match(line)), default=None)
     end = total_at if total_at is not None else len(lines)
     verbose = not any(_VITEST_FILE_SUMMARY.match(line) for line in lines[:end])
     found: dict[str, TestStatus] = {}
+    seen: dict[str, set[TestStatus]] = {}  # every status each id's lines gave
     failed: set[str] = set()
     section = ""
     in_console = False
@@ -120,15 +128,29 @@ def parse_vitest_output(text: str) -> ParsedOutput:
         elif m := _VITEST_SECTION.match(line):
             section = m.group("name")
         elif (m := _VITEST_TEST.match(line)) and verbose and not section:
-            found.pop(m.group("id"), None)  # the last line is the runner's
-            found[m.group("id")] = _VITEST_MARKS[m.group("mark")]
+            status = _VITEST_MARKS[m.group("mark")]
+            merge(found, m.group("id"), status)
+            seen.setdefault(m.group("id"), set()).add(status)
         elif (m := _VITEST_FAIL.match(line)) and section == "Failed Tests":
             failed.add(m.group("id"))
     for test_id in failed:
         merge(found, test_id, TestStatus.FAILED)
     total = int(_VITEST_TOTAL.match(lines[total_at]).group("n")) if total_at is not None else None  # type: ignore[union-attr]
+    suspect, doubt = "", None
+    if total is not None and verbose and seen:
+        counted = dict.fromkeys((TestStatus.PASSED, TestStatus.FAILED, TestStatus.SKIPPED), 0)
+        for n, word in _VITEST_COUNT.findall(lines[total_at]):  # type: ignore[index]
+            counted[_VITEST_WORDS[word]] += int(n)
+        doubt, settled = doubted(seen, counted, failed if len(failed) == counted[TestStatus.FAILED] else None)
+        found.update({t: st for t, st in settled.items() if t in found})
+        named = {st: sum(1 for v in found.values() if v is st) for st in counted}
+        if doubt or named != counted:
+            suspect = "; ".join(f"the runner counted {counted[st]} {st.value}, the log names {named[st]}"
+                                for st in counted if named[st] != counted[st]) or "an id's result lines disagree"
+            doubt = doubt or list(found)
     return build(found, complete=total is not None, reported_total=total, source="vitest",
-                 totals={"tests": total} if total is not None else None)
+                 totals={"tests": total} if total is not None else None, suspect=suspect, in_doubt=doubt,
+                 counted_per_status=doubt is not None)
 
 
 # ------------------------------------------------------------------------------ mocha
