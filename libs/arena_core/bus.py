@@ -250,7 +250,7 @@ class Bus:
                 self.packers.setdefault(spec.name, Packer(self.js, spec.packs, timeout=self.publish_timeout,
                                                           max_bytes=self.nc.max_payload - BODY_HEADROOM))
         for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS,
-                       subjects.KV_WORKERS):
+                       subjects.KV_WORKERS, subjects.KV_STEP_GRADES):
             await self.kv(bucket)
             await self._scale(f"KV_{bucket}", replicas)
         await self.artifacts()

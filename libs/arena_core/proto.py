@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from arena_core import subjects
+from arena_core import step_gate, subjects
 from arena_core.schemas import MESSAGES, SCHEMA_VERSION
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "proto"
@@ -33,7 +33,7 @@ def _clean_descriptions(node):
 def render() -> dict[str, str]:
     """File name -> content, for every generated file."""
     files: dict[str, str] = {}
-    for name, cls in sorted(MESSAGES.items()):
+    for name, cls in sorted({**MESSAGES, **step_gate.MESSAGES}.items()):
         schema = _clean_descriptions(msgspec.json.schema(cls))
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         schema["$id"] = f"arena/{name}.json"

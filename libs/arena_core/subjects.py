@@ -83,8 +83,11 @@ KV_API_KEYS = "arena_api_keys"  # API key id -> ApiKey (hashed; arena_core.apike
 KV_ENVIRONMENTS = "arena_environments"
 #: Sandbox workers and the providers they serve, refreshed by each (arena_core.workers).
 KV_WORKERS = "arena_workers"
+#: A multi-step task's steps as its step gate graded them: ``{rollout_id}.{index}`` -> StepGrade
+#: (arena_core.step_gate), written by verification only and read by its final verification.
+KV_STEP_GRADES = "arena_step_grades"
 #: Buckets whose entries expire (seconds, by the NATS server's clock).
-KV_TTL_S = {KV_WORKERS: 20.0}
+KV_TTL_S = {KV_WORKERS: 20.0, KV_STEP_GRADES: 3 * 86400.0}
 OBJECT_ARTIFACTS = "arena_artifacts"
 
 # Durable consumer names, one per (service, purpose).
@@ -125,6 +128,15 @@ VERIFY_RUN = "arena.verify.run"
 
 def verify_done(rollout_id: str) -> str:
     return f"arena.verify.done.{rollout_id}"
+
+
+def verify_step(rollout_id: str) -> str:
+    """A multi-step task's step gate: grade a step now (core NATS request/reply, ``arena_core.step_gate``)."""
+    return f"arena.verify.step.{rollout_id}"
+
+
+#: What the verification workers listen on for step gates (one queue group: each request to one worker).
+VERIFY_STEP_ALL = "arena.verify.step.*"
 
 
 def trajectory(task_id: str, rollout_id: str) -> str:
@@ -205,6 +217,7 @@ def catalog() -> dict:
             "step_packs": STEP_PACKS,
             "verify_run": VERIFY_RUN,
             "verify_done": "arena.verify.done.{rollout_id}",
+            "verify_step": "arena.verify.step.{rollout_id}",
             "trajectory": "arena.trajectory.{task_id}.{rollout_id}",
             "group": "arena.group.{group_id}",
             "dead": "arena.dead.{stream}",
@@ -222,6 +235,7 @@ def catalog() -> dict:
             STEP_PACKS: "Pack",
             "arena.verify.run": "VerifyJob",
             "arena.verify.done.{rollout_id}": "VerificationResult",
+            "arena.verify.step.{rollout_id}": "StepVerifyRequest",
             "arena.trajectory.{task_id}.{rollout_id}": "Trajectory",
             "arena.group.{group_id}": "GroupCompleted",
             "arena.dead.{stream}": "DeadLetter",
@@ -229,7 +243,8 @@ def catalog() -> dict:
             "arena.duel.done.{duel_id}": "DuelRoundDone",
             "arena.env.{rollout_id}": "EnvRequest",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS],
+        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS,
+                       KV_STEP_GRADES],
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

@@ -140,6 +140,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     as_pid_1: bool = False
     #: A host directory bound read-only at :data:`CTL_DIR` (the command server's socket and code).
     ctl_dir: Path | None = None
+    #: ``/logs`` and ``/tests`` as links into ``/sandbox/.arena/harbor`` (``CreateSpec.harbor_layout``).
+    harbor_links: bool = False
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -313,6 +315,9 @@ def _bwrap_argv(spec: SandboxSpec, run_dir: Path, *, shim: tuple[int, str] | Non
     ]
     if spec.arena_dir is not None:
         argv += ["--bind", str(spec.arena_dir), ARENA_DIR]
+        if spec.harbor_links:
+            argv += ["--symlink", f"{ARENA_DIR}/harbor/logs", "/logs",
+                     "--symlink", f"{ARENA_DIR}/harbor/tests", "/tests"]
     if spec.agent_dir is not None:
         argv += ["--ro-bind", str(spec.agent_dir), AGENT_DIR]
     argv += ["--ro-bind", str(run_dir), RUN_DIR]

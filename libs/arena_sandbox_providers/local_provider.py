@@ -37,8 +37,9 @@ class LocalSandbox(HostDirSandbox):
 
     def __init__(self, sandbox_id: str, root: Path, limits: SandboxLimits, cgroup: cgroups.SandboxCgroup | None,
                  run_prefix: str = "arena-run-", ro_binds: tuple[str, ...] = (), overlays: _Overlays | None = None,
-                 *, nice: int = 0, session: bool = False):
+                 *, nice: int = 0, session: bool = False, harbor_layout: bool = False):
         self.id = sandbox_id
+        self.harbor_layout = harbor_layout
         self.nice = nice
         self.root = root
         self.limits = limits
@@ -165,6 +166,7 @@ class LocalSandbox(HostDirSandbox):
             log_path=log_path,
             workdir=str(rel),
             overlay=self._layers,
+            harbor_links=self.harbor_layout,
             limits=ResourceLimits(
                 open_files=self.limits.open_files,
                 file_size_bytes=self.limits.file_size_bytes,
@@ -406,7 +408,8 @@ class LocalProvider:
         return "no cgroups: pids and memory are NOT limited per sandbox (rlimits only)"
 
     def pool_key(self, spec: CreateSpec) -> CreateSpec:
-        return CreateSpec(limits=spec.limits, session=spec.session)  # no images here: the host's /usr for every task
+        # no images here: the host's /usr for every task
+        return CreateSpec(limits=spec.limits, session=spec.session, harbor_layout=spec.harbor_layout)
 
     async def create(self, spec: CreateSpec) -> LocalSandbox:
         sandbox_id = uuid.uuid4().hex[:12]
@@ -423,7 +426,7 @@ class LocalProvider:
         scaffolds = self.scaffolds_dir
         binds = (str(scaffolds),) if scaffolds is not None else ()
         return LocalSandbox(sandbox_id, root, spec.limits, cgroup, self.run_prefix, binds, self.overlays,
-                            nice=self.nice, session=spec.session)
+                            nice=self.nice, session=spec.session, harbor_layout=spec.harbor_layout)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:

@@ -57,6 +57,10 @@ class CreateSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: ``docker`` provider's sandboxes always work so; ``local`` ones when this is set (an OpenEnv
     #: episode's many short commands). Commands with an LLM relay still get a sandbox of their own.
     session: bool = False
+    #: ``/logs`` and ``/tests`` as links into ``/sandbox/.arena/harbor``, as the layer ``arena images
+    #: build`` adds to a Harbor task's image (``local`` only: an image has its own): a ``reward_file``
+    #: task without an image is verified in such a sandbox (docs/verification.md).
+    harbor_layout: bool = False
 
 
 class ExecResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,11 +34,14 @@ PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
                  _KV.format(subjects.KV_VERIFIERS), _KV.format(subjects.KV_API_KEYS),
                  _KV.format(subjects.KV_ENVIRONMENTS), _OBJECTS],
                 ["_INBOX.>", "arena.rollout.state.>"]),
+    #: a multi-step task's step gate: it asks verification (arena.verify.step.*), the answer on _INBOX
     "sandbox": ([*_JETSTREAM, "arena.sandbox.started.>", "arena.sandbox.done.>", "arena.verify.run",
-                 _KV.format(subjects.KV_WORKERS), _OBJECTS],
+                 "arena.verify.step.>", _KV.format(subjects.KV_WORKERS), _OBJECTS],
                 ["_INBOX.>", "arena.rollout.state.>", "arena.env.>"]),
     #: a rollout's state events: a verification the rollout no longer wants (it ended) is abandoned
-    "verification": ([*_JETSTREAM, "arena.verify.done.>", _OBJECTS], ["_INBOX.>", "arena.rollout.state.>"]),
+    #: step gates in (arena.verify.step.*, answered on the asker's _INBOX), their grades kept for the final one
+    "verification": ([*_JETSTREAM, "arena.verify.done.>", _KV.format(subjects.KV_STEP_GRADES), _OBJECTS],
+                     ["_INBOX.>", "arena.rollout.state.>", "arena.verify.step.>"]),
     "trajectory": ([*_JETSTREAM, "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
                     "arena.duel.done.>", _KV.format(subjects.KV_API_KEYS), _OBJECTS],
                    ["_INBOX.>"]),
@@ -66,13 +69,14 @@ def _private_bucket(bucket: str) -> list[str]:
 
 _VERIFIERS = _private_bucket(subjects.KV_VERIFIERS)  # the hidden tests: rollout writes, verification reads
 _API_KEYS = _private_bucket(subjects.KV_API_KEYS)  # the keys' hashes: the APIs and the dashboard follow them
+_STEP_GRADES = _private_bucket(subjects.KV_STEP_GRADES)  # hidden tests' output: verification's own
 #: service -> what it may not publish although ``PERMISSIONS`` allows it (nats-server applies deny over allow)
 DENIED: dict[str, list[str]] = {
-    "sandbox": [*_VERIFIERS, *_API_KEYS],
+    "sandbox": [*_VERIFIERS, *_API_KEYS, *_STEP_GRADES],
     "verification": _API_KEYS,
-    "trajectory": _VERIFIERS,
-    "dashboard": _VERIFIERS,
-    "trainer": [*_VERIFIERS, *_API_KEYS],
+    "trajectory": [*_VERIFIERS, *_STEP_GRADES],
+    "dashboard": [*_VERIFIERS, *_STEP_GRADES],
+    "trainer": [*_VERIFIERS, *_API_KEYS, *_STEP_GRADES],
 }
 
 #: the user nats-servers of one cluster authenticate their routes with (not a client user)

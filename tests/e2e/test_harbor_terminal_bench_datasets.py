@@ -133,7 +133,9 @@ def test_a_multi_step_task_gives_a_turn_per_step_and_grades_each_on_its_own_stat
     components = traj["right-then-wrong"].verification.components
     assert components["write-csv.reward"] == 1.0 and components["summarize.reward"] == 0.0
     assert components["summarize.total_ok"] == 0.0
-    # step 1 under its minimum: grading stops there; step 2 (which would pass) never counts
+    # step 1 under its minimum: the step gate ends the rollout there (step 2 gets no turn), grading
+    # stops there; step 2 (which would pass) never counts
+    assert [t.name for t in traj["wrong-first"].sandbox.step_turns] == ["write-csv"]
     assert ended["wrong-first"].reward == 0.0, ended["wrong-first"].reason
     assert "stopped after step write-csv" in traj["wrong-first"].verification.reason
     assert "summarize.reward" not in traj["wrong-first"].verification.components

@@ -71,6 +71,31 @@ async def test_each_service_publishes_only_its_own_subjects(server):
             await nc.close()
 
 
+async def test_only_the_sandbox_asks_step_gates_and_only_verification_keeps_their_grades(server):
+    srv, secrets = server
+    listener, _ = await connect(srv, "admin", secrets["admin"])
+    sandbox, sandbox_errors = await connect(srv, "sandbox", secrets["sandbox"])
+    verifier, verifier_errors = await connect(srv, "verification", secrets["verification"])
+    trajectory, trajectory_errors = await connect(srv, "trajectory", secrets["trajectory"])
+    try:
+        seen = await listener.subscribe("arena.verify.step.>")
+        await listener.flush()
+        assert await published(sandbox, sandbox_errors, "arena.verify.step.r1")
+        assert not await published(trajectory, trajectory_errors, "arena.verify.step.r2")
+        await verifier.subscribe("arena.verify.step.*", queue="verifier-gates")  # refused: an error, not silence
+        await verifier.flush()
+        await asyncio.sleep(0.3)
+        assert not any("permissions violation" in e.lower() for e in verifier_errors)
+        assert (await seen.next_msg(timeout=2)).subject == "arena.verify.step.r1"
+        assert await published(verifier, verifier_errors, "$KV.arena_step_grades.r1.0")
+        assert not await published(sandbox, sandbox_errors, "$KV.arena_step_grades.r1.0")  # a forged grade
+        read = "$JS.API.DIRECT.GET.KV_arena_step_grades.$KV.arena_step_grades.r1.0"
+        assert not await published(sandbox, sandbox_errors, read)
+    finally:
+        for nc in (listener, sandbox, verifier, trajectory):
+            await nc.close()
+
+
 async def test_a_wrong_password_is_refused(server):
     srv, secrets = server
     with pytest.raises(Exception, match="(?i)authorization"):

@@ -26,6 +26,7 @@ from arena_core.sources import DiffTooLarge, Lease, SourceCache, SourceError
 from arena_sandbox_providers import local
 from arena_sandbox_providers.local import ProxyForward, RunResult
 from arena_sandbox import episode, hosted, turns
+from arena_sandbox.gate import StepGate
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import CreateSpec, ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 
@@ -276,6 +277,7 @@ async def run_job(
     servers: hosted.EnvServers | None = None,
     destroy_later: list[Sandbox] | None = None,
     lease: Lease | None = None,
+    gate: StepGate | None = None,
 ) -> JobRun:
     """Run ``job`` in a fresh sandbox from ``provider`` (or its warm pool); never raises
     for a problem of the job itself (a missing repository, a broken workspace): that is
@@ -288,7 +290,9 @@ async def run_job(
 
     The sources the job reads are held by ``lease`` (none is evicted from the cache while the
     sandbox may still read or mount them): the caller's, released by it after the sandbox is
-    destroyed (with ``destroy_later``), else one of the job's own, released on return."""
+    destroyed (with ``destroy_later``), else one of the job's own, released on return.
+
+    A multi-step task's ``gate`` decides after each turn whether the next one runs (``turns.run_steps``)."""
     sandbox_id = sandbox_id or new_sandbox_id(job.rollout_id)
     name = provider.provider.name if isinstance(provider, WarmPool) else provider.name
     staging = Path(data_dir) / "staging" / sandbox_id
@@ -365,7 +369,7 @@ async def run_job(
                         job, sandbox, launch=lambda task: _turn_launch(job, task, plan, home),
                         task_file=lambda task, i: task_json(job, task, i), base=base, workdir=plan.workdir,
                         proxy=plan.proxy, cancel=cancel, on_output=output, diff_timeout_s=config.diff_timeout_s,
-                        max_diff_bytes=config.max_diff_bytes)
+                        max_diff_bytes=config.max_diff_bytes, gate=gate)
                     run = steps.run
                 else:
                     run = await sandbox.exec(
@@ -389,6 +393,11 @@ async def run_job(
             reason = f"{reason}; turns: " + ", ".join(f"{t.name}: {t.reason}" for t in steps.turns)
             if steps.failure and outcome is SandboxOutcome.COMPLETED:
                 outcome, reason = SandboxOutcome.FAILED, f"{steps.failure}; {reason}"
+            if steps.gate_error and cancel is not None and cancel.is_set():
+                outcome, reason = SandboxOutcome.CANCELLED, f"cancelled during a step's gate; {reason}"
+            elif steps.gate_error:
+                # Arena could not grade a step mid-rollout: no reward, never a 0 (docs/tasks.md)
+                outcome, reason = SandboxOutcome.ERROR, f"{steps.gate_error}; {reason}"
         if ended is not None and not run.killed:
             reason = ended.reason
             if ended.failed:  # the environment broke, not the policy: no reward (an infrastructure outcome)

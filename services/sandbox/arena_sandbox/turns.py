@@ -1,6 +1,7 @@
 """A multi-step task's turns (``task.steps``): one agent turn per step, in order, in one sandbox,
 each with its step's instruction in ``task.json`` (and ``ARENA_STEP``), the workspace's diff
-taken when it ends. docs/tasks.md ("Multi-step tasks").
+taken when it ends; with a step gate, the verification plane decides after each turn but the last
+whether the next one runs. docs/tasks.md ("Multi-step tasks").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import msgspec
 
 from arena_core.schemas import SandboxJob, StepTurn, Task
 from arena_core.sources import DiffTooLarge
+from arena_sandbox.gate import StepGate
 from arena_sandbox_providers import local
 from arena_sandbox_providers.provider import ExecResult, OutputCallback, Sandbox
 
@@ -21,13 +23,17 @@ _TURN_FILES = (f"{local.ARENA_DIR}/done", f"{local.ARENA_DIR}/result.json")
 
 
 class StepRuns(msgspec.Struct, frozen=True, kw_only=True):
-    """How the turns went: one :class:`ExecResult` for them all, each turn, and a failure of the
-    policy that ends the rollout as ``failed`` ("" if none)."""
+    """How the turns went: one :class:`ExecResult` for them all, each turn, a failure of the
+    policy that ends the rollout as ``failed`` ("" if none), where the step gate ended the turns
+    (``ended``: "" if it did not) and a step gate that could not decide (``gate_error``: Arena's
+    failure, an infrastructure outcome)."""
 
     run: ExecResult
     turns: list[StepTurn]
     first_done: bool
     failure: str = ""
+    ended: str = ""
+    gate_error: str = ""
 
 
 def turn_task(task: Task, index: int) -> Task:
@@ -61,10 +67,12 @@ def turn_reason(run: ExecResult, done: bool) -> str:
 async def run_steps(job: SandboxJob, sandbox: Sandbox, *, launch: Callable[[Task], tuple[list[str], dict[str, str],
                     dict[str, bytes]]], task_file: Callable[[Task, int], bytes], base: str, workdir: str, proxy,
                     cancel: asyncio.Event | None, on_output: OutputCallback, diff_timeout_s: float,
-                    max_diff_bytes: int) -> StepRuns:
-    """Every step's turn until one ends without ``done`` (that step is still graded on what it left)
-    or the rollout is cancelled. ``launch(task)`` is the agent's command, environment and files for
-    a turn's task; ``task_file(task, index)`` its ``task.json``."""
+                    max_diff_bytes: int, gate: StepGate | None = None) -> StepRuns:
+    """Every step's turn until one ends without ``done`` (that step is still graded on what it left),
+    the rollout is cancelled, or ``gate`` (asked after each turn but the last that ended with ``done``)
+    ends the rollout there. ``launch(task)`` is the agent's command, environment and files for a
+    turn's task; ``task_file(task, index)`` its ``task.json``. Without ``gate`` every step gets its
+    turn, and the final verification alone stops at a step under its minimum."""
     task = job.task
     started = time.monotonic()
     runs: list[ExecResult] = []
@@ -101,6 +109,18 @@ async def run_steps(job: SandboxJob, sandbox: Sandbox, *, launch: Callable[[Task
         turns.append(StepTurn(name=step.name, diff=diff, completed=done, reason=turn_reason(run, done)))
         if failure or not done or run.proxy_fault:
             break
+        if gate is not None and index + 1 < len(task.steps):
+            verdict = await gate(index, step.name, diff, cancel)
+            if verdict.decision == "error":
+                return StepRuns(run=combined(runs), turns=turns, first_done=turns[0].completed,
+                                gate_error=f"step {step.name}'s gate could not decide: {verdict.reason}")
+            if verdict.decision == "stop":
+                ended = f"the rollout ended at step {index + 1} of {len(task.steps)} ({step.name}): {verdict.reason}"
+                turns[-1] = msgspec.structs.replace(turns[-1], reason=f"{turns[-1].reason}; {ended}")
+                return StepRuns(run=combined(runs), turns=turns, first_done=turns[0].completed, ended=ended)
+            if verdict.rewards:  # graded now: the final verification takes this grade as it is
+                turns[-1] = msgspec.structs.replace(turns[-1],
+                                                    reason=f"{turns[-1].reason}; step gate: {verdict.reason}")
     return StepRuns(run=combined(runs), turns=turns, first_done=turns[0].completed, failure=failure)
 
 

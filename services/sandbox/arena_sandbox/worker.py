@@ -34,6 +34,7 @@ from arena_core.schemas import (
 from arena_core.settings import Settings
 from arena_core.sources import SourceCache, git_policy, unpack_limits
 from arena_sandbox import runner
+from arena_sandbox.gate import NatsStepGate
 from arena_sandbox.hosted import EnvServers
 from arena_sandbox.pool import WarmPool
 from arena_sandbox_providers.provider import SandboxProvider
@@ -204,7 +205,7 @@ class SandboxWorker:
                     job, data_dir=self.data_dir, provider=self.pool or self.provider, config=self.config,
                     sandbox_id=sandbox_id, cancel=cancel, sources=self.sources, exchanges=exchanges,
                     idle_s=self.settings.openenv_idle_s, servers=self.env_servers, destroy_later=finished,
-                    lease=lease,
+                    lease=lease, gate=NatsStepGate(self.bus, job) if len(job.task.steps) > 1 else None,
                 )
             finally:
                 if exchanges is not None:

@@ -15,6 +15,7 @@ from arena_core.bus import Bus
 from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 from arena_core.sources import SourceCache, git_policy, unpack_limits
+from arena_verification.gate import StepGates
 from arena_verification.sandboxes import ProviderSandboxes
 from arena_verification.worker import VerificationWorker
 
@@ -62,7 +63,9 @@ async def main(settings: Settings) -> int:
             sweeper = Sweeper([scratch], older_than_s=(settings.verify_deadline_s or 86400) + 600,
                               what="verification scratch")
             freeze_startup()
-            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), sweeper, bus.watch()],
+            gates = StepGates(worker)  # a multi-step task's steps graded during its rollout
+            code = await serve(stop, consumers=[worker.consumer(concurrency=settings.verify_concurrency), gates,
+                                                sweeper, bus.watch()],
                                app=health if settings.verification_health_port else None, host=settings.host,
                                port=settings.verification_health_port)
         finally:

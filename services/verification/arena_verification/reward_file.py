@@ -4,12 +4,15 @@ sandbox of its image, the task's tests at ``/tests``, its test script run, the r
 
 The image carries Arena's layer (``arena images build``): ``/logs`` and ``/tests`` are links into
 ``/sandbox/.arena/harbor``, the one place of a read-only container both the test script and this
-worker can reach.
+worker can reach; a task without an image gets the same links in a local sandbox. A multi-step
+task's step gate grades a step during the rollout (:func:`grade_gate`) as the final verification
+grades it, which takes that grade as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import posixpath
@@ -22,7 +25,8 @@ from pathlib import Path, PurePosixPath
 import msgspec
 
 from arena_core.errors import VerificationError
-from arena_core.schemas import MinReward, PathSource, RewardFileVerifier, VerificationResult, VerifyJob
+from arena_core.schemas import MinReward, PathSource, RewardFileVerifier, Task, VerificationResult, VerifyJob
+from arena_core.step_gate import StepGrade
 from arena_core.sources import GitError, SourceCache, SourceError, prepare_workspace
 from arena_verification import guard
 from arena_verification.restore import InvalidTask
@@ -256,11 +260,12 @@ def grading_plan(job: VerifyJob, spec: RewardFileVerifier) -> tuple[list[tuple[s
     return groups, []
 
 
-async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Path, started: float, *,
-                             sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
-    task = job.task
-    if not task.image_of():
-        raise InvalidTask("a reward_file task runs in its own image (task.image): build it with arena images build")
+def diff_digest(diff: str) -> str:
+    return hashlib.sha256(diff.encode("utf-8")).hexdigest()
+
+
+async def _pristine(task: Task, root: Path, sources: SourceCache) -> Path:
+    """The task's source, as it was before the agent, under ``root``."""
     workspace = root / "workspace"
     async with sources.lease() as lease:
         try:
@@ -272,61 +277,126 @@ async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Pat
             if isinstance(task.source_of(), PathSource):
                 raise InvalidTask(str(exc)) from exc
             raise VerificationError(f"cannot get the task's source: {exc}") from exc
+    return workspace
+
+
+async def grade_steps(task: Task, spec: RewardFileVerifier, diff: str, steps: list[tuple], workspace: Path, *,
+                      sandboxes: Sandboxes) -> list[StepGrade]:
+    """``steps`` (of :func:`grading_plan`) graded in turn on ``diff`` in one fresh sandbox of the task's
+    image (a local one with Harbor's ``/logs`` and ``/tests`` without an image), until one is under its
+    minimum or cannot be graded (its grade says why: the last one returned)."""
     mount = task.workspace_mount()
+    workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
+    digest = diff_digest(diff)
+    grades: list[StepGrade] = []
+    sandbox = await sandboxes.sandbox_for(task.image_of(), mount, tuple(task.services),
+                                          harbor_layout=not task.image_of())
+    try:
+        await sandbox.put_dir(workspace, WORKSPACE)
+        await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": diff.encode("utf-8")})
+        if diff and not diff.isspace():
+            error = await _apply(sandbox)
+            if error is not None:
+                label = f" of step {steps[0][0]}" if steps[0][0] else ""
+                return [StepGrade(step=steps[0][0], diff_sha256=digest, log_tail=_tail(error),
+                                  patch_error=f"the diff{label} does not apply: {error}")]
+        for name, files, script, min_reward, timeout_s in steps:
+            canaries = plan_summary_canaries(files) if spec.pytest_summary else None
+            step = await _run_step(sandbox, with_canaries(files, canaries), script, timeout_s, workdir, spec.env,
+                                   root=mount or WORKSPACE)
+            rewards, log = step.rewards, step.log
+            label = f"step {name}: " if name else ""
+            notes = [f"{label}{note}" for note in step.notes]
+            flags: list[str] = []
+            if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
+                grades.append(StepGrade(step=name, diff_sha256=digest, notes=notes, log_tail=step.log_tail,
+                                        no_reward=f"{label}{rewards}"))
+                return grades
+            lies = step.lies(rewarded=(scalar_reward(rewards) or 0.0) > 0)
+            if spec.pytest_summary and (failure := pytest_summary_failure(log, canaries)):
+                lies = ([failure] if failure.startswith("runner tampered") else []) + lies
+                if not lies:
+                    rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
+                    notes.append(f"{label}reward 0: {failure}")
+                    flags.append(FLAG_SUMMARY)
+            elif canaries is not None and not lies:
+                # the must-fail canary made the script's exit status (and so its reward file) 0:
+                # Terminal-Bench's own rule decides, every listed test of the task's passed
+                rewards = {**rewards, "reward": 1.0}
+            if lies:  # the canaries or the guard caught the test process lying: its reward is worthless
+                rewards = {**rewards, "reward": 0.0}
+                notes.append(f"{label}reward 0: " + "; ".join(lies))
+                flags.append(FLAG_RUNNER_TAMPERED)
+            if name:
+                notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
+            missed = below_minimum(rewards, min_reward)
+            if missed:
+                notes.append(f"stopped after step {name}: {missed}")
+            grades.append(StepGrade(step=name, diff_sha256=digest, rewards=rewards, notes=notes, flags=flags,
+                                    log_tail=step.log_tail, below=missed))
+            if missed:
+                return grades
+    finally:
+        await asyncio.shield(sandbox.destroy())
+    return grades
+
+
+async def grade_gate(task: Task, spec: RewardFileVerifier, index: int, diff: str, root: Path, *,
+                     sandboxes: Sandboxes, sources: SourceCache) -> StepGrade | None:
+    """The step gate (``arena_core.step_gate``): step ``index`` graded now on the diff its turn left,
+    as the final verification grades it; ``None`` when it has no ``min_reward`` (nothing to decide now)."""
+    if not 0 <= index < len(spec.steps):
+        raise InvalidTask(f"the task has no step {index + 1} (its verifier has {len(spec.steps)})")
+    s = spec.steps[index]
+    if s.min_reward is None:
+        return None
+    workspace = await _pristine(task, root, sources)
+    step = (s.name, {**spec.files, **s.files}, s.script, s.min_reward, s.timeout_s or spec.timeout_s)
+    (grade,) = await grade_steps(task, spec, diff, [step], workspace, sandboxes=sandboxes)
+    return grade
+
+
+def gate_budget_s(spec: RewardFileVerifier, index: int) -> float:
+    """How long the step gate of step ``index`` may take, at most: its script, set-up and a margin."""
+    step = spec.steps[index] if 0 <= index < len(spec.steps) else None
+    return ((step.timeout_s if step is not None else None) or spec.timeout_s) + 150.0
+
+
+async def verify_reward_file(job: VerifyJob, spec: RewardFileVerifier, root: Path, started: float, *,
+                             sandboxes: Sandboxes, sources: SourceCache,
+                             kept: dict[int, StepGrade] | None = None) -> VerificationResult:
+    """``kept``: the steps the step gate graded during the rollout, by index: each one whose turn's
+    diff is the one it graded is taken as it is, not graded again (the reward is what the gate saw)."""
+    task = job.task
+    workspace: Path | None = None
     groups, skipped = grading_plan(job, spec)
     graded: list[tuple[str, dict[str, float]]] = []
     notes: list[str] = []
     flags: list[str] = []
     log_tail = ""
-    workdir = posixpath.normpath(posixpath.join(mount or WORKSPACE, task.workdir or "."))
     stopped = False
-    for diff, steps in groups:
-        sandbox = await sandboxes.sandbox_for(task.image_of(), mount, tuple(task.services))
-        try:
-            await sandbox.put_dir(workspace, WORKSPACE)
-            await sandbox.put_files({f"{ARENA_DIR}/{DIFF_FILE}": diff.encode("utf-8")})
-            if diff and not diff.isspace():
-                error = await _apply(sandbox)
-                if error is not None:
-                    label = f" of step {steps[0][0]}" if steps[0][0] else ""
-                    return VerificationResult(
-                        rollout_id=job.rollout_id, verifier="reward_file", reward=0.0, passed=False,
-                        started_at=started, finished_at=time.time(), flags=["patch_failed"],
-                        reason=f"the diff{label} does not apply: {error}", log_tail=_tail(error))
-            for name, files, script, min_reward, timeout_s in steps:
-                canaries = plan_summary_canaries(files) if spec.pytest_summary else None
-                step = await _run_step(sandbox, with_canaries(files, canaries), script, timeout_s, workdir, spec.env,
-                                       root=mount or WORKSPACE)
-                rewards, log_tail, log = step.rewards, step.log_tail, step.log
-                label = f"step {name}: " if name else ""
-                notes += [f"{label}{note}" for note in step.notes]
-                if isinstance(rewards, str):  # no reward: the step (and the task) could not be graded
-                    return _no_reward(job, started, f"{label}{rewards}", log_tail)
-                lies = step.lies(rewarded=(scalar_reward(rewards) or 0.0) > 0)
-                if spec.pytest_summary and (failure := pytest_summary_failure(log, canaries)):
-                    lies = ([failure] if failure.startswith("runner tampered") else []) + lies
-                    if not lies:
-                        rewards = {**rewards, "reward": 0.0}  # Terminal-Bench's own rule: not every test passed
-                        notes.append(f"{label}reward 0: {failure}")
-                        flags.append(FLAG_SUMMARY)
-                elif canaries is not None and not lies:
-                    # the must-fail canary made the script's exit status (and so its reward file) 0:
-                    # Terminal-Bench's own rule decides, every listed test of the task's passed
-                    rewards = {**rewards, "reward": 1.0}
-                if lies:  # the canaries or the guard caught the test process lying: its reward is worthless
-                    rewards = {**rewards, "reward": 0.0}
-                    notes.append(f"{label}reward 0: " + "; ".join(lies))
-                    if FLAG_RUNNER_TAMPERED not in flags:
-                        flags.append(FLAG_RUNNER_TAMPERED)
-                graded.append((name, rewards))
-                if name:
-                    notes.append(f"step {name}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(rewards.items())))
-                if (missed := below_minimum(rewards, min_reward)):
-                    notes.append(f"stopped after step {name}: {missed}")
-                    stopped = True
-                    break
-        finally:
-            await asyncio.shield(sandbox.destroy())
+    per_step = bool(spec.steps and job.step_turns)  # each group one step, in order
+    for position, (diff, steps) in enumerate(groups):
+        grade = (kept or {}).get(position) if per_step else None
+        if grade is not None and grade.step == steps[0][0] and grade.diff_sha256 == diff_digest(diff):
+            grades = [grade]
+        else:
+            if workspace is None:
+                workspace = await _pristine(task, root, sources)
+            grades = await grade_steps(task, spec, diff, steps, workspace, sandboxes=sandboxes)
+        for grade in grades:
+            notes += grade.notes
+            log_tail = grade.log_tail
+            if grade.patch_error:
+                return VerificationResult(
+                    rollout_id=job.rollout_id, verifier="reward_file", reward=0.0, passed=False,
+                    started_at=started, finished_at=time.time(), flags=["patch_failed"],
+                    reason=grade.patch_error, log_tail=grade.log_tail)
+            if grade.no_reward or grade.rewards is None:
+                return _no_reward(job, started, grade.no_reward or "the step has no rewards", grade.log_tail)
+            flags += [f for f in grade.flags if not (f == FLAG_RUNNER_TAMPERED and f in flags)]
+            graded.append((grade.step, grade.rewards))
+            stopped = bool(grade.below)
         if stopped:
             break
     if not stopped:

@@ -31,6 +31,7 @@ from arena_verification import answers, judge, plugins, reward_file
 from arena_verification.answers import InvalidRubric, Outcome
 from arena_verification.restore import InvalidTask
 from arena_core.sources import SourceCache
+from arena_core.step_gate import StepGrade
 from arena_verification.sandboxes import LocalSandboxes, Sandboxes
 from arena_verification.tests_verifier import job_budget_s, verify_tests
 
@@ -69,7 +70,8 @@ def time_budget_s(spec: object) -> float:
 
 
 async def verify(job: VerifyJob, *, scratch_dir: Path | None = None, http: httpx.AsyncClient | None = None,
-                 sandboxes: Sandboxes | None = None, sources: SourceCache | None = None) -> VerificationResult:
+                 sandboxes: Sandboxes | None = None, sources: SourceCache | None = None,
+                 kept: dict[int, StepGrade] | None = None) -> VerificationResult:
     """Verify ``job`` (its task carrying its verifier); raises only when verification itself
     could not be done.
 
@@ -77,33 +79,34 @@ async def verify(job: VerifyJob, *, scratch_dir: Path | None = None, http: httpx
     removed. ``http`` is the client for judge calls (default: one per call). ``sandboxes``
     gives the ``tests`` verifier its sandbox (default: local bubblewrap sandboxes under the
     scratch directory); ``sources`` reads task sources (default: host paths allowed, no bundles).
+    ``kept``: a multi-step ``reward_file`` task's steps as its step gate graded them, by index.
     """
     spec = job.task.verifier
     if spec is None:
         raise InvalidTask("the verify job carries no verifier")
     if sandboxes is not None and sources is not None:
-        return await _verify(job, spec, scratch_dir, http, sandboxes, sources)
+        return await _verify(job, spec, scratch_dir, http, sandboxes, sources, kept)
     if scratch_dir is not None:
         scratch_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="arena-verify-own-", dir=scratch_dir) as tmp:
         own = LocalSandboxes(Path(tmp) / "sandboxes") if sandboxes is None else None
         try:
             return await _verify(job, spec, scratch_dir, http, sandboxes or own,
-                                 sources or SourceCache(Path(tmp) / "sources", allow_paths=True))
+                                 sources or SourceCache(Path(tmp) / "sources", allow_paths=True), kept)
         finally:
             if own is not None:
                 await own.close()
 
 
 async def _verify(job: VerifyJob, spec, scratch_dir: Path | None, http, sandboxes: Sandboxes,
-                  sources: SourceCache) -> VerificationResult:
+                  sources: SourceCache, kept: dict[int, StepGrade] | None = None) -> VerificationResult:
     started = time.time()
     if scratch_dir is not None:
         scratch_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(spec, CompositeVerifier):
         result = await _composite(job, spec, started, scratch_dir, http, sandboxes, sources)
     else:
-        result = await _leaf(job, spec, started, scratch_dir, http, sandboxes, sources)
+        result = await _leaf(job, spec, started, scratch_dir, http, sandboxes, sources, kept)
     if job.name:
         result = msgspec.structs.replace(result, verifier=job.name)
     log.info("verified: reward=%.2f verifier=%s flags=%s (%s)", result.reward, result.verifier,
@@ -112,14 +115,15 @@ async def _verify(job: VerifyJob, spec, scratch_dir: Path | None, http, sandboxe
 
 
 async def _leaf(job: VerifyJob, spec: LeafSpec, started: float, scratch_dir: Path | None,
-                http: httpx.AsyncClient | None, sandboxes: Sandboxes, sources: SourceCache) -> VerificationResult:
+                http: httpx.AsyncClient | None, sandboxes: Sandboxes, sources: SourceCache,
+                kept: dict[int, StepGrade] | None = None) -> VerificationResult:
     if isinstance(spec, TestsVerifier):
         with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
             return await verify_tests(job, spec, Path(tmp), started, sandboxes=sandboxes, sources=sources)
     if isinstance(spec, RewardFileVerifier):
         with tempfile.TemporaryDirectory(prefix="arena-verify-", dir=scratch_dir) as tmp:
             return await reward_file.verify_reward_file(job, spec, Path(tmp), started, sandboxes=sandboxes,
-                                                        sources=sources)
+                                                        sources=sources, kept=kept)
     text = job.diff if getattr(spec, "source", "answer") == "diff" else answers.answer_text(job.result)
     judge_calls = []
     try:

@@ -42,8 +42,10 @@ class ProviderSandboxes:
         docker = build_provider("docker", own) if (settings.docker_url or "docker" in names) else None
         return cls(local=build_provider("local", own), docker=docker)
 
-    async def sandbox_for(self, image: str, workspace_mount: str = "", services: tuple = ()) -> Sandbox:
-        """A fresh sandbox of ``image`` (docker), with the task's sidecar ``services`` beside it."""
+    async def sandbox_for(self, image: str, workspace_mount: str = "", services: tuple = (), *,
+                          harbor_layout: bool = False) -> Sandbox:
+        """A fresh sandbox of ``image`` (docker), with the task's sidecar ``services`` beside it;
+        without an image a local one, with ``harbor_layout`` its ``/logs`` and ``/tests`` links."""
         provider = self.docker if image else self.local
         if provider is None:
             raise VerificationError(f"the task runs in image {image!r}, and this verification worker has no "
@@ -53,7 +55,8 @@ class ProviderSandboxes:
             raise VerificationError(f"the {provider.name} sandbox provider is unavailable: {problem}")
         try:
             return await provider.create(CreateSpec(image=image, limits=self.limits, services=tuple(services),
-                                                    workspace_mount=workspace_mount if image else ""))
+                                                    workspace_mount=workspace_mount if image else "",
+                                                    harbor_layout=harbor_layout and not image))
         except SandboxError as exc:
             raise VerificationError(f"cannot create a verification sandbox: {exc}") from exc
 

@@ -71,7 +71,8 @@ def job_budget_s(spec: TestsVerifier) -> float:
 class Sandboxes(Protocol):
     """Where the verifier gets its sandbox: the provider for the task's image."""
 
-    async def sandbox_for(self, image: str, workspace_mount: str = "", services: tuple = ()) -> Sandbox: ...
+    async def sandbox_for(self, image: str, workspace_mount: str = "", services: tuple = (), *,
+                          harbor_layout: bool = False) -> Sandbox: ...
 
 
 async def verify_tests(job: VerifyJob, spec: TestsVerifier, root: Path, started: float, *,

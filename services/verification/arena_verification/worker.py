@@ -16,9 +16,9 @@ from nats.js.errors import NotFoundError
 from arena_core import metrics, private, subjects, telemetry
 from arena_core.bus import Bus, Consumer, Delivery
 from arena_core.errors import Permanent, VerificationError
-from arena_core.schemas import RolloutStateChanged, VerificationResult, VerifyJob
+from arena_core.schemas import RewardFileVerifier, RolloutStateChanged, VerificationResult, VerifyJob
 from arena_core.sources import SourceCache
-from arena_verification import runner
+from arena_verification import gate, runner
 from arena_verification.plugins import InvalidPlugin
 from arena_verification.restore import InvalidTask
 from arena_verification.sandboxes import Sandboxes
@@ -129,10 +129,12 @@ class VerificationWorker:
             if job.result is None and runner.grades_answer(job.task.verifier):
                 job = msgspec.structs.replace(job, result=await self._agent_result(job.rollout_id))
             budget = self.job_timeout_s or runner.time_budget_s(job.task.verifier)
+            # a multi-step task's steps its step gates graded during the rollout: taken as they are
+            kept = await gate.kept_grades(self.bus, job) if isinstance(job.task.verifier, RewardFileVerifier) else {}
             try:
                 result = await asyncio.wait_for(
                     runner.verify(job, scratch_dir=self.scratch_dir, http=self.http, sandboxes=self.sandboxes,
-                                  sources=self.sources),
+                                  sources=self.sources, kept=kept),
                     timeout=budget,
                 )
             except asyncio.TimeoutError as exc:
