@@ -58,6 +58,8 @@ JEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken su
 VITEST_TRUTH = {**JS_TRUTH, "test/suite.test.js > broken suite > under a broken suite": S}
 VF = "test/flips.test.js > calc > "
 VITEST_FLIPS_TRUTH = {VF + "plain": P, VF + "fails": F, VF + "skipped": S, VF + "prints results": P, VF + "later": P}
+VC = "test/console.test.js > calc > "
+VITEST_CONSOLE_TRUTH = {VC + "plain": P, VC + "logs": P, VC + "fails": F}
 MOCHA_TRUTH = {"calc > plain": P, "calc > prints results": P, "calc > name with a > b, a :: b and a ... b": P}
 MOCHA_STATUSES_TRUTH = {"calc > plain": P, "calc > prints results": P, "calc > fails": F, "calc > skipped": S,
                         "calc > inner > deep": P, "second > passes": P}  # mocha's JSON reporter, same run
@@ -101,6 +103,9 @@ CASES = {
     # printed "× plain" and "✓ fails" after those tests' own lines (vitest writes a line when
     # its test ends), "↓ later" before later's: vitest's "Failed Tests" and counts settle them
     "vitest/mimic_verbose_flips.txt": (VITEST_FLIPS_TRUTH, True, False),
+    # console.log output with an empty line: the rest of the "stdout |" block reads like
+    # vitest's lines (a ghost, "× plain"): the counts catch it
+    "vitest/mimic_verbose_console_blank.txt": (VITEST_CONSOLE_TRUTH, True, True),
     # the default reporter: "Failed Suites" names the suite, which is no test
     "vitest/mimic_default.txt": (_failures(VITEST_TRUTH), True, False),
     "mocha/mimic_spec.txt": (MOCHA_TRUTH, True, True),
@@ -132,6 +137,8 @@ IN_DOUBT = {
     **{f"vitest/mimic_{m}.txt": [JM + "ghost", JM + "plain", JM + "prints results",
                                  JM + "name with a > b, a :: b and a ... b", "test/suite.test.js > beside it"]
        for m in ("verbose", "verbose_color")},
+    # three ids can be vitest's two passes; "fails" is in "Failed Tests" (its printed pass aside)
+    "vitest/mimic_verbose_console_blank.txt": [VC + "ghost", VC + "plain", VC + "logs"],
     # more leaves passed than node counted passes, less the opened ids that must be tests
     # (three passed, two are suites): the passes are in doubt; not "parent > child fails",
     # nor the parents and suites, whose lines agree
