@@ -40,6 +40,7 @@ GO_TRUTH = {  # go 1.19 writes no structured report of its own: test2json reads 
 }
 RS_TRUTH = {"tests::a_passes": P, "tests::b_prints_others_results": P, "tests::c_fails": F}  # cargo_json's run
 RT = "tests::"
+RS_BLOCK_TRUTH = {RT + "a_prints_a_block_header": P, RT + "b_passes": P, RT + "c_fails": F}  # libtest's --logfile
 RS_THREADS_TRUTH = {RT + "a_passes": P, RT + "b_fails": F, RT + "c_ignored": S, RT + "d_passes": P,
                     RT + "e_prints_while_others_end": P, RT + "f_passes": P}  # libtest's --logfile
 NODE_TRUTH = {
@@ -86,6 +87,14 @@ CASES = {
     # status is x's output, "failures:" included
     "cargo/mimic_nocapture_threads1.txt": (RS_TRUTH, True, False),
     **{f"cargo/mimic_{m}.txt": (RS_THREADS_TRUTH, True, True) for m in ("threads_nocapture", "threads4_nocapture")},
+    # a printed "---- tests::b_passes stdout ----" (libtest writes such blocks only after its
+    # "failures:"/"successes:" header) swallowed every later line up to "failures:" on
+    # several threads: the passes were lost, unflagged
+    **{f"cargo/mimic_{m}.txt": (RS_BLOCK_TRUTH, True, False)
+       for m in ("block", "block_nocapture", "block_nocapture_threads1")},
+    # --show-output with every test passing: the "successes:" blocks never ended (no
+    # "failures:" follows), libtest's summary was skipped and the run read as cut
+    "cargo/mimic_show_output_all_pass.txt": ({RT + "a_prints": P, RT + "b_passes": P}, True, False),
     "node/mimic_tap.txt": (NODE_TRUTH, True, False),
     "node/mimic_spec.txt": (NODE_TRUTH, True, True),  # spec does not escape what a test prints
     "node/mimic_spec_color.txt": (NODE_TRUTH, True, True),

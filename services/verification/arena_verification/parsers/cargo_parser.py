@@ -92,6 +92,9 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
     section: _Binary | None = None  # the running binary
     seen_running = False
     in_failure_list = in_stdout_block = False
+    #: libtest's "failures:" / "successes:" header seen in this binary: the captured output
+    #: blocks ("---- x stdout ----") follow it; before it such a line is a test's print
+    after_header = False
     doubt: list[str] = []  # ids of binaries whose summary disagrees with their lines
     failure_list: list[str] = []  # names under "failures:", taken when the summary follows
     pending: str | None = None  # a test whose status line has not come yet
@@ -120,14 +123,19 @@ def parse_cargo_test_output(text: str) -> ParsedOutput:
             section, pending, seen_running = _Binary(int(m.group("n"))), None, True
             binaries += 1
             expected_total += section.expected
-            in_failure_list = in_stdout_block = False
+            in_failure_list = in_stdout_block = after_header = False
             continue
         if not seen_running:
             continue
-        if _STDOUT_BLOCK.match(line):
+        if _STDOUT_BLOCK.match(line) and after_header:
             in_stdout_block, pending = True, None
             continue
+        if line == "successes:":  # --show-output: the passed tests' blocks, then their names
+            in_stdout_block = in_failure_list = False
+            after_header = True
+            continue
         if line == "failures:":
+            after_header = True
             # (a test's print while another is pending: that one's status may still follow)
             in_stdout_block = False
             in_failure_list = True  # the first "failures:" precedes the stdout blocks
