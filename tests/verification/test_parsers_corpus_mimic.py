@@ -122,6 +122,11 @@ CASES = {
     # and the counts settle every id
     "mocha/mimic_spec_flips.txt": (MOCHA_STATUSES_TRUTH, True, False),
     "mocha/mimic_spec_ghost.txt": ({**MOCHA_STATUSES_TRUTH, "third > prints a ghost": P}, True, True),
+    # "  key: value" and "  ✔ root ghost" printed while "calc" is open: mocha ends a top-level
+    # suite with an empty line before anything else at the top level (they renamed or lost
+    # every later test of calc)
+    "mocha/mimic_spec_indented.txt": ({"root test": P, "calc > plain": P, "calc > after": P, "calc > fails": F,
+                                       "calc > inner > deep": P, "second > passes": P}, True, False),
     "mocha/mimic_json.txt": ({k.replace(" > ", " ", 1): v for k, v in MOCHA_TRUTH.items()}, True, False),
     "node/mimic_timeout_tap.txt": ({"a fast": P}, False, False),
     "node/mimic_timeout_spec.txt": ({"a fast": P}, False, False),

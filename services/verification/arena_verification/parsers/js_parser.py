@@ -168,6 +168,10 @@ def parse_mocha_output(text: str) -> ParsedOutput:
     A numbered line in the tree is mocha's only where the numbered list after the counts
     names that very test under that number (a printed ``1) plain`` or ``  1) calc`` is
     skipped, and opens or closes no suite); with no counts (a cut run) every one is taken.
+    mocha runs a suite's own tests before its child suites and ends a top-level suite with
+    an empty line, so while a top-level suite is open a line at the top level (a suite's
+    title, a root test's result) is mocha's only right after an empty line: a test printing
+    ``  key: value`` does not rename the tests after it.
     """
     lines = strip_ansi(text).splitlines()
     # The last block of counts is mocha's own: a test may print "  99 passing" before it.
@@ -185,7 +189,8 @@ def parse_mocha_output(text: str) -> ParsedOutput:
     found: dict[str, TestStatus] = {}
     seen: dict[str, set[TestStatus]] = {}  # every status each id's lines gave
     suites: list[str] = []
-    for line in lines[:end]:
+    top_open = False  # a top-level suite's title was mocha's, its closing empty line not seen
+    for at, line in enumerate(lines[:end]):
         m = _MOCHA_LINE.match(line)
         if m is None or _MOCHA_COUNT.match(line):
             continue  # a count line before mocha's own counts was printed by a test
@@ -196,6 +201,10 @@ def parse_mocha_output(text: str) -> ParsedOutput:
         test_id = SEP.join([*suites[:level], m.group("name")])
         if mark.endswith(")") and numbered is not None and numbered.get(int(mark[:-1])) != test_id:
             continue  # not the failure mocha numbered so: printed
+        if level == 0:
+            if top_open and at > 0 and lines[at - 1].strip():
+                continue  # the open top-level suite has not ended: printed
+            top_open = not mark
         del suites[level:]
         if not mark:
             suites.append(m.group("name"))
