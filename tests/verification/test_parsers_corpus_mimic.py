@@ -75,6 +75,10 @@ CASES = {
     **{f"pytest/mimic_{m}.txt": (PY_TRUTH, True, False) for m in ("rA", "rA_v", "rA_v_s", "rA_s")},
     # -v -s without -rA: the printed "id PASSED" lines sit where pytest writes its own
     "pytest/mimic_v_s.txt": (PY_TRUTH, True, True),
+    # pytest-timeout's signal method fails the test that printed "PASSED"; the run goes on
+    "pytest/mimic_pytest_signal_v_s_status.txt": ({"tests/test_cut.py::test_a_passes": P,
+                                                   "tests/test_cut.py::test_b_prints_passed": F,
+                                                   "tests/test_cut.py::test_c_never_runs": P}, True, False),
     **{f"unittest/mimic_{m}.txt": (UT_TRUTH, True, True) for m in ("v", "v_b")},
     "unittest/mimic_default.txt": (_failures(UT_TRUTH), True, True),
     "go/mimic_v.txt": (GO_TRUTH, True, False),
@@ -176,6 +180,8 @@ CUT = {
     "pytest/mimic_cut_term_v_s_status.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_passed"]),
     "pytest/mimic_cut_kill_v_s_progress.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_a_progress_line"]),
     "pytest/mimic_cut_kill_v_s_xdist_line.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_an_xdist_line"]),
+    # pytest-timeout's thread method: stack dumps, then os._exit(1) while the test runs
+    "pytest/mimic_cut_pytest_thread_v_s_status.txt": ({PYC + "test_a_passes": P}, [PYC + "test_b_prints_passed"]),
     # "test_b_hangs (...) ... ok": the "ok" is the test's own print; no runner line followed it
     "unittest/mimic_cut_kill_v.txt": ({UTC + "test_a_passes": P}, [UTC + "test_b_hangs"]),
     # node names a test with subtests once one of them ended; a leaf only when it ends
@@ -247,7 +253,7 @@ def test_printed_result_lines_change_no_result_unless_the_log_is_suspect(case):
 def test_a_test_killed_while_running_is_unresolved_not_passed(case):
     results, unresolved = CUT[case]
     out = _parse(case)
-    assert _meta(case)["exit_code"] in (0, 124, 137)  # os._exit(0), SIGTERM, SIGKILL
+    assert _meta(case)["exit_code"] in (0, 1, 124, 137)  # os._exit(0), pytest-timeout's os._exit(1), SIGTERM, SIGKILL
     assert {r.test_id: r.status.value for r in out.results} == results
     assert not out.complete and not out.suspect
     assert out.unresolved == unresolved
