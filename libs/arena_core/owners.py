@@ -21,7 +21,9 @@ from arena_core.errors import Forbidden, NotFound
 
 #: The owner of everything made while keys are not enforced.
 ANONYMOUS = "anonymous"
-__all__ = ["ANONYMOUS", "DEFAULT_PROJECT", "owner_of", "project_of", "sees", "listing_project", "visible",
+#: The NATS header naming the project of a message whose body does not (live trainer metrics).
+PROJECT_HEADER = "Arena-Project"
+__all__ = ["ANONYMOUS", "DEFAULT_PROJECT", "PROJECT_HEADER", "owner_of", "project_of", "sees", "listing_project", "visible",
            "scoped_name", "split_scoped", "may_change", "check"]
 
 

@@ -1258,6 +1258,7 @@ class DuelRoundDone(Base, kw_only=True):
     winner: Literal["a", "b", "draw", "void"]
     complete: bool = False
     at: float = 0.0
+    project: str = DEFAULT_PROJECT  # the duel's project: a dashboard of another never hears of it
 
 
 class TrainerMetrics(Base, kw_only=True):

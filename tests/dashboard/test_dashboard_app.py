@@ -113,6 +113,29 @@ def test_state_changes_go_out_in_bounded_batches_and_finals_ask_for_one_refresh(
     assert sub.queue.get_nowait().event == "reseed"
 
 
+def test_a_session_of_one_project_hears_only_its_projects_live_events():
+    """docs/projects.md: each project's state changes, trainer metrics and duel notices go to its
+    own sessions (and to sessions of every project: keys off, an admin key); refresh notices,
+    which carry no data, to all."""
+    hub = Hub(queue_size=100)
+    alpha, beta, everyone = hub.subscribe("alpha"), hub.subscribe("beta"), hub.subscribe()
+    feed = LiveFeed(hub, max_batch=100, debouncer=Debouncer(interval=0.0, settle=0.0, again=0), clock=lambda: 0.0)
+    feed.on_state(compact_state(state_change("r-alpha", RolloutState.COMPLETED, project="alpha")))
+    feed.on_state(compact_state(state_change("r-beta", RolloutState.RUNNING, project="beta")))
+    feed.on_trainer({"run": "alpha-run", "step": 1}, "alpha")
+    feed.on_duel({"duel_id": "d-beta"}, "beta")
+    feed.tick()
+
+    def heard(sub) -> str:
+        return " ".join(f"{e.event}:{e.data.decode()}" for e in (sub.queue.get_nowait() for _ in range(sub.queue.qsize())))
+
+    mine, theirs, all_ = heard(alpha), heard(beta), heard(everyone)
+    assert "r-alpha" in mine and "alpha-run" in mine and "r-beta" not in mine and "d-beta" not in mine
+    assert "r-beta" in theirs and "d-beta" in theirs and "r-alpha" not in theirs and "alpha-run" not in theirs
+    assert all(x in all_ for x in ("r-alpha", "r-beta", "alpha-run", "d-beta"))
+    assert "refresh:" in mine and "refresh:" in theirs
+
+
 # ------------------------------------------------------------------ against a real trajectory app
 
 

@@ -181,7 +181,7 @@ def create_app(api: TrajectoryApi, hub: Hub, *, gate: auth.Gate | None = None, l
     async def events(request: Request) -> Response:
         try:
             key = key_for(request)
-            sub = hub.subscribe()
+            sub = hub.subscribe(gate.project_of(key))  # the session's project's events only
         except TooManyStreams as exc:
             return _error(Unavailable(str(exc)))
         except ArenaError as exc:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
+from arena_core import owners
 from arena_core.apikeys import KeyRing
 
 COOKIE = "arena_dashboard_key"
@@ -142,6 +143,14 @@ class Gate:
             return True
         record = self.ring.check(key) if key else None
         return record is not None and record.read_only and record.allows("read")
+
+    def project_of(self, key: str | None) -> str | None:
+        """The one project whose live events ``key``'s session receives; ``None``: every project
+        (keys off, or an admin key)."""
+        if self.ring is None:
+            return None
+        record = self.ring.check(key) if key else None
+        return owners.listing_project(record) if record is not None else owners.DEFAULT_PROJECT
 
     def ready(self) -> bool:
         return self.ring is None or self.ring.ready.is_set()

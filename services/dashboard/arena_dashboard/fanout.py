@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
+from arena_core.schemas import DEFAULT_PROJECT
+
 #: Page kinds a refresh notice names (the single-page app's views that show aggregates).
 KINDS = ("overview", "verify", "tokens", "training", "tasks", "leaderboard", "rollouts")
 #: Kinds whose aggregates change when a rollout reaches a final state.
@@ -20,10 +22,12 @@ ON_FINAL = ("overview", "verify", "tokens", "training", "tasks")
 
 
 class SseEvent(msgspec.Struct, frozen=True):
-    """One Server-Sent Event, encoded once and shared by every stream."""
+    """One Server-Sent Event, encoded once and shared by every stream (of ``project``'s sessions
+    only when set: a session of another project never receives it; docs/projects.md)."""
 
     event: str
     data: bytes
+    project: str | None = None
 
     def frame(self) -> bytes:
         return b"event: " + self.event.encode() + b"\ndata: " + self.data + b"\n\n"
@@ -37,10 +41,12 @@ CLOSING = SseEvent("closing", b'{"reason":"the dashboard is stopping"}')
 class Subscriber:
     """One SSE stream's queue; ``closed`` once it was dropped or the hub closed."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, project: str | None = None):
         self.queue: asyncio.Queue[SseEvent] = asyncio.Queue(size + 1)  # +1: room for the last word
         self.size = size
         self.closed = False
+        #: the session's project (its key's); None: every project's events (keys off, an admin key)
+        self.project = project
 
     def offer(self, event: SseEvent) -> bool:
         """Queue ``event``; False (and the stream ends with ``DROPPED``) if the queue is full."""
@@ -88,12 +94,13 @@ class Hub:
         self.dropped = 0
         self.closed = False
 
-    def subscribe(self) -> Subscriber:
+    def subscribe(self, project: str | None = None) -> Subscriber:
+        """A stream of every event (``project`` None) or of ``project``'s and everyone's."""
         if self.closed:
             raise TooManyStreams("the dashboard is stopping")
         if len(self.subscribers) >= self.max_subscribers:
             raise TooManyStreams(f"{self.max_subscribers} live streams are open already")
-        sub = Subscriber(self.queue_size)
+        sub = Subscriber(self.queue_size, project)
         self.subscribers.add(sub)
         return sub
 
@@ -102,6 +109,8 @@ class Hub:
 
     def publish(self, event: SseEvent) -> None:
         for sub in list(self.subscribers):
+            if event.project is not None and sub.project is not None and sub.project != event.project:
+                continue  # another project's
             if not sub.offer(event):
                 self.subscribers.discard(sub)
                 self.dropped += 1
@@ -160,7 +169,7 @@ class LiveFeed:
         self.debouncer = debouncer or Debouncer()
         self.clock = clock
         self.states: list[dict] = []
-        self.overflow = 0
+        self.overflow: dict[str, int] = {}  # by project
         self.received = 0
 
     def on_state(self, change: dict) -> None:
@@ -169,16 +178,17 @@ class LiveFeed:
         if len(self.states) < self.max_batch:
             self.states.append(change)
         else:
-            self.overflow += 1
+            project = change.get("project", DEFAULT_PROJECT)
+            self.overflow[project] = self.overflow.get(project, 0) + 1
         if change.get("final"):
             self.debouncer.mark(ON_FINAL, self.clock())
 
-    def on_trainer(self, metrics: dict) -> None:
-        self.hub.publish(SseEvent("trainer", msgspec.json.encode(metrics)))
+    def on_trainer(self, metrics: dict, project: str = DEFAULT_PROJECT) -> None:
+        self.hub.publish(SseEvent("trainer", msgspec.json.encode(metrics), project))
         self.debouncer.mark(("training",), self.clock())
 
-    def on_duel(self, notice: dict) -> None:
-        self.hub.publish(SseEvent("duel", msgspec.json.encode(notice)))
+    def on_duel(self, notice: dict, project: str = DEFAULT_PROJECT) -> None:
+        self.hub.publish(SseEvent("duel", msgspec.json.encode(notice), project))
         self.debouncer.mark(("leaderboard",), self.clock())
 
     def on_reconnect(self) -> None:
@@ -187,10 +197,14 @@ class LiveFeed:
         self.debouncer.mark(KINDS, self.clock())
 
     def tick(self) -> None:
-        if self.states or self.overflow:
-            body = {"changes": self.states, "overflow": self.overflow}
-            self.states, self.overflow = [], 0
-            self.hub.publish(SseEvent("states", msgspec.json.encode(body)))
+        if self.states or self.overflow:  # one batch per project: each session gets its own project's
+            by_project: dict[str, list[dict]] = {}
+            for change in self.states:
+                by_project.setdefault(change.get("project", DEFAULT_PROJECT), []).append(change)
+            for project in sorted(set(by_project) | set(self.overflow)):
+                body = {"changes": by_project.get(project, []), "overflow": self.overflow.get(project, 0)}
+                self.hub.publish(SseEvent("states", msgspec.json.encode(body), project))
+            self.states, self.overflow = [], {}
         kinds = self.debouncer.due(self.clock())
         if kinds:
             self.hub.publish(SseEvent("refresh", msgspec.json.encode({"kinds": kinds})))
@@ -216,4 +230,4 @@ def compact_state(event, *, reason_max: int = 300) -> dict:
             "group_index": event.group_index, "from": event.from_state.value if event.from_state else None,
             "to": event.to_state.value, "at": event.at, "reward": event.reward, "reason": event.reason[:reason_max],
             "steps": event.steps, "final": event.to_state.is_final, "infrastructure": event.infrastructure,
-            "labels": labels}
+            "labels": labels, "project": event.project}

@@ -9,6 +9,7 @@ import logging
 
 import msgspec
 
+from arena_core import owners
 from arena_core.bus import Bus
 from arena_core.schemas import RolloutStateChanged, TrainerMetrics
 from arena_dashboard.fanout import LiveFeed, compact_state
@@ -47,7 +48,8 @@ class LiveSubscriptions:
         except msgspec.DecodeError as exc:
             self._bad(msg.subject, exc)
             return
-        self.feed.on_trainer(msgspec.to_builtins(metrics))
+        project = (msg.headers or {}).get(owners.PROJECT_HEADER) or owners.DEFAULT_PROJECT
+        self.feed.on_trainer(msgspec.to_builtins(metrics), project)
 
     async def on_duel(self, msg) -> None:
         try:
@@ -59,7 +61,8 @@ class LiveSubscriptions:
             notice = {}
         out = {k: notice[k] for k in DUEL_FIELDS if k in notice}
         out.setdefault("duel_id", msg.subject.rsplit(".", 1)[-1])
-        self.feed.on_duel(out)
+        project = notice.get("project") if isinstance(notice.get("project"), str) else owners.DEFAULT_PROJECT
+        self.feed.on_duel(out, project)
 
     def _bad(self, subject: str, exc: Exception) -> None:
         self.bad += 1

@@ -231,9 +231,11 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
         if len(body) > MAX_METRICS_BODY:
             raise InvalidRequest(f"trainer metrics body over {MAX_METRICS_BODY} bytes")
         metrics = decode_body(body, TrainerMetrics, what="trainer metrics")
-        await store.insert_trainer_metrics(metrics, owners.project_of(apikeys.caller(request.scope)))
-        if bus is not None:
-            await bus.nc.publish(subjects.trainer_metrics(metrics.run), msgspec.json.encode(metrics))
+        project = owners.project_of(apikeys.caller(request.scope))
+        await store.insert_trainer_metrics(metrics, project)
+        if bus is not None:  # the project in a header: a dashboard of another project never shows them
+            await bus.nc.publish(subjects.trainer_metrics(metrics.run), msgspec.json.encode(metrics),
+                                 headers={owners.PROJECT_HEADER: project})
         return _json({"stored": True}, 201)
 
     @app.get("/v1/trainer-metrics", responses={200: openapi.answer(obj)})

@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 
 from arena_core.ratings import Game, Rating, rate
-from arena_core.schemas import DuelRoundDone, Trajectory
+from arena_core.schemas import DEFAULT_PROJECT, DuelRoundDone, Trajectory
 from arena_trajectory.store import TrajectoryStore
 from arena_trajectory.tables import DATABASE, duel_columns
 
@@ -213,11 +213,13 @@ async def decided_rounds(store: TrajectoryStore, stored: Sequence[Trajectory]) -
     keys = {(c["duel_id"], c["duel_seed"]) for c in (duel_columns(t.metadata) for t in stored) if c["duel_id"]}
     if not keys:
         return []
+    projects = {duel_columns(t.metadata)["duel_id"]: t.project for t in stored}
     rounds = await _rounds(store, sorted({duel_id for duel_id, _ in keys}))
     now = time.time()
     out = []
     for duel_id, rows in rounds.items():
         complete = _summary(rows).complete
-        out += [DuelRoundDone(duel_id=duel_id, seed=r.seed, winner=r.winner, complete=complete, at=now)
+        out += [DuelRoundDone(duel_id=duel_id, seed=r.seed, winner=r.winner, complete=complete, at=now,
+                              project=projects.get(duel_id, DEFAULT_PROJECT))
                 for r in rows if (duel_id, r.seed) in keys and r.winner != "pending"]
     return out
