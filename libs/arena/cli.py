@@ -743,6 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="wandb: the runs' directory; mlflow: the tracking URI or a local directory; "
                                  "tensorboard: the event files' directory (default runs)")
     p.add_argument("--project", default="arena", help="the W&B project or MLflow experiment (default %(default)s)")
+    p.add_argument("--arena-project", help="only this Arena project's groups (default: every project's; "
+                                           "docs/projects.md)")
     p.add_argument("--run-name")
     p.add_argument("--name", default="tracker",
                    help="the durable consumer is trainer-NAME: a restart goes on where it stopped "
@@ -1016,6 +1018,13 @@ def cmd_track(args) -> int:
     credentials = Path(args.data_dir or os.environ.get("ARENA_DATA_DIR") or ".arena") / natsauth.CREDENTIALS_FILE
     if not urlparse(url.split(",")[0]).username and credentials.is_file():
         url = natsauth.with_user(url, "trainer", msgspec.json.decode(credentials.read_bytes())["trainer"])
+    if args.arena_project is not None:
+        from arena_core.apikeys import check_project
+
+        try:
+            check_project(args.arena_project)
+        except ValueError as exc:
+            raise ArenaError(f"--arena-project: {exc}") from None
     try:
         tracker = open_tracker(args.to, dir=args.dir, project=args.project, run_name=args.run_name,
                                wandb_mode="offline" if args.wandb_offline else None)
@@ -1024,7 +1033,7 @@ def cmd_track(args) -> int:
         return 2
     try:
         logged = asyncio.run(track_groups(url, tracker, name=args.name, group_by=args.group_by, limit=args.limit,
-                                          idle_s=args.idle))
+                                          idle_s=args.idle, project=args.arena_project))
     finally:
         tracker.close()
     print(f"{logged} group(s) logged to {args.to}")

@@ -225,7 +225,7 @@ class GroupLogger:
 
 async def track_groups(nats_url: str, tracker: Tracker, *, name: str = "tracker",
                        group_by: Literal["task"] | None = None, limit: int | None = None,
-                       idle_s: float | None = None) -> int:
+                       idle_s: float | None = None, project: str | None = None) -> int:
     """Follow the trainer stream (its own durable consumer ``trainer-{name}``: what it logged is
     committed, so a restart goes on where it stopped) and log every completed group to
     ``tracker``; stops after ``limit`` groups or ``idle_s`` seconds without one. Returns the groups
@@ -235,7 +235,7 @@ async def track_groups(nats_url: str, tracker: Tracker, *, name: str = "tracker"
 
     logger = GroupLogger(tracker, group_by=group_by)
     try:
-        async with TrajectoryStream(nats_url, name=name, partial_groups="yield") as stream:
+        async with TrajectoryStream(nats_url, name=name, partial_groups="yield", project=project) as stream:
             batches = stream.groups(batch_size=1).__aiter__()
             while limit is None or logger.step < limit:
                 try:
