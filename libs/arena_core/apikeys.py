@@ -24,13 +24,12 @@ import msgspec
 
 from arena_core import subjects
 from arena_core.bus import follow_kv
-from arena_core.schemas import DEFAULT_PROJECT  # a key made without one, a record from before projects
+from arena_core.schemas import DEFAULT_PROJECT, PROJECT_PATTERN  # a key made without one, a record from before projects
 
 log = logging.getLogger("arena.apikeys")
 
 Scope = Literal["submit", "read", "admin"]
-#: A project's name: what an id may be, without dots (1-64 characters).
-PROJECT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+PROJECT_RE = re.compile(PROJECT_PATTERN)
 SCOPES: tuple[Scope, ...] = ("submit", "read", "admin")
 PREFIX = "ak_"
 #: Routes anyone may call: liveness and readiness (supervisors and load balancers), and the
@@ -106,7 +105,7 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
 
 def check_project(project: str) -> str:
     """``project`` when it is a valid project name, else ``ValueError`` saying what one is."""
-    if not isinstance(project, str) or not PROJECT_PATTERN.fullmatch(project):
+    if not isinstance(project, str) or not PROJECT_RE.fullmatch(project):
         raise ValueError(f"a project name is 1-64 letters, digits, '-' or '_', starting with a letter or digit "
                          f"(got {project!r})")
     return project

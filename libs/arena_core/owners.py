@@ -24,7 +24,7 @@ ANONYMOUS = "anonymous"
 #: The NATS header naming the project of a message whose body does not (live trainer metrics).
 PROJECT_HEADER = "Arena-Project"
 __all__ = ["ANONYMOUS", "DEFAULT_PROJECT", "PROJECT_HEADER", "owner_of", "project_of", "sees", "listing_project", "visible",
-           "scoped_name", "split_scoped", "may_change", "check"]
+           "scoped_name", "split_scoped", "named_in", "may_change", "check"]
 
 
 def owner_of(key: ApiKey | None) -> str:
@@ -67,6 +67,16 @@ def split_scoped(key: str) -> tuple[str, str]:
     """(project, name) of a :func:`scoped_name`."""
     project, sep, name = key.partition("/")
     return (project, name) if sep else (DEFAULT_PROJECT, key)
+
+
+def named_in(key: ApiKey | None, asked: str | None) -> str | None:
+    """The project in which ``key`` resolves a name (an environment's, an evaluation job's):
+    ``asked`` (a ``?project=`` of the route) when the key sees that project (keys off, an admin
+    key, or its own), its own project when nothing is asked; ``None`` when it asked for a project
+    it does not see (the caller answers 404, as for an unknown name)."""
+    if asked is None:
+        return project_of(key)
+    return asked if sees(asked, key) else None
 
 
 def may_change(owner: str, key: ApiKey | None) -> bool:

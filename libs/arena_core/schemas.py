@@ -20,6 +20,8 @@ SCHEMA_VERSION = 2  # 2: reward may be null (an infrastructure outcome), docs/sc
 #: The project of everything made by a key without one, stored before projects existed, or
 #: made while keys are off (docs/projects.md).
 DEFAULT_PROJECT = "default"
+#: A project's name: 1-64 letters, digits, ``_`` and ``-``, a letter or digit first (no dots, no ``/``).
+PROJECT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 #: One grammar for every identifier that enters over HTTP or NATS (rollout, group, task,
 #: trajectory, key ids; subject tokens): 1-128 characters, an ASCII letter or digit first, then

@@ -95,9 +95,13 @@ class Environments:
         owners.check(record.owner, caller, f"environment {name!r}")
         return record, entry.revision
 
-    async def get(self, name: str, caller: ApiKey | None = None) -> EnvironmentRecord:
-        """``caller``'s project's environment ``name`` (404 naming that project's others when none)."""
-        project = owners.project_of(caller)
+    async def get(self, name: str, caller: ApiKey | None = None, project: str | None = None) -> EnvironmentRecord:
+        """``caller``'s project's environment ``name`` (404 naming that project's others when none);
+        ``project``: another project's, for a key that sees it (an admin key)."""
+        asked = project
+        project = owners.named_in(caller, asked)
+        if project is None:  # a project this key does not see: as for an unknown name
+            raise NotFound(f"no environment {name!r}")
         if not valid_id(name):
             raise NotFound(await self.not_found(name, project))
         key = storage_key(project, name)
@@ -147,12 +151,14 @@ class Environments:
                 out.append(_decoder.decode(entry.value))
         return out
 
-    async def delete(self, name: str, caller: ApiKey | None = None) -> None:
-        """The caller's project's environment; only its owner or an admin key may delete it (403 otherwise)."""
-        if not valid_id(name):
+    async def delete(self, name: str, caller: ApiKey | None = None, project: str | None = None) -> None:
+        """The caller's project's environment (``project``'s, for a key that sees it); only its
+        owner or an admin key may delete it (403 otherwise)."""
+        project = owners.named_in(caller, project)
+        if not valid_id(name) or project is None:
             raise NotFound(f"no environment {name!r}")
         kv = await self._kv()
-        key = storage_key(owners.project_of(caller), name)
+        key = storage_key(project, name)
         record, revision = await self._checked(kv, key, caller)
         if record is None:
             raise NotFound(f"no environment {name!r}")

@@ -11,12 +11,12 @@ import contextlib
 import logging
 
 import msgspec
-from fastapi import FastAPI, Path, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Path, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
 from arena_core import apikeys, envtools, openapi, owners
 from arena_core.errors import ArenaError, NotFound
-from arena_core.schemas import ID_PATTERN, EnvironmentRequest, EnvironmentView
+from arena_core.schemas import ID_PATTERN, PROJECT_PATTERN, EnvironmentRequest, EnvironmentView
 
 from arena_rollout import openenv
 from arena_rollout.environments import Environments, storage_key, view
@@ -70,6 +70,8 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
     environments = Environments(service)
     capacity = openenv.Capacity()
     name_param = Path(..., pattern=ID_PATTERN, max_length=128)
+    project_param = Query(None, pattern=PROJECT_PATTERN, description="another project's (an admin key's only; "
+                          "docs/projects.md)")
     obj = {"type": "object"}
     public_url = service.settings.public_url
     theirs = {403: {**openapi.errors(403)[403], "description": "the environment belongs to another API key "
@@ -97,15 +99,18 @@ def install(app: FastAPI, service, *, read_body, decode, limit: int) -> Environm
         return _json({"environments": [view(r, public_url) for r in await environments.list(project)]})
 
     @app.get("/v1/environments/{name}", responses={200: openapi.answer(EnvironmentView), **openapi.errors(404)})
-    async def get_environment(request: Request, name: str = name_param) -> Response:
-        """The caller's project's environment ``name`` (names are per project)."""
-        return _json(view(await environments.get(name, apikeys.caller(request.scope)), public_url))
+    async def get_environment(request: Request, name: str = name_param,
+                              project: str | None = project_param) -> Response:
+        """The caller's project's environment ``name`` (names are per project; an admin key may
+        name another project with ``?project=``)."""
+        return _json(view(await environments.get(name, apikeys.caller(request.scope), project), public_url))
 
     @app.delete("/v1/environments/{name}", status_code=204, responses={**openapi.errors(404, 409), **theirs})
-    async def delete_environment(request: Request, name: str = name_param) -> Response:
+    async def delete_environment(request: Request, name: str = name_param,
+                                 project: str | None = project_param) -> Response:
         """New episodes are refused; running ones go on to their end. Only the key that
         registered it, or an admin key, may."""
-        await environments.delete(name, apikeys.caller(request.scope))
+        await environments.delete(name, apikeys.caller(request.scope), project)
         return Response(status_code=204)
 
     # ------------------------------------------------------------------ OpenEnv's server

@@ -24,6 +24,7 @@ from arena_core.errors import ArenaError, InvalidRequest, NotFound, PayloadTooLa
 from arena_core.grpo import group_advantages
 from arena_core.schemas import (
     ID_PATTERN,
+    PROJECT_PATTERN,
     ErrorBody,
     ErrorResponse,
     RolloutState,
@@ -333,11 +334,15 @@ def create_app(store: TrajectoryStore, bus: Bus | None = None) -> FastAPI:
 
     @app.get("/v1/evals/{job_id}", responses={200: openapi.answer(obj), **openapi.errors(404)})
     async def get_eval(request: Request, job_id: str = Path(..., pattern=ID_PATTERN, max_length=128),
-                       version: int | None = Query(None, ge=1, le=10_000)) -> Response:
+                       version: int | None = Query(None, ge=1, le=10_000),
+                       project: str | None = Query(None, pattern=PROJECT_PATTERN, description=(
+                           "another project's job (an admin key's only; docs/projects.md)"))) -> Response:
         """The caller's project's job's report of ``version`` (default its latest) as posted, with the
-        versions it has."""
-        return Response(content=await evals.job_report(store, job_id, version,
-                                                       owners.project_of(apikeys.caller(request.scope))),
+        versions it has; an admin key may name another project with ``?project=``."""
+        project = owners.named_in(apikeys.caller(request.scope), project)
+        if project is None:  # a project this key does not see: as for an unknown job
+            raise NotFound(f"no evaluation job {job_id!r} (`arena eval report` stores its report here)")
+        return Response(content=await evals.job_report(store, job_id, version, project),
                         media_type="application/json")
 
     @app.get("/v1/groups/{group_id}", responses={200: openapi.answer(GroupView), **openapi.errors(404)})
