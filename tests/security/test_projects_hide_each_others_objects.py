@@ -516,3 +516,38 @@ def test_a_websocket_episode_of_another_projects_environment_is_not_found(world)
     with ws.connect(f"{base}/openenv/k/{world.keys['a1']}/alpha-env/ws") as mine:
         mine.send(json.dumps({"type": "state", "data": {}}))
         assert json.loads(mine.recv(timeout=30))["type"] in ("observation", "state", "error")
+
+
+def test_an_openenv_group_id_stays_its_projects_after_its_members_ended(world):
+    """OpenEnv clients choose group ids: another project naming alpha's is told there is no such
+    group, while alpha's member runs and after it ended."""
+    import websockets.sync.client as ws
+
+    base = world.rollout_url.replace("http://", "ws://")
+
+    def reset(conn, **data) -> dict:
+        conn.send(json.dumps({"type": "reset", "data": data}))
+        return json.loads(conn.recv(timeout=60))
+
+    with httpx.Client(timeout=60) as http:
+        put = http.put(f"{world.rollout_url}/v1/environments/beta-env", headers=world.h("b"),
+                       json={"task": external_task(world)})
+        assert put.status_code == 200 and put.json()["project"] == "beta", put.text
+        with ws.connect(f"{base}/openenv/k/{world.keys['a1']}/alpha-env/ws") as mine:
+            assert reset(mine, group_id="grp-shared", group_size=2, group_index=0)["type"] != "error"
+            [member] = http.get(f"{world.rollout_url}/v1/rollouts", headers=world.h("a1"),
+                                params={"group_id": "grp-shared"}).json()["rollouts"]
+            with ws.connect(f"{base}/openenv/k/{world.keys['b']}/beta-env/ws") as theirs:
+                refused = reset(theirs, group_id="grp-shared", group_size=2, group_index=1)
+                assert refused["type"] == "error" and "no group 'grp-shared'" in refused["data"]["message"], refused
+        # alpha's client left: its episode's rollout is cancelled; the group is still alpha's
+        ended = http.get(f"{world.rollout_url}/v1/rollouts/{member['rollout_id']}/wait", headers=world.h("a1"),
+                         params={"timeout": "60"}).json()
+        assert ended["state"] in ("cancelled", "completed", "failed", "timed_out"), ended
+        with ws.connect(f"{base}/openenv/k/{world.keys['b']}/beta-env/ws") as theirs:
+            refused = reset(theirs, group_id="grp-shared", group_size=2, group_index=1)
+            assert refused["type"] == "error" and "no group 'grp-shared'" in refused["data"]["message"], refused
+        assert [r["rollout_id"] for r in http.get(f"{world.rollout_url}/v1/rollouts", headers=world.h("admin"),
+                                                 params={"group_id": "grp-shared"}).json()["rollouts"]] \
+            == [member["rollout_id"]]
+        assert http.delete(f"{world.rollout_url}/v1/environments/beta-env", headers=world.h("b")).status_code == 204

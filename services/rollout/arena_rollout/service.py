@@ -595,7 +595,11 @@ class RolloutService:
     def check_group(self, group_id: str, caller: ApiKey | None) -> None:
         """Raise when a live member of ``group_id`` belongs to a key ``caller`` may not act for:
         joining a group (an OpenEnv reset naming one) is changing it. Another project's group is
-        not found (404), another key's of the caller's project is refused (403)."""
+        not found (404), another key's of the caller's project is refused (403). A group whose
+        members all ended is still its project's (the cache remembers groups' projects)."""
+        known = self.store.cache.group_project(group_id)
+        if known is not None:
+            owners.visible(known, caller, f"no group {group_id!r} to join")
         for record in self.store.cache.live():
             if record.group_id == group_id:
                 owners.visible(record.project, caller, f"no group {group_id!r} to join")

@@ -16,6 +16,10 @@ the bound is then too small for the watch's lag.
 A caller can await a rollout's final record (``until_final``): the cache hands it over as it
 learns it, from this process's own write or from the watch, so waiting for a rollout to end
 costs no subscription and no read of the bucket.
+
+The cache also remembers the project of each group it has seen a member of, ended or not
+(``group_project``; the ``max_ended`` most recent groups): a group id an OpenEnv client names
+is then refused to another project even after its members ended (docs/projects.md).
 """
 
 from __future__ import annotations
@@ -56,6 +60,22 @@ class RecordCache:
         self.watching = False
         #: rollout id -> futures waiting for its final record (``until_final``)
         self._waiters: dict[str, set[asyncio.Future[RolloutRecord | None]]] = {}
+        #: group id -> the project of its first member seen, most recently seen last (bounded)
+        self._groups: OrderedDict[str, str] = OrderedDict()
+
+    def group_project(self, group_id: str) -> str | None:
+        """The project of ``group_id``'s members (None: no member seen, or forgotten)."""
+        return self._groups.get(group_id)
+
+    def _saw_group(self, record: RolloutRecord) -> None:
+        if record.group_id is None:
+            return
+        if record.group_id in self._groups:
+            self._groups.move_to_end(record.group_id)
+            return
+        self._groups[record.group_id] = record.project
+        while len(self._groups) > self.max_ended:
+            self._groups.popitem(last=False)
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         if not self.watching:
@@ -110,6 +130,7 @@ class RecordCache:
         rid = record.rollout_id
         if rid in self._final:
             return
+        self._saw_group(record)
         if record.state.is_final:
             self._final[rid] = revision
             self._live.pop(rid, None)
