@@ -18,6 +18,13 @@ host's MemAvailable drop); the backend's most calls at once and its idle time wh
 
     .venv/bin/python benchmarks/density.py [--agents 256] [--turns 10] [--latency 2] [--backend-limit 64]
                                            [--burn-ms 0] [--skip-bare] [--json]
+                                           [--provider docker [--docker-url URL] [--image IMAGE]] [--slots N]
+
+``--provider docker``: the same agents in containers (the image's ``python3``), on the engine at
+``--docker-url`` or, without one, Podman's service started for the run by ``deploy/docker-engine.sh``
+and stopped after; per container it reports the memory (the container's cgroup, the PSS of its
+processes, of its ``conmon`` and the engine's growth) and the start time. Every container of the
+run's own sandbox owner is removed at the end, whatever happened (and said if any was left).
 
 Figures and how to read them: docs/performance.md.
 """
@@ -31,12 +38,14 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -50,11 +59,15 @@ from arena_core.settings import Settings
 from arena_stack.natsserver import free_port
 from arena_stack.stack import Stack
 from arena_stack.waiting_agents import AGENT_FILE, StandInBackend, agent_env, latency_s, waiting_task, write_agent
+from arena_sandbox_providers.hostdir import SANDBOX_UID
 
 FINAL = ("completed", "failed", "timed_out", "cancelled", "budget_exhausted")
 DEFAULT_LIMIT = Settings().backend_max_inflight
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 3.0
+ENGINE_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "docker-engine.sh"
+#: the engine's own processes among the measured services (docker provider, an engine this run started)
+ENGINE_SERVICES = ("podman",)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -115,6 +128,31 @@ def _is_agent(comm: str) -> bool:
     return comm.startswith("python")  # below the sandbox service: only the agents run Python
 
 
+#: unix time = this + a process's start time in /proc (seconds since boot, CLOCK_BOOTTIME)
+_BOOT_OFFSET = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_at(ticks: int) -> float:
+    return _BOOT_OFFSET + ticks / TICK
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+    except OSError:
+        return []
+
+
+def _environ(pid: int, name: str) -> str | None:
+    try:
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if entry.startswith(name.encode() + b"="):
+                return entry.partition(b"=")[2].decode(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
 class HostSampler:
     """Below ``parent`` (the sandbox service, or this benchmark for the bare run), every
     ``interval`` s: each process's CPU as last seen (a process's last moments before it exits are
@@ -133,6 +171,9 @@ class HostSampler:
         self.cpu: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, start) -> (kind, CPU s)
         self._base: dict[tuple[int, int], float] = {}
         self.cpu_wait: dict[tuple[int, int], float] = {}
+        #: agent index (its DENSITY_AGENT) -> unix time its process started
+        self.agent_started: dict[str, float] = {}
+        self._agents_seen: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -157,6 +198,10 @@ class HostSampler:
             if kind == "agent":  # schedstat: ns on a CPU, ns runnable but waiting for one
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     self.cpu_wait[key] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+                if key not in self._agents_seen:
+                    self._agents_seen.add(key)
+                    if (index := _environ(pid, "DENSITY_AGENT")) is not None:
+                        self.agent_started.setdefault(index, _started_at(table[pid][3]))
 
     def agents_cpu_wait(self) -> float:
         """Seconds the agents were runnable but waiting for a CPU (as last seen), in all."""
@@ -213,6 +258,157 @@ class HostSampler:
         self.scan_cpu()
 
 
+class ContainerSampler(HostSampler):
+    """The docker provider's sandboxes through Podman: the containers of sandbox owner ``owner``,
+    found by their ``conmon`` (Podman's monitor process beside each container, named
+    ``arena-<owner>-<sandbox id>`` on its command line; the container's init is its child). Kinds:
+    ``agent`` (the agent program), ``sandbox`` (in the container but the agent: the command
+    server, the init; the LLM relay's shim), ``engine`` (conmon and what it runs beside the
+    container: the OCI runtime at start, ``podman container cleanup`` at exit). Memory samples add
+    each live container's memory cgroup (``memory.usage_in_bytes`` on cgroup v1, ``memory.current``
+    on v2) and the PSS of the ``engine`` processes; per container it records when its conmon, its
+    init and its agent started (for the start time against the job's start)."""
+
+    def __init__(self, owner: str, services: dict[str, int], **kw):
+        super().__init__(0, services, **kw)
+        self.prefix = f"arena-{owner}-"
+        self._conmons: dict[tuple[int, int], str] = {}  # (pid, start) -> container id ("" = not ours)
+        self._roles: dict[tuple[int, int], str] = {}  # (pid, start) -> agent / sandbox
+        self._cgroups: dict[str, Path | None] = {}
+        #: container id -> {"conmon", "init", "agent": unix times, "index": the agent's DENSITY_AGENT}
+        self.containers: dict[str, dict] = {}
+
+    def _ours(self, pid: int) -> str:
+        args = _cmdline(pid)
+        opts = dict(zip(args, args[1:]))
+        return opts.get("-c", "") if opts.get("-n", "").startswith(self.prefix) else ""
+
+    def _role(self, pid: int) -> str:
+        args = _cmdline(pid)
+        shim = any(a.endswith("/shim.py") for a in args)
+        return "agent" if not shim and args and args[-1].endswith(f"/{AGENT_FILE}") else "sandbox"
+
+    def _below(self, table) -> dict[int, str]:
+        kids = collections.defaultdict(list)
+        for pid, row in table.items():
+            kids[row[0]].append(pid)
+        out: dict[int, str] = {}
+        for pid, row in table.items():
+            if row[4] != "conmon":
+                continue
+            key = (pid, row[3])
+            if key not in self._conmons:
+                self._conmons[key] = self._ours(pid)
+            cid = self._conmons[key]
+            if not cid:
+                continue
+            out[pid] = "engine"
+            record = self.containers.setdefault(cid, {"conmon": _started_at(row[3])})
+            frontier = [(c, True) for c in kids[pid]]
+            while frontier:
+                child, direct = frontier.pop()
+                crow = table[child]
+                if direct and not _is_agent(crow[4]):
+                    kind = "engine"  # the OCI runtime creating it, podman's clean-up at its exit
+                elif direct:
+                    kind = "sandbox"  # the container's init: the command server
+                    record.setdefault("init", _started_at(crow[3]))
+                    record.setdefault("init_pid", child)
+                else:
+                    ckey = (child, crow[3])
+                    if ckey not in self._roles:
+                        self._roles[ckey] = self._role(child)
+                    kind = self._roles[ckey]
+                    if kind == "agent" and "agent" not in record:
+                        record["agent"] = _started_at(crow[3])
+                        if (index := _environ(child, "DENSITY_AGENT")) is not None:
+                            record["index"] = index
+                out[child] = kind
+                frontier += [(g, False) for g in kids[child]]
+        return out
+
+    def _cgroup_memory(self, cid: str, init_pid: int) -> tuple[int, int, int]:
+        """The container's memory cgroup: (usage, anonymous, file-backed incl. tmpfs) bytes."""
+        if cid not in self._cgroups:
+            self._cgroups[cid] = None
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
+                    _, controllers, path = line.split(":", 2)
+                    if "memory" in controllers.split(","):
+                        self._cgroups[cid] = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+                        break
+                    if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+                        self._cgroups[cid] = Path("/sys/fs/cgroup") / path.lstrip("/")
+        path = self._cgroups[cid]
+        if path is None:
+            return 0, 0, 0
+        try:
+            if (path / "memory.current").exists():  # v2
+                usage = int((path / "memory.current").read_text())
+                stat = dict(line.split() for line in (path / "memory.stat").read_text().splitlines())
+                return usage, int(stat.get("anon", 0)), int(stat.get("file", 0))
+            usage = int((path / "memory.usage_in_bytes").read_text())
+            stat = dict(line.split() for line in (path / "memory.stat").read_text().splitlines())
+            return usage, int(stat.get("total_rss", 0)), int(stat.get("total_cache", 0))
+        except (OSError, ValueError):
+            return 0, 0, 0
+
+    def sample_memory(self) -> dict:
+        table = _proc_table()
+        below = self._below(table)
+        now = time.time()
+        by_kind: dict[str, list[int]] = collections.defaultdict(list)
+        settled, nice = [], None
+        for pid, kind in below.items():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                pss = _pss(proc)
+                by_kind[kind].append(pss)
+                if kind == "agent":
+                    if now - _created(proc, now) > 1.0:
+                        settled.append(pss)
+                    if nice is None:
+                        nice = proc.nice()
+        usage = anon = file = containers = 0
+        for cid, record in self.containers.items():
+            if record.get("init_pid") in below:  # the container runs
+                u, a, f = self._cgroup_memory(cid, record["init_pid"])
+                containers += 1
+                usage, anon, file = usage + u, anon + a, file + f
+        return {"live": len(by_kind["agent"]), "agents_pss": sum(by_kind["agent"]), "agent_nice": nice,
+                "agent_pss_median": statistics.median(settled) if settled else 0,
+                "others_pss": sum(by_kind["sandbox"]), "others": len(by_kind["sandbox"]),
+                "engine_pss": sum(by_kind["engine"]), "engine_procs": len(by_kind["engine"]),
+                "containers": containers, "cgroup_usage": usage, "cgroup_anon": anon, "cgroup_file": file,
+                "services_pss": {n: _pss(psutil.Process(pid)) for n, pid in self.services.items()
+                                 if psutil.pid_exists(pid)},
+                "available": mem_available(), "kernel": kernel_memory(), "shmem": shmem(),
+                "sandbox_uid_tasks": tasks_of_uid(SANDBOX_UID)}
+
+
+def shmem() -> int:
+    """Bytes in tmpfs and shared memory (``Shmem`` of /proc/meminfo): an engine's store in /dev/shm,
+    containers' /tmp."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tasks_of_uid(uid: int) -> int:
+    """Threads of this host whose real uid is ``uid``: what RLIMIT_NPROC counts (per uid, host-wide
+    for processes in the host's user namespace, as containers without a user namespace are)."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                status = Path(f"/proc/{entry}/status").read_text()
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                if int(fields["Uid"].split()[0]) == uid:
+                    n += int(fields["Threads"])
+    return n
+
+
 def memory_figures(idle: dict, peak: dict | None) -> dict:
     """Per live agent at the peak: the agent's PSS, what else is its own (per-sandbox processes
     and the services' growth since idle), and the host's MemAvailable drop beyond the agent."""
@@ -221,10 +417,25 @@ def memory_figures(idle: dict, peak: dict | None) -> dict:
     live = peak["live"]
     growth = sum(peak["services_pss"].get(n, 0) - v for n, v in idle["services_pss"].items())
     agent = peak["agent_pss_median"] or peak["agents_pss"] / live
-    return {"live": live, "agent_nice": peak.get("agent_nice"), "agent_mb": agent / 2**20, "beyond_agent_mb": (peak["others_pss"] + growth) / live / 2**20,
-            "per_sandbox_procs_mb": peak["others_pss"] / live / 2**20, "services_growth_mb": growth / live / 2**20,
-            "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20,
-            "kernel_mb": (peak["kernel"] - idle["kernel"]) / live / 2**20}
+    engine = peak.get("engine_pss", 0)  # docker: conmon and the engine's helpers beside each container
+    out = {"live": live, "agent_nice": peak.get("agent_nice"), "agent_mb": agent / 2**20,
+           "beyond_agent_mb": (peak["others_pss"] + engine + growth) / live / 2**20,
+           "per_sandbox_procs_mb": peak["others_pss"] / live / 2**20, "services_growth_mb": growth / live / 2**20,
+           "host_beyond_agent_mb": ((idle["available"] - peak["available"]) / live - agent) / 2**20,
+           "host_per_agent_mb": (idle["available"] - peak["available"]) / live / 2**20,
+           "kernel_mb": (peak["kernel"] - idle["kernel"]) / live / 2**20}
+    if "containers" in peak:
+        n = max(1, peak["containers"])
+        engine_growth = sum(peak["services_pss"].get(k, 0) - idle["services_pss"].get(k, 0) for k in ENGINE_SERVICES
+                            if k in idle["services_pss"])
+        out.update({"containers": peak["containers"], "engine_procs_mb": engine / live / 2**20,
+                    "engine_procs": peak["engine_procs"], "engine_service_growth_mb": engine_growth / live / 2**20,
+                    "cgroup_mb": peak["cgroup_usage"] / n / 2**20, "cgroup_anon_mb": peak["cgroup_anon"] / n / 2**20,
+                    "cgroup_file_mb": peak["cgroup_file"] / n / 2**20,
+                    "shmem_mb": (peak["shmem"] - idle.get("shmem", peak["shmem"])) / live / 2**20,
+                    "sandbox_uid_tasks": peak["sandbox_uid_tasks"],
+                    "sandbox_uid_tasks_idle": idle.get("sandbox_uid_tasks", 0)})
+    return out
 
 
 # ------------------------------------------------------------------------------------ the two runs
@@ -328,68 +539,145 @@ def backend_figures(stats, queued: list[tuple[float, float]]) -> dict:
             "at_limit_s": at_limit, "span_s": span, "queued_s": any_waiting}
 
 
-async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, tmp: Path) -> dict:
+class Engine:
+    """The docker provider's engine: ``url``, or (none given) Podman's Docker-API service started
+    for this run by ``deploy/docker-engine.sh`` (its usual store) and stopped by its PID at the end."""
+
+    def __init__(self, url: str, work: Path):
+        self.url, self.work, self.pid = url, work, 0
+        self.pidfile = work / "podman.pid"
+
+    def __enter__(self) -> Engine:
+        if not self.url:
+            self.work.mkdir(parents=True, exist_ok=True)
+            sock = self.work / "podman.sock"
+            proc = subprocess.run(["bash", str(ENGINE_SCRIPT), "start", str(sock), str(self.pidfile)],
+                                  capture_output=True, text=True, timeout=900, check=False)
+            if proc.returncode != 0:
+                self.__exit__()
+                raise SystemExit(f"density: no Docker-API engine here: {proc.stderr.strip()[-800:]}")
+            self.url, self.pid = f"unix://{sock}", int(self.pidfile.read_text())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pidfile.exists():
+            subprocess.run(["bash", str(ENGINE_SCRIPT), "stop", str(self.pidfile)], check=False, timeout=60)
+
+    def leftovers(self, owner: str) -> int | None:
+        """Containers of ``owner`` in the engine's store, asked of ``podman`` on the store itself
+        (None: not this run's engine, so its store is not known here)."""
+        if not self.pid:
+            return None
+        proc = subprocess.run(["bash", str(ENGINE_SCRIPT), "podman", "ps", "-a", "-q", "--filter",
+                               f"label=arena.owner={owner}"], capture_output=True, text=True, timeout=120, check=False)
+        return len(proc.stdout.split()) if proc.returncode == 0 else None
+
+
+def remove_containers(url: str, owner: str, data_dir: Path) -> int:
+    """Remove every container (and network, and directory) of sandbox owner ``owner``; how many
+    containers there were. Synchronous: it runs in ``finally`` however the run ends."""
+    from arena_sandbox_providers import docker_provider
+
+    client = docker_provider.connect(url)
+    try:
+        found = client.api.containers(all=True, filters={"label": f"arena.owner={owner}"})
+        for info in found:
+            sandbox_id = (info.get("Labels") or {}).get("arena.sandbox_id", "-")
+            docker_provider._remove(client, info["Id"], data_dir / "docker" / owner / sandbox_id)
+        for net in client.api.networks(filters={"label": f"arena.owner={owner}"}):
+            with contextlib.suppress(Exception):
+                client.api.remove_network(net["Id"])
+        return len(found)
+    finally:
+        client.close()
+
+
+async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, tmp: Path,
+                    engine: Engine | None = None) -> dict:
     rp = free_port()
     changed = {} if args.backend_limit == DEFAULT_LIMIT else {"backend_max_inflight": args.backend_limit or 100_000}
     if args.slots:
         changed["sandbox_concurrency"] = args.slots
+    docker = args.provider == "docker"
+    owner = f"density-{uuid.uuid4().hex[:8]}"
+    provider = {"sandbox_provider": args.provider, "sandbox_owner": owner}
+    if docker:
+        provider["docker_url"] = engine.url
     settings = Settings(nats_url=f"nats://127.0.0.1:{free_port()}", data_dir=str(tmp / "arena"), rollout_port=rp,
                         trajectory_port=free_port(), dashboard_port=free_port(), public_url=f"http://127.0.0.1:{rp}",
-                        backend_url=backend.url, backend_policy_version="0", allow_host_paths=True, **changed)
+                        backend_url=backend.url, backend_policy_version="0", allow_host_paths=True, **provider,
+                        **changed)
     wall_clock = 60 + 4 * args.turns * args.latency * max(1, args.agents / (args.backend_limit or args.agents))
     stack = Stack(settings, log=lambda m: None)
-    await stack.start(timeout=120)
+    cleanup: dict = {}
     try:
-        roots = {"nats-server": stack.nats.proc.pid, **{c.name: c.pid for c in stack.children if c.pid}}
-        with ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key) as client:
-            task = client.prepare(waiting_task(repo, agent_dir, index=0, turns=args.turns, burn_ms=args.burn_ms,
-                                               wall_clock_s=wall_clock))
-        bodies = [msgspec.json.encode(SubmitRolloutRequest(task=msgspec.structs.replace(
-            task, agent=msgspec.structs.replace(task.agent, env=agent_env(i, args.turns, args.burn_ms))),
-            provider=args.provider)) for i in range(args.agents)]
-        headers = apikeys.auth_headers(stack.api_key or "")
-        refused = collections.Counter()
-        sampler = HostSampler(roots["sandbox"], roots)
-        idle = sampler.sample_memory()
-        idle_cpu = services_cpu(roots)
-        await asyncio.sleep(IDLE_S)  # the services' background use, before any load
-        cpu0 = services_cpu(roots)
-        idle_by = {k: (sum(cpu0[k]) - sum(v)) * 1000 / IDLE_S for k, v in idle_cpu.items() if k in cpu0}
-        idle_ms_per_s = sum(idle_by.values())
-        async with contextlib.AsyncExitStack() as pools_:
-            # pools of 32 connections: one httpx pool of hundreds scans them all for every request
-            pools = [await pools_.enter_async_context(httpx.AsyncClient(
-                base_url=settings.rollout_url, timeout=600, limits=httpx.Limits(max_connections=32), headers=headers))
-                for _ in range(max(1, -(-args.agents // 32)))]
-
-            async def one(i: int) -> dict:
-                http = pools[i % len(pools)]
-                while True:
-                    got = await http.post("/v1/rollouts", content=bodies[i], headers={"content-type": "application/json"})
-                    if got.status_code != 429:
-                        break
-                    refused[got.text[:80]] += 1
-                    await asyncio.sleep(min(float(got.headers.get("retry-after", 1)), 1.0))
-                got.raise_for_status()
-                rid = got.json()["rollout_id"]
-                while True:
-                    view = (await http.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 60})).json()
-                    if view["state"] in FINAL:
-                        return view
-
-            with sampler:
-                t0 = time.time()
-                views = await asyncio.gather(*(one(i) for i in range(args.agents)))
-                wall = time.time() - t0
-            cpu1 = services_cpu(roots)
-            trajs = await fetch_trajectories(settings.trajectory_url, headers, [v["rollout_id"] for v in views])
-        stats = backend.stats()
+        return await _run_arena(args, backend, agent_dir, repo, settings, stack, changed, wall_clock, engine, cleanup)
     finally:
         stack.stop()
+        if docker:  # whatever happened: nothing of this run's is left in the engine
+            cleanup["left_after_stack_stop"] = remove_containers(engine.url, owner, Path(settings.data_dir))
+            cleanup["left_after_removal"] = remove_containers(engine.url, owner, Path(settings.data_dir))
+            cleanup["owner"] = owner
+            if (listed := engine.leftovers(owner)) is not None:  # podman itself, on the engine's store
+                cleanup["podman_ps"] = f"{listed} container(s) of the owner"
+
+
+async def _run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, settings: Settings, stack: Stack,
+                     changed: dict, wall_clock: float, engine: Engine | None, cleanup: dict) -> dict:
+    docker = args.provider == "docker"
+    await stack.start(timeout=120)
+    roots = {"nats-server": stack.nats.proc.pid, **{c.name: c.pid for c in stack.children if c.pid}}
+    if docker and engine.pid:
+        roots["podman"] = engine.pid
+    with ArenaClient(settings.rollout_url, settings.trajectory_url, api_key=stack.api_key) as client:
+        task = client.prepare(waiting_task(repo, agent_dir, index=0, turns=args.turns, burn_ms=args.burn_ms,
+                                           wall_clock_s=wall_clock, image=args.image if docker else None))
+    bodies = [msgspec.json.encode(SubmitRolloutRequest(task=msgspec.structs.replace(
+        task, agent=msgspec.structs.replace(task.agent, env=agent_env(i, args.turns, args.burn_ms))),
+        provider=args.provider)) for i in range(args.agents)]
+    headers = apikeys.auth_headers(stack.api_key or "")
+    refused = collections.Counter()
+    sampler = (ContainerSampler(settings.sandbox_owner, roots) if docker
+               else HostSampler(roots["sandbox"], roots))
+    idle = sampler.sample_memory()
+    idle_cpu = services_cpu(roots)
+    await asyncio.sleep(IDLE_S)  # the services' background use, before any load
+    cpu0 = services_cpu(roots)
+    idle_by = {k: (sum(cpu0[k]) - sum(v)) * 1000 / IDLE_S for k, v in idle_cpu.items() if k in cpu0}
+    idle_ms_per_s = sum(idle_by.values())
+    async with contextlib.AsyncExitStack() as pools_:
+        # pools of 32 connections: one httpx pool of hundreds scans them all for every request
+        pools = [await pools_.enter_async_context(httpx.AsyncClient(
+            base_url=settings.rollout_url, timeout=600, limits=httpx.Limits(max_connections=32), headers=headers))
+            for _ in range(max(1, -(-args.agents // 32)))]
+
+        async def one(i: int) -> dict:
+            http = pools[i % len(pools)]
+            while True:
+                got = await http.post("/v1/rollouts", content=bodies[i], headers={"content-type": "application/json"})
+                if got.status_code != 429:
+                    break
+                refused[got.text[:80]] += 1
+                await asyncio.sleep(min(float(got.headers.get("retry-after", 1)), 1.0))
+            got.raise_for_status()
+            rid = got.json()["rollout_id"]
+            while True:
+                view = (await http.get(f"/v1/rollouts/{rid}/wait", params={"timeout": 60})).json()
+                if view["state"] in FINAL:
+                    return view
+
+        with sampler:
+            t0 = time.time()
+            views = await asyncio.gather(*(one(i) for i in range(args.agents)))
+            wall = time.time() - t0
+        cpu1 = services_cpu(roots)
+        trajs = await fetch_trajectories(settings.trajectory_url, headers, [v["rollout_id"] for v in views])
+    stats = backend.stats()
     calls = {(c.agent, c.turn): c for c in stats.calls}
     results, queued, proxy_own, ingress, egress = {}, {}, [], [], []
     running_at = {v["rollout_id"]: {h["to_state"]: h["at"] for h in v.get("history", [])} for v in views}
     starts, ends = [], []
+    job_started: dict[str, float] = {}  # agent index -> unix time its sandbox job started (the worker's clock)
     for traj in trajs:
         result, key = (traj.get("sandbox") or {}).get("result") or {}, None
         for step in traj.get("steps", []):
@@ -403,6 +691,8 @@ async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, 
                 proxy_own.append(t["total_ms"] - t["queued_ms"] - (c.ended - c.arrived) * 1000)
         if "calls_ms" in result:
             results[key[0] if key else traj["rollout_id"]] = result
+            if key and (traj.get("sandbox") or {}).get("started_at"):
+                job_started[key[0]] = traj["sandbox"]["started_at"]
             at = running_at.get(traj["rollout_id"], {})
             if result["sent"] and "running" in at and "verifying" in at:
                 starts.append(result["sent"][0] - at["running"])  # sandbox made, agent started, its first call
@@ -415,6 +705,17 @@ async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, 
                                   - (step["started_at"] * 1000 + step["timings"]["total_ms"]))
     waits = [(s["started_at"], s["started_at"] + s["timings"]["queued_ms"] / 1000)
              for traj in trajs for s in traj.get("steps", []) if s["timings"]["queued_ms"] > 0]
+    # a sandbox's start: its job's start (the worker took it) -> each of its processes started
+    start_s: dict[str, list[float]] = collections.defaultdict(list)
+    for index, at in sampler.agent_started.items():
+        if index in job_started:
+            start_s["job -> agent process"].append(at - job_started[index])
+    for record in getattr(sampler, "containers", {}).values():
+        if record.get("index") in job_started:
+            for what in ("conmon", "init"):
+                if what in record:
+                    start_s[f"job -> {'container init' if what == 'init' else what}"].append(
+                        record[what] - job_started[record["index"]])
     cpu = {name: (cpu1[name][0] - cpu0[name][0], cpu1[name][1] - cpu0[name][1]) for name in cpu1 if name in cpu0}
     states = collections.Counter(v["state"] for v in views)
     reasons = collections.Counter(f'{v["state"]}: {v.get("reason", "")[:100]}' for v in views if v["state"] != "completed")
@@ -430,7 +731,9 @@ async def run_arena(args, backend: StandInBackend, agent_dir: Path, repo: Path, 
                                               "last answer -> verifying": ends},
             "backend": backend_figures(stats, waits), "memory": memory_figures(idle, sampler.peak),
             "max_live": sampler.max_live, "settings_changed": changed, "sandbox_slots": settings.sandbox_slots,
-            "wall_clock_s": wall_clock}
+            "wall_clock_s": wall_clock, "start_s": dict(start_s), "provider": args.provider,
+            "image": (args.image or settings.sandbox_image) if docker else "",
+            "containers_seen": len(getattr(sampler, "containers", {})), "cleanup": cleanup}
 
 
 def phases(views: list[dict]) -> dict[str, list[float]]:
@@ -476,7 +779,8 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     lines = [f"density: {n} agents x {turns} turns, backend latency lognormal median {args.latency:g} s sigma "
              f"{args.sigma:g}, backend limit {args.backend_limit or 'none'}; {os.cpu_count()} cores, "
              f"{psutil.virtual_memory().total / 2**30:.0f} GiB; Arena settings changed: {arena['settings_changed'] or 'none'} "
-             f"(sandbox slots {arena['sandbox_slots']}; task wall clock {arena['wall_clock_s']:.0f} s)"]
+             f"(sandbox slots {arena['sandbox_slots']}; task wall clock {arena['wall_clock_s']:.0f} s); provider "
+             f"{arena['provider']}" + (f" (image {arena['image']})" if arena["image"] else "")]
     lines.append(f"{'':34}{'arena':>12}{'bare':>12}{'ratio':>9}")
 
     def row(label: str, a: float, bv: float | None, unit: str = "", fmt: str = ".1f") -> None:
@@ -506,7 +810,8 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     cpu, polled = arena["cpu_s"], arena["polled_cpu_s"]
     services_ms = sum(v["own"] + v["children"] for v in cpu.values()) * 1000
     inner_ms = polled.get("sandbox", 0.0) * 1000
-    platform = services_ms + inner_ms
+    engine_ms = polled.get("engine", 0.0) * 1000  # docker: conmon, the OCI runtime, podman's clean-up
+    platform = services_ms + inner_ms + engine_ms
     exit_ms = b.get("exit_cpu_ms", 0.0)
     agents_ms = arena["agents_self_cpu_ms"] + exit_ms * arena["agents_reported"]
     bare_agents = b.get("agents_cpu_ms")
@@ -522,9 +827,12 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
     parts = ", ".join(f"{k} {(v['own']) * 1000 / n:.1f}" + (f" (+children {v['children'] * 1000 / n:.1f})"
                                                              if v["children"] * 1000 / n >= 0.05 else "")
                       for k, v in sorted(cpu.items(), key=lambda kv: -(kv[1]["own"] + kv[1]["children"])))
+    beside = (f"(sampled: the command server and the relay's shim); conmon and the engine's helpers beside each "
+              f"container {engine_ms / n:.1f} (sampled)" if arena["provider"] == "docker" else
+              f"(sampled; the outer bwrap sampled {polled.get('direct', 0) * 1000 / n:.1f}, in the sandbox "
+              f"service's children)")
     lines.append(f"{'':34}per rollout, ms: {parts}; inside the sandboxes but the agent {inner_ms / n:.1f} "
-                 f"(sampled; the outer bwrap sampled {polled.get('direct', 0) * 1000 / n:.1f}, in the sandbox "
-                 f"service's children); the services idle use {arena['idle_cpu_ms_per_s']:.0f} ms/s ("
+                 f"{beside}; the services idle use {arena['idle_cpu_ms_per_s']:.0f} ms/s ("
                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(arena["idle_cpu_ms_per_s_by"].items(), key=lambda kv: -kv[1])
                              if v >= 1) + "), "
                  f"{arena['idle_cpu_ms_per_s'] * arena['wall_s'] / n:.1f} ms per rollout over this wall time")
@@ -547,10 +855,31 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
                  f"of the {ba['queued_s']:.1f} s with calls queued (longest {ba['longest_idle_while_queued_ms']:.0f} ms); at its limit {ba['at_limit_s']:.1f} s of "
                  f"{ba['span_s']:.1f} s (bare {bb.get('at_limit_s', 0):.1f} s of {bb.get('span_s', 0):.1f} s)")
     ma, mb = arena["memory"], b.get("memory", {})
+    starts = arena.get("start_s", {})
+    for what, values in starts.items():
+        if values:
+            lines.append(f"{'':34}sandbox start, {what}: p50 {pct(values, 50):.2f} s, p99 {pct(values, 99):.2f} s, "
+                         f"max {max(values):.2f} s ({len(values)} sandboxes)")
+    if ma and "containers" in ma:
+        row("memory per container, whole", ma["agent_mb"] + ma["beyond_agent_mb"] + ma["kernel_mb"],
+            (mb["agent_mb"] + mb["kernel_mb"]) if mb else None,
+            f"MB at {ma['live']} live: the agent's PSS {ma['agent_mb']:.2f} + in the container but the agent "
+            f"{ma['per_sandbox_procs_mb']:.2f} + conmon {ma['engine_procs_mb']:.2f} + services' growth "
+            f"{ma['services_growth_mb']:.2f} (podman's {ma['engine_service_growth_mb']:.2f}) + kernel {ma['kernel_mb']:.2f} "
+            f"(bare column: the bare agent's PSS + the kernel's per bare agent)", ".2f")
+        row("container's memory cgroup", ma["cgroup_mb"], mb.get("agent_mb"),
+            f"MB per container at {ma['containers']} running (usage: anon {ma['cgroup_anon_mb']:.2f}, file and tmpfs "
+            f"{ma['cgroup_file_mb']:.2f}; bare column: the bare agent's PSS)", ".2f")
+        row("host MemAvailable drop / container", ma["host_per_agent_mb"], mb.get("host_per_agent_mb"),
+            f"MB (bare: per bare agent; noisy on a shared host; tmpfs growth {ma['shmem_mb']:.2f} MB per container)", ".2f")
+        lines.append(f"{'':34}sandbox uid {SANDBOX_UID}'s threads on the host at the peak: {ma['sandbox_uid_tasks']} "
+                     f"({ma['sandbox_uid_tasks_idle']} before; RLIMIT_NPROC counts them all against each container's "
+                     f"nproc ulimit); {ma['engine_procs']} engine processes beside {ma['containers']} containers")
     if ma:
         row("memory per live sandbox beyond agent", ma["beyond_agent_mb"] + ma["kernel_mb"],
             mb.get("kernel_mb"), f"MB at {ma['live']} live: PSS of the per-sandbox processes "
-            f"{ma['per_sandbox_procs_mb']:.2f} + services' growth {ma['services_growth_mb']:.2f} + kernel "
+            f"{ma['per_sandbox_procs_mb']:.2f}" + (f" + conmon {ma['engine_procs_mb']:.2f}" if "containers" in ma else "")
+            + f" + services' growth {ma['services_growth_mb']:.2f} + kernel "
             f"{ma['kernel_mb']:.2f} (bare column: the kernel's per bare agent)", ".2f")
         row("agent's own PSS", ma["agent_mb"], mb.get("agent_mb"), f"MB (bare at {mb.get('live', 0)} live)", ".2f")
         row("kernel memory per live agent", ma["kernel_mb"], mb.get("kernel_mb"),
@@ -559,6 +888,12 @@ def report(args, arena: dict, bare: dict | None, ideal_: dict) -> list[str]:
             "MB per live agent (kernel objects included; noisy on a shared host)", ".2f")
     lines.append(f"{'':34}most live sandboxes seen: {arena['max_live']}; the agents' nice level: arena "
                  f"{ma.get('agent_nice')}, bare {mb.get('agent_nice')}")
+    if arena.get("cleanup"):
+        c = arena["cleanup"]
+        lines.append(f"{'':34}containers: {arena['containers_seen']} seen; of owner {c.get('owner')}, "
+                     f"{c.get('left_after_stack_stop')} left when the stack had stopped (removed), "
+                     f"{c.get('left_after_removal')} after; podman ps -a on the engine's store: "
+                     f"{c.get('podman_ps', 'not asked (an engine of its own)')}")
     return lines
 
 
@@ -572,7 +907,11 @@ async def main() -> None:
     ap.add_argument("--backend-limit", type=int, default=DEFAULT_LIMIT,
                     help="calls the backend serves at once, and the proxy's bound (0: none)")
     ap.add_argument("--burn-ms", type=float, default=0.0, help="CPU ms each agent spends per turn (saturate the cores)")
-    ap.add_argument("--provider", default="local")
+    ap.add_argument("--provider", default="local", choices=("local", "docker"))
+    ap.add_argument("--docker-url", default=os.environ.get("ARENA_TEST_DOCKER_URL", ""),
+                    help="docker provider: the Docker-API engine ('': start Podman's for the run, stopped after)")
+    ap.add_argument("--image", default="", help="docker provider: the sandbox image ('': the provider's default, "
+                    "arena/agent-base); it needs python3 with its stdlib")
     ap.add_argument("--slots", type=int, default=0, help="ARENA_SANDBOX_CONCURRENCY (0: Arena's default)")
     ap.add_argument("--skip-bare", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the raw figures as JSON too")
@@ -589,11 +928,17 @@ async def main() -> None:
             if not args.skip_bare:
                 bare = await run_bare(args, backend, agent_dir, tmp)
                 backend.reset()
-            arena = await run_arena(args, backend, agent_dir, repo, tmp)
+            if args.provider == "docker":
+                with Engine(args.docker_url, tmp / "engine") as engine:
+                    arena = await run_arena(args, backend, agent_dir, repo, tmp, engine)
+            else:
+                arena = await run_arena(args, backend, agent_dir, repo, tmp)
     print("\n".join(report(args, arena, bare, ideal(args.agents, args.turns, args))))
     if args.json:
         print(json.dumps({"args": vars(args), "arena": arena, "bare": bare}, default=str))
 
 
 if __name__ == "__main__":
+    # stopped with SIGTERM as with ^C: the stack, the run's containers and its engine are cleaned up alike
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     asyncio.run(main())

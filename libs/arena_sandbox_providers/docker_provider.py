@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import os
+import resource
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
@@ -31,18 +35,26 @@ from arena_sandbox_providers.local import GIT_IDENTITY, ProxyForward
 from arena_sandbox_providers.provider import LABEL, OWNER_LABEL, CreateSpec, ExecResult, OutputCallback, SandboxError
 
 log = logging.getLogger("arena.sandbox.docker")
+_T = TypeVar("_T")
 
 DEFAULT_IMAGE = "arena/agent-base:latest"
 USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 CMDSERVER = Path(__file__).with_name("cmdserver.py")
 CONTROL_SOCKET = f"{local.RUN_DIR}/ctl.sock"
 INIT = ["python3", "-I", "-S", f"{local.RUN_DIR}/cmdserver.py", CONTROL_SOCKET]
-#: Below this host's hard limits: an engine refuses a container whose limits exceed them.
-NPROC_LIMIT = 4096
+#: The least ``nproc`` ulimit a container gets (:func:`nproc_limit`; the fixed value before).
+NPROC_FLOOR = 4096
 _SIGKILL_EXIT = 137
 _CONNECT_TIMEOUT_S = 60.0  # generous: start-up on 2 busy cores
 _KILL_GRACE_S = 10.0  # for the server to kill a command before the engine kills the container
 _REMOVE_ATTEMPTS = 4
+#: Engine calls a provider makes at once, on threads of its own (:meth:`DockerProvider.call`): each
+#: holds its thread as long as the engine takes (seconds when it is busy). In the loop's default
+#: executor (min(32, cores + 4) threads, 6 on 2 cores, shared with the service's file work) 256
+#: sandboxes' creates and starts queued every sandbox's workspace copy behind them: at 256 at once
+#: no agent started before the last container had (docs/performance.md). At most the docker SDK's
+#: connection pool (10), so no connection is opened and discarded per call.
+ENGINE_THREADS = 8
 #: Names a sidecar service's container (its value: the service's name).
 SIDECAR_LABEL = "arena.sidecar"
 #: What a sidecar (a database, a web server: started as root, dropping to its own user) does not need.
@@ -77,7 +89,7 @@ class DockerSandbox(HostDirSandbox):
             log.warning("sandbox %s: command server gone, restarting the container", self.id)
             self._channel = None
             self._oom_file = None
-            await asyncio.to_thread(self._kill_container)
+            await self._provider.call(self._kill_container)
             self._channel = await self._provider._start(self.container_id, self.run_dir)
         return self._channel
 
@@ -107,7 +119,7 @@ class DockerSandbox(HostDirSandbox):
                 except asyncio.TimeoutError:
                     log.warning("sandbox %s: the command server did not kill in time; killing the container", self.id)
                     channel.close()
-                    await asyncio.to_thread(self._kill_container)
+                    await self._provider.call(self._kill_container)
             try:
                 return await task, killed
             except ChannelClosed:
@@ -180,7 +192,13 @@ class DockerSandbox(HostDirSandbox):
         """The container's OOM-kill counter, read from its memory cgroup on this host
         (``None`` when the engine runs elsewhere). The file is found once, then read."""
         if self._oom_file is None:
-            self._oom_file = await asyncio.to_thread(self._find_oom_file) or Path("/nonexistent")
+            pid = self._channel.peer_pid if self._channel is not None else 0
+            # the server's pid known: a read of /proc, not behind the engine's queue (there, at 256
+            # sandboxes starting, the agents waited for the last container's start); else the
+            # engine is asked for it, on its threads
+            found = await (asyncio.to_thread(self._find_oom_file, pid) if pid
+                           else self._provider.call(self._find_oom_file, 0))
+            self._oom_file = found or Path("/nonexistent")
         try:
             for entry in self._oom_file.read_text().splitlines():
                 key, _, value = entry.partition(" ")
@@ -190,8 +208,7 @@ class DockerSandbox(HostDirSandbox):
             return None
         return None
 
-    def _find_oom_file(self) -> Path | None:
-        pid = self._channel.peer_pid if self._channel is not None else 0
+    def _find_oom_file(self, pid: int) -> Path | None:
         try:
             if not pid:  # the server's pid is not visible here: ask the engine
                 pid = self.client.api.inspect_container(self.container_id)["State"]["Pid"]
@@ -236,11 +253,11 @@ class DockerSandbox(HostDirSandbox):
             if channel is not None and not channel.closed and await channel.quit(timeout_s=5.0):
                 # Everything else in the sandbox is dead; once the server's process is reaped
                 # too, the engine finds the container stopped and removes it without a kill.
-                await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)
+                await asyncio.to_thread(_wait_gone, channel.peer_pid, 1.0)  # /proc, not the engine
         finally:
-            await asyncio.shield(asyncio.to_thread(_remove, self.client, self.container_id, self.root))
+            await asyncio.shield(self._provider.call(_remove, self.client, self.container_id, self.root))
             if self.has_sidecars:
-                await asyncio.shield(asyncio.to_thread(_remove_sidecars, self.client, self._provider.owner, self.id))
+                await asyncio.shield(self._provider.call(_remove_sidecars, self.client, self._provider.owner, self.id))
 
 
 def run_dir_of(root: Path) -> Path:
@@ -289,6 +306,35 @@ def _remove_sidecars(client: docker.DockerClient, owner: str, sandbox_id: str) -
                 log.warning("could not remove network arena-%s-%s: %s", owner, sandbox_id, exc)
             else:
                 time.sleep(0.2 * attempt)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """A background engine call's outcome, taken (a failure no one reads is not logged as lost)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def nproc_limit() -> int:
+    """The containers' ``nproc`` ulimit: the kernel's ``pid_max`` (no host holds more tasks than
+    that, threads included), or this host's hard ``RLIMIT_NPROC`` where lower, at least
+    :data:`NPROC_FLOOR`. An engine cannot give a container more than its own hard limit (Podman
+    sets its own to ``pid_max`` at start; without ``CAP_SYS_RESOURCE`` nothing raises it), and the
+    engine runs on the worker's host.
+
+    ``RLIMIT_NPROC`` counts every thread of the sandbox's uid on the whole host: the containers
+    share the host's user namespace, so all sandboxes (and any process of that uid) count together,
+    and the runtime's exec of a container's init as that uid fails (EAGAIN) once the count is over.
+    A fixed per-container 4096 was therefore a ceiling on the worker's sandboxes together: no
+    container could start once they held 4,096 threads (~650 trivial Python agents at ~6 threads
+    each with the command server and the relay's shim; near 250 for agents of ten threads of their
+    own; docs/performance.md). What bounds one sandbox is ``pids_limit`` (its pids cgroup,
+    ``SandboxLimits.pids``)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = NPROC_FLOOR
+    return max(NPROC_FLOOR, pid_max if hard == resource.RLIM_INFINITY else min(hard, pid_max))
 
 
 def _in_container(pid: int, container_id: str) -> bool:
@@ -350,7 +396,18 @@ class DockerProvider:
         self.owner = owner
         self.base_url = base_url
         self.default_image = default_image
+        #: every container's ``nproc`` ulimit (:func:`nproc_limit`: not a cap on the sandboxes together)
+        self.nproc = nproc_limit()
         self._client: docker.DockerClient | None = None
+        self._engine_threads = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="arena-docker-engine")
+
+    async def call(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` (a blocking engine call, or work between engine calls) on the
+        provider's own threads (:data:`ENGINE_THREADS`), in the caller's context like
+        ``asyncio.to_thread``; the loop's default executor stays free for the service's file work."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            self._engine_threads, functools.partial(context.run, fn, *args, **kwargs))
 
     @property
     def client(self) -> docker.DockerClient:
@@ -372,7 +429,7 @@ class DockerProvider:
                 return f"engine error: {exc}"
             return None
 
-        return await asyncio.to_thread(probe)
+        return await self.call(probe)
 
     def _host_config(self, spec: CreateSpec, root: Path, run_dir: Path, network: str = "",
                      hosts: dict[str, str] | None = None) -> dict[str, Any]:
@@ -391,7 +448,7 @@ class DockerProvider:
             pids_limit=lim.pids,
             ulimits=[
                 docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
-                docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
+                docker.types.Ulimit(name="nproc", soft=self.nproc, hard=self.nproc),
                 docker.types.Ulimit(name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes),
                 docker.types.Ulimit(name="core", soft=0, hard=0),
             ],
@@ -409,7 +466,7 @@ class DockerProvider:
         path = run_dir / "ctl.sock"
         listener = listen(path, uid=SANDBOX_UID)  # before the start: the server connects at once
         try:
-            await asyncio.to_thread(self.client.api.start, container_id)
+            await self.call(self.client.api.start, container_id)
         except BaseException as exc:  # cancelled too: the listener is not left open
             listener.close()
             path.unlink(missing_ok=True)
@@ -417,11 +474,23 @@ class DockerProvider:
                 raise SandboxError(f"cannot start container {container_id[:12]}: {exc}") from exc
             raise
 
+        asked: list[asyncio.Future] = []  # the engine's answer on the container's state, while it comes
+
         async def alive() -> str | None:
-            state = (await asyncio.to_thread(self.client.api.inspect_container, container_id))["State"]
+            """Why the container is gone, or None. The accept loop asks every second while the server
+            has not connected; it never waits on the engine for it (a busy engine's queue took
+            seconds, and the connection waited with it): the engine is asked in the background and
+            its answer read at the next look."""
+            if not asked:
+                asked.append(asyncio.ensure_future(self.call(self.client.api.inspect_container, container_id)))
+                asked[0].add_done_callback(_retrieved)
+                return None
+            if not asked[0].done():
+                return None
+            state = asked.pop().result()["State"]
             if state.get("Running"):
                 return None
-            logs = await asyncio.to_thread(self.client.api.logs, container_id, tail=20)
+            logs = await self.call(self.client.api.logs, container_id, tail=20)
             return f"exit code {state.get('ExitCode')}: {logs.decode(errors='replace').strip()[-1000:]}"
 
         try:
@@ -440,7 +509,7 @@ class DockerProvider:
             return [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])], config.get("WorkingDir") or ""
 
         try:
-            return await asyncio.to_thread(inspect)
+            return await self.call(inspect)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot inspect image {image}: {exc}") from exc
 
@@ -471,14 +540,14 @@ class DockerProvider:
                 host_config=self._host_config(spec, root, run_dir, network, hosts),
             )["Id"]
 
-        made = asyncio.ensure_future(asyncio.to_thread(make))
+        made = asyncio.ensure_future(self.call(make))
         try:
             container_id = await asyncio.shield(made)
             channel = await self._start(container_id, run_dir)
         except BaseException as exc:
             await asyncio.shield(self._undo_create(made, root))
             if spec.services:
-                await asyncio.shield(asyncio.to_thread(_remove_sidecars, self.client, self.owner, sandbox_id))
+                await asyncio.shield(self.call(_remove_sidecars, self.client, self.owner, sandbox_id))
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot start a {image} container: {exc}") from exc
             raise
@@ -506,7 +575,7 @@ class DockerProvider:
                         mem_limit=lim.memory_bytes, memswap_limit=lim.memory_bytes, pids_limit=lim.pids,
                         nano_cpus=int(lim.cpus * 1e9), tmpfs={"/tmp": f"size={lim.tmp_bytes},mode=1777"},
                         ulimits=[docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
-                                 docker.types.Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT)]),
+                                 docker.types.Ulimit(name="nproc", soft=self.nproc, hard=self.nproc)]),
                     networking_config=self.client.api.create_networking_config(
                         {network: self.client.api.create_endpoint_config(aliases=[service.name])}),
                 )
@@ -527,9 +596,9 @@ class DockerProvider:
         with contextlib.suppress(Exception):
             container_id = await made
         if container_id:
-            await asyncio.to_thread(_remove, self.client, container_id, root)
+            await self.call(_remove, self.client, container_id, root)
         else:
-            await asyncio.to_thread(_remove_dirs, root)
+            await self.call(_remove_dirs, root)
 
     async def reap_orphans(self) -> int:
         def reap() -> int:
@@ -544,7 +613,7 @@ class DockerProvider:
                     _remove_dirs(path)
             return len(found)
 
-        n = await asyncio.to_thread(reap)
+        n = await self.call(reap)
         if n:
             log.warning("reaped %d orphaned container(s) of owner %s", n, self.owner)
         return n

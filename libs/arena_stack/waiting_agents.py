@@ -72,12 +72,15 @@ def agent_env(index: int, turns: int, burn_ms: float = 0.0) -> dict[str, str]:
 
 
 def waiting_task(repo: Path, agent_dir: Path, *, index: int, turns: int, burn_ms: float = 0.0,
-                 wall_clock_s: float = 600.0) -> Task:
-    """Agent ``index``'s task (its index and turns in its environment), graded ``exact`` on 42."""
+                 wall_clock_s: float = 600.0, image: str | None = None) -> Task:
+    """Agent ``index``'s task (its index and turns in its environment), graded ``exact`` on 42.
+    The same program on every provider: ``python3`` from ``PATH`` (the host's on ``local``; on
+    ``docker`` the image's, ``image`` or the provider's default, which must have a Python 3 with
+    its stdlib, as Arena's images do)."""
     return Task(id="waiting-agent", source=PathSource(path=str(repo)), instructions="Answer after a few turns.",
                 agent=AgentSpec(command=["python3", f"/sandbox/agent/{AGENT_FILE}"], path=str(agent_dir),
                                 env=agent_env(index, turns, burn_ms)),
-                verifier=ExactVerifier(answers=[ANSWER]), budget=Budget(wall_clock_s=wall_clock_s))
+                verifier=ExactVerifier(answers=[ANSWER]), budget=Budget(wall_clock_s=wall_clock_s), image=image or None)
 
 
 def latency_s(median_s: float, sigma: float, seed: int, agent: str, turn: int) -> float:

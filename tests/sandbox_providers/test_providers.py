@@ -436,6 +436,131 @@ async def test_docker_commands_get_the_images_environment(docker_provider):
         await sandbox.destroy()
 
 
+async def test_docker_engine_calls_run_on_the_providers_own_threads(docker_provider, monkeypatch):
+    """An engine call holds its thread as long as the engine takes (seconds when it is busy). On
+    the loop's default executor (6 threads on 2 cores, shared with the service's workspace copies)
+    256 sandboxes' creates and starts held every sandbox's files behind them: no agent started before
+    the last container had. Create, a command, the OOM counter's look-up and destroy make their
+    engine calls on the provider's own threads."""
+    import threading
+
+    from arena_sandbox_providers.docker_provider import ENGINE_THREADS
+
+    threads: dict[str, set[str]] = {}
+    api = docker_provider.client.api
+    for name in ("create_container", "start", "inspect_container", "remove_container", "kill", "wait"):
+        def recorded(*args, _name=name, _real=getattr(api, name), **kwargs):
+            threads.setdefault(_name, set()).add(threading.current_thread().name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(api, name, recorded)
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        await sandbox.put_files({"/sandbox/workspace/f": b"x"})
+        assert (await sandbox.exec(["cat", "f"], env={}, timeout_s=60)).exit_code == 0
+    finally:
+        await sandbox.destroy()
+    assert {"create_container", "start", "remove_container"} <= set(threads), threads
+    names = set().union(*threads.values())
+    assert all(n.startswith("arena-docker-engine") for n in names), threads
+    assert len(names) <= ENGINE_THREADS
+
+
+async def test_docker_sandbox_starts_and_runs_while_the_engine_is_slow_to_answer(docker_provider, monkeypatch,
+                                                                                  tmp_path):
+    """A busy engine answers in seconds. While the command server has not connected, the provider
+    asks the engine every second whether the container is still running; that question must not
+    hold the connection up (at 96 and 256 sandboxes at once the agents waited for the engine's whole
+    queue: for the last container's start). Nor may a command of a started sandbox wait for an engine
+    thread (its OOM counter is found from the server's pid, in /proc). Here the server connects after
+    2.5 s, the engine does not answer until the command has run, and every engine thread is taken."""
+    import threading
+
+    from arena_sandbox_providers import docker_provider as module
+
+    source = module.CMDSERVER.read_text()
+    main_call = 'if __name__ == "__main__":\n    sys.exit(main(sys.argv[1:]))'
+    assert main_call in source
+    slow = tmp_path / "cmdserver.py"  # the same server, connecting late (after the provider's first look)
+    slow.write_text(source.replace(main_call, 'if __name__ == "__main__":\n    import time\n    time.sleep(2.5)\n'
+                                              '    sys.exit(main(sys.argv[1:]))'))
+    monkeypatch.setattr(module, "CMDSERVER", slow)
+    answer, order = threading.Event(), []
+    api = docker_provider.client.api
+    real_inspect = api.inspect_container
+
+    def busy_inspect(*args, **kwargs):
+        order.append("asked")
+        answer.wait(180)  # the busy engine answers once the command ran (at the latest after 180 s)
+        order.append("answered")
+        return real_inspect(*args, **kwargs)
+
+    monkeypatch.setattr(api, "inspect_container", busy_inspect)
+    sandbox = await docker_provider.create(CreateSpec())
+    try:
+        order.append("created")
+        taken = [asyncio.ensure_future(docker_provider.call(answer.wait, 180)) for _ in range(module.ENGINE_THREADS)]
+        result = await sandbox.exec(["true"], env={}, timeout_s=60)
+        order.append("ran")
+        answer.set()
+        await asyncio.gather(*taken)
+        assert result.exit_code == 0
+    finally:
+        answer.set()
+        await sandbox.destroy()
+    assert order[:3] == ["asked", "created", "ran"], order
+
+
+#: A process of the sandbox's uid holding ``argv[1]`` threads until its stdin closes.
+_HOLD_THREADS = """
+import os, sys, threading
+os.setgroups([]); os.setgid(1000); os.setuid(1000)
+threading.stack_size(64 * 1024)
+never = threading.Event()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=never.wait, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_docker_sandboxes_start_beside_thousands_of_threads_of_their_uid(docker_provider):
+    """RLIMIT_NPROC counts every thread of a uid on the whole host, and containers share the
+    host's user namespace: a container's ``nproc`` ulimit caps all sandboxes (and anything else of
+    uid 1000) together. At the fixed 4096 it was, no container started once they held 4,096 threads
+    (~585 trivial agents at 7 threads each; "exec container process: Resource temporarily
+    unavailable"). Here a host process of the sandbox's uid holds more than that: a sandbox still
+    starts, forks, and has explicit nproc and nofile ulimits (pids are bounded per container by its
+    pids cgroup)."""
+    import sys
+
+    from arena_sandbox_providers.docker_provider import NPROC_FLOOR, nproc_limit
+
+    if os.geteuid() != 0:
+        pytest.skip("runs a process as the sandbox's uid: needs root")
+    assert docker_provider.nproc == nproc_limit() > NPROC_FLOOR + 100
+    hold = subprocess.Popen([sys.executable, "-c", _HOLD_THREADS, str(NPROC_FLOOR + 100)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert hold.stdout.readline() == b"ready\n"
+        sandbox = await docker_provider.create(CreateSpec())
+        try:
+            chunks: list[bytes] = []
+            result = await sandbox.exec(["sh", "-c", "grep -E 'Max (processes|open files)' /proc/self/limits; "
+                                                     "(true) && echo forked"],
+                                        env={}, timeout_s=60, on_output=chunks.append)
+            out = b"".join(chunks).decode()
+            assert result.exit_code == 0, out
+            nproc, nofile = (f"{name} {n} {n}" for name, n in (("Max processes", docker_provider.nproc),
+                                                               ("Max open files", CreateSpec().limits.open_files)))
+            assert [" ".join(line.split()[:-1]) for line in out.splitlines()[:2]] == [nproc, nofile], out
+            assert out.endswith("forked\n")
+        finally:
+            await sandbox.destroy()
+    finally:
+        hold.kill()
+        hold.wait()
+
+
 async def test_local_runs_in_the_directory_asked_and_refuses_one_it_cannot_honour(tmp_path):
     """A command runs where it is asked (the workspace's subdirectories, the environment's
     directory at /sandbox/agent, so a relative command finds its files); a working directory
