@@ -939,6 +939,9 @@ class EnvReply(Base, kw_only=True):
     done: bool = False
     state: dict[str, Any] | None = None
     error: EnvError | None = None
+    #: A hosted environment's reset: its server's action JSON Schema (its ``GET /schema``), with
+    #: which the environment endpoint checks each action as the server would, in any state.
+    action_schema: dict[str, Any] | None = None
 
 
 class EnvironmentRequest(Request, kw_only=True):

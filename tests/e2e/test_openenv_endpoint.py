@@ -429,8 +429,9 @@ def test_the_echo_environment_is_hosted_as_a_task_and_its_rewards_summed(arena):
     view = wait_final(arena, rid)
     assert view["state"] == "completed" and view["reward"] == pytest.approx(0.7)
     traj = trajectory(arena, rid)
+    # the wrong field is refused by the endpoint with the server's own schema: it never reaches the server
     assert [s.observation.get("echoed_message") for s in traj.sandbox.env_steps] == [
-        "Echo Env environment ready!", "hello", "hi", None]
+        "Echo Env environment ready!", "hello", "hi"]
     assert traj.verification.verifier == "env_reward" and "env_not_done" in traj.verification.flags
 
 
@@ -479,3 +480,49 @@ def test_the_trl_environment_class_plays_an_episode(arena):
         assert "median" in env.reset()  # the next episode, on the same instance
     finally:
         env._env.close()
+
+
+async def test_a_hosted_environments_bad_action_is_a_validation_error_after_done_and_before_reset(arena, tmp_path):
+    """A hosted server's action schema (its ``GET /schema``, read when it starts) checks every action
+    as the server would: after the episode is done (the server is no longer asked) and, once the
+    environment served an episode, before a new one's reset; ``/schema`` then shows the server's own."""
+    env_dir = tmp_path / "echo-ends"
+    shutil.copytree(ECHO_ENV, env_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    source = env_dir / "server" / "echo_env_environment.py"
+    code = source.read_text()
+    assert code.count("done=False,") == 2
+    source.write_text(code.replace("done=False,", 'done=message == "bye",', 2).replace(
+        'done=message == "bye",', "done=False,", 1))  # reset's stays False; step's ends on "bye"
+    task = Task(id="echo-ends", instructions="Echo until bye.", agent=AgentSpec(external=True),
+                environment=OpenEnvServer(path=str(env_dir)), budget=Budget(wall_clock_s=120))
+    with ArenaClient(arena.rollout_url, arena.trajectory_url) as client:
+        client.put_environment("echo-ends", task)
+    ws_url = url(arena, "echo-ends").replace("http://", "ws://") + "/ws"
+    bad = {"type": "step", "data": {"text": "wrong field"}}
+    async with websockets.connect(ws_url) as ws:
+        async def rt(message) -> dict:
+            await ws.send(json.dumps(message))
+            return json.loads(await asyncio.wait_for(ws.recv(), 90))
+
+        first = await rt({"type": "reset", "data": {}})
+        for _ in range(3):
+            if first["type"] == "error" and STILL_STARTING in first["data"]["message"]:
+                first = await rt({"type": "reset", "data": {}})
+        assert first["type"] == "observation", first
+        during = await rt(bad)
+        assert during["data"]["code"] == "VALIDATION_ERROR", during
+        ended = await rt({"type": "step", "data": {"message": "bye"}})
+        assert ended["data"]["done"] is True, ended
+        after = await rt(bad)
+        assert after["data"]["code"] == "VALIDATION_ERROR", after
+        assert {"type": "extra_forbidden", "loc": ["text"]}.items() <= after["data"]["errors"][0].items()
+        missing = await rt({"type": "step", "data": {}})
+        assert missing["data"]["code"] == "VALIDATION_ERROR" and missing["data"]["errors"][0]["type"] == "missing"
+        over = await rt({"type": "step", "data": {"message": "again"}})
+        assert over["data"]["code"] == "EXECUTION_ERROR" and "is over" in over["data"]["message"], over
+    async with websockets.connect(ws_url) as ws:  # a new session: checked before its reset
+        await ws.send(json.dumps(bad))
+        before = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert before["data"]["code"] == "VALIDATION_ERROR", before
+    schema = httpx.get(f"{url(arena, 'echo-ends')}/schema").json()
+    assert "message" in schema["action"]["properties"] and "message" in schema["action"].get("required", [])

@@ -90,6 +90,8 @@ class Episode:
         self.seq = 0
         self.steps = 0
         self.done = False
+        #: a hosted environment's action check, from its server's schema (its first reset tells it)
+        self.action_check: ActionCheck | None = _KNOWN_CHECKS.get(_env_key(env))
 
     @property
     def hosted(self) -> bool:
@@ -178,6 +180,9 @@ class Episode:
         if reply.error is not None:
             return error_frame(reply.error.code, reply.error.message,
                                **({"errors": reply.error.errors} if reply.error.errors is not None else {}))
+        if reply.action_schema is not None and self.hosted:
+            self.action_check = ActionCheck.of(reply.action_schema)
+            _KNOWN_CHECKS[_env_key(self.env)] = self.action_check
         observation = dict(reply.observation)
         if not self.hosted:  # Arena's own observation: where the client's LLM calls are captured
             observation.update(self._llm())
@@ -192,6 +197,8 @@ class Episode:
                 action = envtools.parse_action(data)
             except envtools.ActionError as exc:
                 return error_frame("VALIDATION_ERROR", str(exc), errors=exc.errors)
+        elif self.action_check is not None and (errors := self.action_check.errors(data)):
+            return error_frame("VALIDATION_ERROR", "Invalid action", errors=errors)
         if self.record is None:
             return error_frame("EXECUTION_ERROR", "no episode: send reset first")
         if self.done:
@@ -385,6 +392,60 @@ def metadata(env: EnvironmentRecord) -> dict[str, Any]:
             "version": VERSION, "author": None, "documentation_url": None}
 
 
+class ActionCheck:
+    """A hosted environment's actions checked against its server's action JSON Schema, as its
+    server checks them (``model_validate``), with errors shaped as pydantic's: the endpoint answers a
+    bad action ``VALIDATION_ERROR`` in any state of the episode, before, during and after it."""
+
+    def __init__(self, schema: dict[str, Any], validator):
+        self.schema, self.validator = schema, validator
+
+    @classmethod
+    def of(cls, schema: dict[str, Any]) -> ActionCheck | None:
+        """``None`` for a schema that is not valid JSON Schema (the server then decides alone)."""
+        import jsonschema
+
+        try:
+            kind = jsonschema.validators.validator_for(schema)
+            kind.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            log.info("a hosted environment's action schema is not JSON Schema: %s", exc.message)
+            return None
+        return cls(schema, kind(schema))
+
+    def errors(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        """Pydantic-shaped errors of ``data`` ([] when valid). MCP actions (``list_tools``,
+        ``call_tool``) are the server's to route, as OpenEnv's ``deserialize_action`` does."""
+        if data.get("type") in ("list_tools", "call_tool"):
+            return []
+        out: list[dict[str, Any]] = []
+        for error in sorted(self.validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+            loc = list(error.absolute_path)
+            if error.validator == "additionalProperties":
+                known = set((error.schema or {}).get("properties", {}))
+                extra = sorted(k for k in (error.instance or {}) if k not in known) or ["?"]
+                out += [{"type": "extra_forbidden", "loc": [*loc, k], "msg": "Extra inputs are not permitted"}
+                        for k in extra]
+            elif error.validator == "required":
+                missing = error.message.split("'")[1] if "'" in error.message else "?"
+                out.append({"type": "missing", "loc": [*loc, missing], "msg": "Field required"})
+            elif error.validator == "type":
+                out.append({"type": f"{error.validator_value}_type" if isinstance(error.validator_value, str)
+                            else "type_error", "loc": loc, "msg": error.message})
+            else:
+                out.append({"type": "value_error", "loc": loc, "msg": error.message})
+        return out
+
+
+#: The checks learnt from hosted servers' schemas, per environment (its project, name and
+#: registration): a new session of the same environment checks its first action too.
+_KNOWN_CHECKS: dict[tuple[str, str, float], ActionCheck | None] = {}
+
+
+def _env_key(env: EnvironmentRecord) -> tuple[str, str, float]:
+    return env.project, env.name, env.created_at
+
+
 def schema(env: EnvironmentRecord) -> dict[str, Any]:
     state = {"title": "State", "type": "object", "additionalProperties": True, "properties": {
         "episode_id": {"type": ["string", "null"]}, "step_count": {"type": "integer", "minimum": 0},
@@ -393,8 +454,9 @@ def schema(env: EnvironmentRecord) -> dict[str, Any]:
     if env.request.task.environment is not None:
         opaque = {"type": "object", "additionalProperties": True,
                   "description": "the hosted environment's own (its /schema): Arena relays it unchanged"}
-        return {"action": {"title": "Action", **opaque}, "observation": {"title": "Observation", **opaque},
-                "state": state}
+        known = _KNOWN_CHECKS.get(_env_key(env))
+        action = known.schema if known is not None else {"title": "Action", **opaque}
+        return {"action": action, "observation": {"title": "Observation", **opaque}, "state": state}
     return {"action": envtools.action_schema(), "observation": envtools.observation_schema(), "state": state}
 
 

@@ -65,6 +65,9 @@ class HostedServer:
         self._exec: asyncio.Task | None = None
         self._http = None
         self._link_dir: str | None = None
+        #: the server's action JSON Schema (its ``GET /schema``), read once it is healthy; ``None``
+        #: when it serves none (a server not built on OpenEnv's ``create_app``)
+        self.action_schema: dict[str, Any] | None = None
 
     def alive(self) -> bool:
         return self._exec is not None and not self._exec.done() and not self._stop.is_set()
@@ -107,6 +110,7 @@ class HostedServer:
                 try:
                     async with self._http.get("http://env/health", timeout=aiohttp.ClientTimeout(total=5)) as got:
                         if got.status == 200:
+                            await self._read_schema()
                             return
                         problem = f"GET /health answered {got.status}"
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -114,6 +118,19 @@ class HostedServer:
             await asyncio.sleep(0.1)
         raise EnvironmentBroken(f"not healthy within {self.spec.ready_timeout_s:g}s ({problem}); last output:\n"
                                 f"{self.tail()}")
+
+    async def _read_schema(self) -> None:
+        """The server's action schema (OpenEnv's ``GET /schema``: ``{"action": ..., ...}``), if it serves one."""
+        import aiohttp
+
+        try:
+            async with self._http.get("http://env/schema", timeout=aiohttp.ClientTimeout(total=10)) as got:
+                body = await got.json(content_type=None) if got.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            log.info("hosted environment: no schema from GET /schema (%s: %s)", type(exc).__name__, exc)
+            return
+        action = body.get("action") if isinstance(body, dict) else None
+        self.action_schema = action if isinstance(action, dict) and action else None
 
     def _exit(self) -> str:
         try:
@@ -208,7 +225,10 @@ class HostedSession:
                         reward=float(reward) if isinstance(reward, (int, float)) else None, done=bool(data.get("done")))
 
     async def reset(self, data: dict[str, Any]) -> EnvReply:
-        return self._reply(await self._exchange({"type": "reset", "data": {**self.spec.reset, **data}}))
+        reply = self._reply(await self._exchange({"type": "reset", "data": {**self.spec.reset, **data}}))
+        if reply.error is None and self.server.action_schema is not None:
+            reply = msgspec.structs.replace(reply, action_schema=self.server.action_schema)
+        return reply
 
     async def step(self, data: dict[str, Any]) -> EnvReply:
         return self._reply(await self._exchange({"type": "step", "data": data}))
