@@ -21,7 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api as jsapi
 from nats.js.errors import NotFoundError
 
-from arena_core.bus import BodyMissing, Bus
+from arena_core.bus import BodyMissing, Bus, redact
 from arena_core.errors import Unavailable
 from arena_core.schemas import GroupCompleted, MemberRef, TrainingSequence, Trajectory
 from arena_core.sequences import ensure_sequences, lacks_sequences, sequences_of
@@ -228,7 +228,8 @@ class TrajectoryStream:
             await self._bus.js.stream_info(STREAM)
         except NotFoundError:
             await self._bus.close()
-            raise Unavailable(f"stream {STREAM} does not exist on {self.nats_url}: is Arena running?") from None
+            raise Unavailable(f"stream {STREAM} does not exist on {redact(self.nats_url)}: is Arena running? (the "
+                              "topology step creates it: `arena up` does)") from None
         self._sub = await self._subscribe()
         self._heartbeat = asyncio.create_task(self._beat())
         return self

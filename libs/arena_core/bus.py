@@ -207,8 +207,11 @@ class Bus:
     # ----------------------------------------------------------------- topology
 
     async def ensure_topology(self, replicas: int | None = None) -> None:
-        """Declare every stream, KV bucket and object store, each with ``replicas`` copies
+        """Create every stream, KV bucket and object store, each with ``replicas`` copies
         (JetStream ``num_replicas``; default ``ARENA_NATS_REPLICAS``, else 1). Idempotent.
+        The topology step's, with the administrator's credentials (``arena_stack.topology``):
+        a service's own user may not create, update or delete streams, it binds
+        (``bind_topology``).
 
         One that exists with another replica count is scaled to ``replicas`` (a cluster moves
         its data); if JetStream refuses (a single server cannot hold more than 1, a cluster
@@ -243,18 +246,50 @@ class Bus:
                 raise
             except APIError as exc:
                 raise TopologyError(_replicas_refused(spec.name, replicas, exc)) from exc
-            info = await self.js.stream_info(spec.name)
-            if info.config.allow_atomic:
-                self.batchers.setdefault(spec.name, Batcher(self.nc, timeout=self.publish_timeout))
-            if spec.packs and spec.packs in (info.config.subjects or []):
-                self.packers.setdefault(spec.name, Packer(self.js, spec.packs, timeout=self.publish_timeout,
-                                                          max_bytes=self.nc.max_payload - BODY_HEADROOM))
-        for bucket in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_ENVIRONMENTS,
-                       subjects.KV_WORKERS, subjects.KV_STEP_GRADES):
-            await self.kv(bucket)
+        for bucket in subjects.KV_BUCKETS:
+            try:
+                await self.js.key_value(bucket)
+            except (NotFoundError, nats.js.errors.BucketNotFoundError):
+                try:
+                    await self.js.create_key_value(jsapi.KeyValueConfig(
+                        bucket=bucket, history=1, storage=jsapi.StorageType.FILE, replicas=replicas,
+                        ttl=subjects.KV_TTL_S.get(bucket)))
+                except ServiceUnavailableError:
+                    raise
+                except APIError as exc:
+                    raise TopologyError(_replicas_refused(f"KV_{bucket}", replicas, exc)) from exc
             await self._scale(f"KV_{bucket}", replicas)
-        await self.artifacts()
+        try:
+            await self.js.object_store(subjects.OBJECT_ARTIFACTS)
+        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            try:
+                await self.js.create_object_store(
+                    subjects.OBJECT_ARTIFACTS,
+                    config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE, replicas=replicas))
+            except ServiceUnavailableError:
+                raise
+            except APIError as exc:
+                raise TopologyError(_replicas_refused(f"OBJ_{subjects.OBJECT_ARTIFACTS}", replicas, exc)) from exc
         await self._scale(f"OBJ_{subjects.OBJECT_ARTIFACTS}", replicas)
+        await self.bind_topology([spec.name for spec in subjects.STREAMS])
+
+    async def bind_topology(self, streams: Sequence[str]) -> None:
+        """Check that ``streams`` (a service's: ``arena_core.access``; buckets' and stores' too)
+        exist, and publish to them as they allow (atomic batches, packs). Creates nothing: one
+        that is missing raises ``TopologyError`` naming it and the step that creates it."""
+        for name in streams:
+            try:
+                info = await self.js.stream_info(name)
+            except NotFoundError:
+                raise self._missing(f"the JetStream stream {name}") from None
+            spec = next((s for s in subjects.STREAMS if s.name == name), None)
+            if spec is None:
+                continue
+            if info.config.allow_atomic:
+                self.batchers.setdefault(name, Batcher(self.nc, timeout=self.publish_timeout))
+            if spec.packs and spec.packs in (info.config.subjects or []):
+                self.packers.setdefault(name, Packer(self.js, spec.packs, timeout=self.publish_timeout,
+                                                     max_bytes=self.nc.max_payload - BODY_HEADROOM))
 
     async def _scale(self, stream: str, replicas: int) -> None:
         """Give ``stream`` (a bucket's) ``replicas`` copies if it has another count."""
@@ -269,34 +304,26 @@ class Bus:
         except APIError as exc:
             raise TopologyError(_replicas_refused(stream, replicas, exc)) from exc
 
+    def _missing(self, what: str) -> TopologyError:
+        return TopologyError(f"{what} does not exist on {redact(self.url)}: the topology step creates it with the "
+                             f"administrator's credentials (`arena up` does; compose's topology service, "
+                             f"Kubernetes' arena-topology Job, or `python -m arena_stack.topology`)")
+
     async def kv(self, bucket: str):
+        """The KV bucket ``bucket``, bound (never created: ``TopologyError`` when it is missing)."""
         if bucket not in self._kv:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except (NotFoundError, nats.js.errors.BucketNotFoundError):
-                try:
-                    self._kv[bucket] = await self.js.create_key_value(jsapi.KeyValueConfig(
-                        bucket=bucket, history=1, storage=jsapi.StorageType.FILE, replicas=self.replicas,
-                        ttl=subjects.KV_TTL_S.get(bucket)))
-                except ServiceUnavailableError:
-                    raise
-                except APIError as exc:
-                    raise TopologyError(_replicas_refused(f"KV_{bucket}", self.replicas, exc)) from exc
+                raise self._missing(f"the KV bucket {bucket}") from None
         return self._kv[bucket]
 
     async def artifacts(self):
+        """The object store ``arena_artifacts``, bound (never created)."""
         try:
             return await self.js.object_store(subjects.OBJECT_ARTIFACTS)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
-            try:
-                return await self.js.create_object_store(
-                    subjects.OBJECT_ARTIFACTS,
-                    config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE, replicas=self.replicas),
-                )
-            except ServiceUnavailableError:
-                raise
-            except APIError as exc:
-                raise TopologyError(_replicas_refused(f"OBJ_{subjects.OBJECT_ARTIFACTS}", self.replicas, exc)) from exc
+            raise self._missing(f"the object store {subjects.OBJECT_ARTIFACTS}") from None
 
     # ----------------------------------------------------------------- publish
 

@@ -1,13 +1,34 @@
-"""Structured logs: one JSON object per line on stderr, with the rollout and trace ids."""
+"""Structured logs: one JSON object per line on stderr, with the rollout and trace ids.
+
+Whatever a line says, secrets are taken out of it (``redact``): API keys' and sign-in tokens'
+secrets (their ids stay: they name the key), the key of an OpenEnv base URL
+(``/openenv/k/{key}/``), and a URL's password (``nats://user:password@host``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
 _CONTEXT_FIELDS = ("rollout_id", "group_id", "subject", "trace_id", "consumer", "sandbox_id", "error")
+
+
+#: ``ak_<id>_<secret>`` (API keys) and ``st_<id>_<secret>`` (sign-in tokens): the secret goes
+_KEY = re.compile(r"\b((?:ak|st)_[0-9a-f]{6,32}_)[A-Za-z0-9_-]{8,}")
+_OPENENV_KEY = re.compile(r"(/openenv/k/)[^/\s?#\"']+")
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s\"']*:)[^@/\s\"']+@", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` without API keys' or sign-in tokens' secrets, OpenEnv URL keys and URL passwords."""
+    if "_" not in text and "@" not in text and "/openenv/k/" not in text:
+        return text
+    text = _KEY.sub(rf"\g<1>{REDACTED}", text)
+    text = _OPENENV_KEY.sub(rf"\g<1>{REDACTED}", text)
+    return _URL_PASSWORD.sub(rf"\g<1>{REDACTED}@", text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -21,14 +42,14 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         for key in _CONTEXT_FIELDS:
             value = getattr(record, key, None)
             if value is not None:
-                line[key] = value
+                line[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(line, default=str)
 
 

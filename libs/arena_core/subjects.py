@@ -89,6 +89,8 @@ KV_STEP_GRADES = "arena_step_grades"
 #: Buckets whose entries expire (seconds, by the NATS server's clock).
 KV_TTL_S = {KV_WORKERS: 20.0, KV_STEP_GRADES: 3 * 86400.0}
 OBJECT_ARTIFACTS = "arena_artifacts"
+#: Every KV bucket, as the topology step creates them (``Bus.ensure_topology``).
+KV_BUCKETS = (KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS, KV_STEP_GRADES)
 
 # Durable consumer names, one per (service, purpose).
 CONSUMER_ROLLOUT_RESULTS = "rollout-results"
@@ -243,8 +245,7 @@ def catalog() -> dict:
             "arena.duel.done.{duel_id}": "DuelRoundDone",
             "arena.env.{rollout_id}": "EnvRequest",
         },
-        "kv_buckets": [KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS,
-                       KV_STEP_GRADES],
+        "kv_buckets": list(KV_BUCKETS),
         "object_stores": [OBJECT_ARTIFACTS],
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {

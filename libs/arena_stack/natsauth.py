@@ -1,11 +1,15 @@
 """NATS users per service, each allowed only the subjects its job needs: a sandbox worker
 cannot publish verification results, a verification worker cannot publish sandbox outcomes,
-a trainer can read the trajectory stream and nothing more. docs/deploy.md ("Authentication").
+a trainer can read the trajectory stream and nothing more. On JetStream each may use only its
+own streams, consumers, buckets and object store (``arena_core.access``): no service creates,
+deletes or purges a stream (the topology step does, as ``admin``: ``arena_stack.topology``).
+docs/deploy.md ("Authentication").
 
 ``authorization_block`` renders nats-server's configuration; ``with_user`` puts a user's
 credentials into a NATS URL (what each service is given as ``ARENA_NATS_URL``);
 ``load_or_create`` keeps the embedded stack's passwords in ``<data_dir>/nats-users.json`` (0600).
-``python -m arena_stack.natsauth env`` prints fresh passwords as compose's ``.env`` lines.
+``python -m arena_stack.natsauth env`` prints fresh passwords as compose's ``.env`` lines;
+``write`` regenerates compose's nats-server.conf and the Helm values, ``check`` fails on drift.
 """
 
 from __future__ import annotations
@@ -18,65 +22,47 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from arena_core import subjects
+from arena_core import access, subjects
 
-#: What every service does on JetStream: its API (streams, consumers, KV and object-store
-#: reads), acks, flow control, request replies, and dead letters.
-_JETSTREAM = ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>", "arena.dead.>"]
-_KV = "$KV.{}.>"
-_OBJECTS = f"$O.{subjects.OBJECT_ARTIFACTS}.>"
+#: What every service may publish besides its JetStream API requests (``arena_core.access``):
+#: flow control of its ordered consumers, request replies, dead letters.
+_COMMON = ["$JS.FC.>", "_INBOX.>", "arena.dead.>"]
 
-#: service -> (may publish, may subscribe). Replies come on ``_INBOX.>``.
+
+def _jetstream(service: str) -> list[str]:
+    """``service``'s JetStream API requests, acks, KV and object-store subjects: only its own
+    streams, consumers, buckets and stores (``arena_core.access.SERVICES``), and common subjects."""
+    return [*access.api_subjects(access.SERVICES[service]), *_COMMON]
+
+
+#: service -> (may publish, may subscribe). Replies come on ``_INBOX.>``. Nothing on ``$JS.API``
+#: beyond what ``arena_core.access`` lists: no service creates, updates, deletes or purges a
+#: stream (the topology is the admin's, ``arena_stack.topology``), nor touches another's
+#: consumers, nor reads a bucket it has no use for (the verifiers' is verification's alone).
 PERMISSIONS: dict[str, tuple[list[str], list[str]]] = {
-    "rollout": ([*_JETSTREAM, "arena.rollout.>", "arena.sandbox.run.>", "arena.step.>", subjects.STEP_PACKS,
-                 "arena.verify.run",
-                 "arena.env.>", _KV.format(subjects.KV_ROLLOUTS), _KV.format(subjects.KV_BACKENDS),
-                 _KV.format(subjects.KV_VERIFIERS), _KV.format(subjects.KV_API_KEYS),
-                 _KV.format(subjects.KV_ENVIRONMENTS), _OBJECTS],
+    "rollout": ([*_jetstream("rollout"), "arena.rollout.>", "arena.sandbox.run.>", "arena.step.>",
+                 subjects.STEP_PACKS, "arena.verify.run", "arena.env.>"],
                 ["_INBOX.>", "arena.rollout.state.>"]),
     #: a multi-step task's step gate: it asks verification (arena.verify.step.*), the answer on _INBOX
-    "sandbox": ([*_JETSTREAM, "arena.sandbox.started.>", "arena.sandbox.done.>", "arena.verify.run",
-                 "arena.verify.step.>", _KV.format(subjects.KV_WORKERS), _OBJECTS],
+    "sandbox": ([*_jetstream("sandbox"), "arena.sandbox.started.>", "arena.sandbox.done.>", "arena.verify.run",
+                 "arena.verify.step.>"],
                 ["_INBOX.>", "arena.rollout.state.>", "arena.env.>"]),
     #: a rollout's state events: a verification the rollout no longer wants (it ended) is abandoned
     #: step gates in (arena.verify.step.*, answered on the asker's _INBOX), their grades kept for the final one
-    "verification": ([*_JETSTREAM, "arena.verify.done.>", _KV.format(subjects.KV_STEP_GRADES), _OBJECTS],
+    "verification": ([*_jetstream("verification"), "arena.verify.done.>"],
                      ["_INBOX.>", "arena.rollout.state.>", "arena.verify.step.>"]),
-    "trajectory": ([*_JETSTREAM, "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
-                    "arena.duel.done.>", _KV.format(subjects.KV_API_KEYS), _OBJECTS],
+    "trajectory": ([*_jetstream("trajectory"), "arena.trajectory.>", "arena.group.>", "arena.trainer.metrics.>",
+                    "arena.duel.done.>"],
                    ["_INBOX.>"]),
-    #: the web dashboard: live events in, the API keys' bucket read (JetStream API), nothing out
-    "dashboard": (["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"],
+    #: the web dashboard: live events in, the API keys' bucket read (and a sign-in token's key
+    #: purged when it is used), nothing out
+    "dashboard": (_jetstream("dashboard"),
                   ["_INBOX.>", "arena.rollout.state.>", "arena.trainer.metrics.>", "arena.duel.done.>"]),
     #: a trainer (``arena.stream.TrajectoryStream``) and a policy server registering itself
-    "trainer": ([*_JETSTREAM, _KV.format(subjects.KV_BACKENDS)], ["_INBOX.>", "arena.trainer.metrics.>"]),
-    #: people and tools: ``arena keys``, ``arena backend``, the embedded stack's own checks
+    "trainer": (_jetstream("trainer"), ["_INBOX.>", "arena.trainer.metrics.>"]),
+    #: people and tools: ``arena keys``, ``arena backend``, the topology step (``arena_stack.topology``:
+    #: it alone creates streams, buckets and stores), the embedded stack's own checks
     "admin": ([">"], [">"]),
-}
-
-
-
-
-def _private_bucket(bucket: str) -> list[str]:
-    """The JetStream API requests that read or destroy bucket ``bucket``'s entries (``$JS.API.>``,
-    which every service needs for its own streams, allows them otherwise)."""
-    stream = f"KV_{bucket}"
-    return [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>", f"$JS.API.STREAM.MSG.GET.{stream}",
-            f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>", f"$JS.API.STREAM.PURGE.{stream}",
-            f"$JS.API.STREAM.DELETE.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}"]
-
-
-_VERIFIERS = _private_bucket(subjects.KV_VERIFIERS)  # the hidden tests: rollout writes, verification reads
-_API_KEYS = _private_bucket(subjects.KV_API_KEYS)  # the keys' hashes: the APIs and the dashboard follow them
-_STEP_GRADES = _private_bucket(subjects.KV_STEP_GRADES)  # hidden tests' output: verification's own
-#: service -> what it may not publish although ``PERMISSIONS`` allows it (nats-server applies deny over allow)
-DENIED: dict[str, list[str]] = {
-    "sandbox": [*_VERIFIERS, *_API_KEYS, *_STEP_GRADES],
-    "verification": _API_KEYS,
-    "trajectory": [*_VERIFIERS, *_STEP_GRADES],
-    "dashboard": [*_VERIFIERS, *_STEP_GRADES],
-    "trainer": [*_VERIFIERS, *_API_KEYS, *_STEP_GRADES],
 }
 
 #: the user nats-servers of one cluster authenticate their routes with (not a client user)
@@ -135,9 +121,8 @@ def authorization_block(passwords: dict[str, str] | None = None, *, from_env: bo
     users = []
     for user, (publish, subscribe) in PERMISSIONS.items():
         password = f"${env_name(user)}" if from_env else json.dumps(passwords[user])
-        deny = f", deny: {json.dumps(DENIED[user])}" if user in DENIED else ""
         users.append(f"    {{user: {json.dumps(user)}, password: {password}, permissions: "
-                     f"{{publish: {{allow: {json.dumps(publish)}{deny}}}, subscribe: {{allow: {json.dumps(subscribe)}}}}}}}")
+                     f"{{publish: {{allow: {json.dumps(publish)}}}, subscribe: {{allow: {json.dumps(subscribe)}}}}}}}")
     return "authorization {\n  users = [\n" + ",\n".join(users) + "\n  ]\n}\n"
 
 
@@ -152,15 +137,57 @@ def with_user(url: str, user: str, password: str) -> str:
     return ",".join(out)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+#: compose's nats-server configuration and the NATS Helm chart's values, whose users this renders
+COMPOSE_CONF = ROOT / "deploy" / "images" / "nats" / "nats-server.conf"
+HELM_VALUES = ROOT / "deploy" / "k8s" / "nats" / "values.yaml"
+_HELM_USERS = "      users:\n"
+
+
+def helm_users() -> str:
+    """The NATS Helm chart's ``config.merge.authorization.users`` (deploy/k8s/nats/values.yaml):
+    natsauth's users, each password read from nats-server's environment (``env_name``)."""
+    lines = [_HELM_USERS]
+    for user, (publish, subscribe) in PERMISSIONS.items():
+        lines += [f"        - user: {user}\n", f"          password: << ${env_name(user)} >>\n",
+                  "          permissions:\n", f"            publish: {json.dumps({'allow': publish})}\n",
+                  f"            subscribe: {json.dumps({'allow': subscribe})}\n"]
+    return "".join(lines)
+
+
+def rendered() -> dict[Path, str]:
+    """Each generated file as it should be: the authorization block in compose's configuration,
+    the users in the Helm values (the rest of each file is kept as it is)."""
+    conf = COMPOSE_CONF.read_text()
+    start = conf.index("authorization {\n")
+    end = conf.index("\n}\n", start) + 3
+    values = HELM_VALUES.read_text()
+    first = values.index(_HELM_USERS)
+    last = values.index("\ncontainer:\n", first) + 1
+    return {COMPOSE_CONF: conf[:start] + authorization_block(from_env=True) + conf[end:],
+            HELM_VALUES: values[:first] + helm_users() + values[last:]}
+
+
 def main(argv: list[str]) -> int:
     """``env``: fresh passwords as ``ARENA_NATS_<USER>_PASSWORD=...`` lines (compose's ``.env``);
-    ``conf``: the authorization block reading them (deploy/images/nats/nats-server.conf)."""
+    ``conf``: the authorization block reading them (deploy/images/nats/nats-server.conf);
+    ``write``: that block into compose's configuration and the users into the Helm values;
+    ``check``: exit 1 if either differs from what ``write`` would make."""
     if argv == ["env"]:
         print("\n".join(f"{env_name(user)}={pw}" for user, pw in passwords().items() if user in PERMISSIONS))
     elif argv == ["conf"]:
         print(authorization_block(from_env=True), end="")
+    elif argv in (["write"], ["check"]):
+        stale = [path for path, text in rendered().items() if path.read_text() != text]
+        if argv == ["write"]:
+            for path in stale:
+                path.write_text(rendered()[path])
+        for path in stale:
+            print(f"{path.relative_to(ROOT)}: {'rewritten' if argv == ['write'] else 'out of date: python -m arena_stack.natsauth write'}",
+                  file=sys.stderr)
+        return 1 if stale and argv == ["check"] else 0
     else:
-        print("usage: python -m arena_stack.natsauth env|conf", file=sys.stderr)
+        print("usage: python -m arena_stack.natsauth env|conf|write|check", file=sys.stderr)
         return 2
     return 0
 

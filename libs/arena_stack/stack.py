@@ -25,7 +25,7 @@ import msgspec
 
 from arena_core import apikeys, subjects
 from arena_core.settings import Settings
-from arena_stack import natsauth, ports
+from arena_stack import natsauth, ports, topology
 from arena_stack.natsserver import DEFAULT_SYNC, NatsCluster, NatsServer, free_port, private_dir, wait_port
 
 _PR_SET_PDEATHSIG = 1
@@ -357,6 +357,8 @@ class Stack:
                 self.nats.start()
                 self._check_owner("nats-server", self.nats.port, self.nats.proc.pid)
                 self.log(f"nats-server     {self.nats.url} (pid {self.nats.proc.pid}, JetStream in {self.nats.store_dir})")
+            # the topology step, as the administrator: the services' users only bind to it
+            await topology.create(self.direct_nats_url(), self.settings.nats_replicas)
             if self.llm_script is not None:
                 backend = urlparse(self.settings.backend_url)
                 child = Child("scripted-llm", [sys.executable, "-m", "arena_stack.scripted_llm", "--script",

@@ -8,8 +8,8 @@ import sys
 
 import httpx
 
-from arena_core import apikeys, logs, metrics, subjects, telemetry
-from arena_core.bus import Bus
+from arena_core import access, apikeys, logs, metrics, subjects, telemetry
+from arena_core.bus import Bus, TopologyError
 from arena_core.runtime import freeze_startup, run, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 from arena_core.workers import Workers
@@ -31,7 +31,11 @@ async def main(settings: Settings) -> int:
     telemetry.setup("rollout", otlp_endpoint=settings.otlp_endpoint, otlp_protocol=settings.otlp_protocol)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "rollout")
-    await bus.ensure_topology()
+    try:  # the topology step (admin) created them: this service's user binds, never creates
+        await bus.bind_topology(access.SERVICES['rollout'].streams())
+    except TopologyError as exc:
+        await bus.close()
+        raise SystemExit(f"arena-rollout: {exc}") from None
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits) as http:
         router = Router()

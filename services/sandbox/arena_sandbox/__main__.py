@@ -7,10 +7,10 @@ import sys
 
 import msgspec
 
-from arena_core import capacity, logs, metrics, subjects, telemetry
+from arena_core import access, capacity, logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
-from arena_core.bus import Bus
+from arena_core.bus import Bus, TopologyError
 from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 
@@ -32,7 +32,11 @@ async def main(settings: Settings) -> int:
     providers = build_providers(settings)
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "sandbox")
-    await bus.ensure_topology()
+    try:  # the topology step (admin) created them: this service's user binds, never creates
+        await bus.bind_topology(access.SERVICES['sandbox'].streams())
+    except TopologyError as exc:
+        await bus.close()
+        raise SystemExit(f"arena-sandbox: {exc}") from None
     workers, pools = [], []
     for provider in providers:
         # Whatever a killed predecessor of this owner left; if the provider cannot be

@@ -12,8 +12,8 @@ import gc
 import logging
 import sys
 
-from arena_core import apikeys, logs, metrics, runtime, subjects, telemetry
-from arena_core.bus import Bus
+from arena_core import access, apikeys, logs, metrics, runtime, subjects, telemetry
+from arena_core.bus import Bus, TopologyError
 from arena_core.runtime import stop_on_signals
 from arena_core.settings import Settings
 from arena_trajectory.app import create_app
@@ -29,7 +29,11 @@ async def main(settings: Settings) -> int:
         await store.init()
         bus = await Bus.connect(settings.nats_url, "trajectory")
         try:
-            await bus.ensure_topology()
+            try:  # the topology step (admin) created them: this service's user binds, never creates
+                await bus.bind_topology(access.SERVICES['trajectory'].streams())
+            except TopologyError as exc:
+                await bus.close()
+                raise SystemExit(f"arena-trajectory: {exc}") from None
             return await serve(settings, bus, store)
         finally:
             await bus.close()

@@ -8,10 +8,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from arena_core import logs, metrics, subjects, telemetry
+from arena_core import access, logs, metrics, subjects, telemetry
 from arena_core.health import health_app
 from arena_core.scratch import Sweeper
-from arena_core.bus import Bus
+from arena_core.bus import Bus, TopologyError
 from arena_core.runtime import freeze_startup, serve, stop_on_signals
 from arena_core.settings import Settings, SettingsError
 from arena_core.sources import SourceCache, git_policy, unpack_limits
@@ -35,7 +35,11 @@ async def main(settings: Settings) -> int:
     stop = stop_on_signals()
     bus = await Bus.connect(settings.nats_url, "verification")
     try:
-        await bus.ensure_topology()
+        try:  # the topology step (admin) created them: this service's user binds, never creates
+            await bus.bind_topology(access.SERVICES['verification'].streams())
+        except TopologyError as exc:
+            await bus.close()
+            raise SystemExit(f"arena-verification: {exc}") from None
         sources = SourceCache(Path(settings.data_dir) / "verify-sources", bus=bus,
                               allow_paths=settings.allow_host_paths, docker_url=settings.docker_url,
                               limits=unpack_limits(settings), git=git_policy(settings),
