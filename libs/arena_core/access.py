@@ -44,6 +44,7 @@ class JetStreamAccess(msgspec.Struct, frozen=True, kw_only=True):
 
 _DEAD = "ARENA_DEAD"
 _ARTIFACTS = (subjects.OBJECT_ARTIFACTS,)
+_PRIVATE = (subjects.OBJECT_ARTIFACTS, subjects.OBJECT_PRIVATE)  # large verifiers: rollout writes, verification reads
 
 SERVICES: dict[str, JetStreamAccess] = {
     "rollout": JetStreamAccess(
@@ -55,7 +56,7 @@ SERVICES: dict[str, JetStreamAccess] = {
                   subjects.KV_WORKERS),
         kv_writes=(subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS, subjects.KV_API_KEYS,
                    subjects.KV_ENVIRONMENTS),
-        objects=_ARTIFACTS),
+        objects=_PRIVATE),
     "sandbox": JetStreamAccess(
         publishes=("ARENA_RESULTS", "ARENA_VERIFY_JOBS", _DEAD),
         consumers={"ARENA_SANDBOX_JOBS": (ANY,)},  # sandbox-{provider}
@@ -68,7 +69,7 @@ SERVICES: dict[str, JetStreamAccess] = {
         gets=("ARENA_RESULTS",),  # a rollout's sandbox outcome
         kv_reads=(subjects.KV_VERIFIERS, subjects.KV_STEP_GRADES),
         kv_writes=(subjects.KV_STEP_GRADES,),
-        objects=_ARTIFACTS),
+        objects=_PRIVATE),
     "trajectory": JetStreamAccess(
         publishes=("ARENA_TRAJECTORIES", _DEAD),
         consumers={"ARENA_STEPS": (subjects.CONSUMER_TRAJ_STEPS,),

@@ -259,18 +259,18 @@ class Bus:
                 except APIError as exc:
                     raise TopologyError(_replicas_refused(f"KV_{bucket}", replicas, exc)) from exc
             await self._scale(f"KV_{bucket}", replicas)
-        try:
-            await self.js.object_store(subjects.OBJECT_ARTIFACTS)
-        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+        for store in subjects.OBJECT_STORES:
             try:
-                await self.js.create_object_store(
-                    subjects.OBJECT_ARTIFACTS,
-                    config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE, replicas=replicas))
-            except ServiceUnavailableError:
-                raise
-            except APIError as exc:
-                raise TopologyError(_replicas_refused(f"OBJ_{subjects.OBJECT_ARTIFACTS}", replicas, exc)) from exc
-        await self._scale(f"OBJ_{subjects.OBJECT_ARTIFACTS}", replicas)
+                await self.js.object_store(store)
+            except (NotFoundError, nats.js.errors.BucketNotFoundError):
+                try:
+                    await self.js.create_object_store(
+                        store, config=jsapi.ObjectStoreConfig(storage=jsapi.StorageType.FILE, replicas=replicas))
+                except ServiceUnavailableError:
+                    raise
+                except APIError as exc:
+                    raise TopologyError(_replicas_refused(f"OBJ_{store}", replicas, exc)) from exc
+            await self._scale(f"OBJ_{store}", replicas)
         await self.bind_topology([spec.name for spec in subjects.STREAMS])
 
     async def bind_topology(self, streams: Sequence[str]) -> None:
@@ -320,10 +320,14 @@ class Bus:
 
     async def artifacts(self):
         """The object store ``arena_artifacts``, bound (never created)."""
+        return await self.objects(subjects.OBJECT_ARTIFACTS)
+
+    async def objects(self, store: str):
+        """The object store ``store`` (``subjects.OBJECT_STORES``), bound (never created)."""
         try:
-            return await self.js.object_store(subjects.OBJECT_ARTIFACTS)
+            return await self.js.object_store(store)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
-            raise self._missing(f"the object store {subjects.OBJECT_ARTIFACTS}") from None
+            raise self._missing(f"the object store {store}") from None
 
     # ----------------------------------------------------------------- publish
 

@@ -89,6 +89,11 @@ KV_STEP_GRADES = "arena_step_grades"
 #: Buckets whose entries expire (seconds, by the NATS server's clock).
 KV_TTL_S = {KV_WORKERS: 20.0, KV_STEP_GRADES: 3 * 86400.0}
 OBJECT_ARTIFACTS = "arena_artifacts"
+#: Tasks' private parts too large for their bucket (verifiers over ``private.INLINE_MAX``):
+#: written by rollout, read by verification only (``arena_core.access``), apart from the
+#: artifacts every service reads.
+OBJECT_PRIVATE = "arena_private"
+OBJECT_STORES = (OBJECT_ARTIFACTS, OBJECT_PRIVATE)
 #: Every KV bucket, as the topology step creates them (``Bus.ensure_topology``).
 KV_BUCKETS = (KV_ROLLOUTS, KV_BACKENDS, KV_VERIFIERS, KV_API_KEYS, KV_ENVIRONMENTS, KV_WORKERS, KV_STEP_GRADES)
 
@@ -246,7 +251,7 @@ def catalog() -> dict:
             "arena.env.{rollout_id}": "EnvRequest",
         },
         "kv_buckets": list(KV_BUCKETS),
-        "object_stores": [OBJECT_ARTIFACTS],
+        "object_stores": list(OBJECT_STORES),
         "msg_id": "{rollout_id}:{kind}:{seq}",
         "headers": {
             "Nats-Msg-Id": "de-duplication key",

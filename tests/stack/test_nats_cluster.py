@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPOLOGY = ([s.name for s in subjects.STREAMS]
             + [f"KV_{b}" for b in (subjects.KV_ROLLOUTS, subjects.KV_BACKENDS, subjects.KV_VERIFIERS)]
-            + [f"OBJ_{subjects.OBJECT_ARTIFACTS}"])
+            + [f"OBJ_{s}" for s in subjects.OBJECT_STORES])
 
 
 @pytest.fixture

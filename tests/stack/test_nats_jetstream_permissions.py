@@ -25,6 +25,7 @@ from arena_stack import natsauth, topology
 from arena_stack.natsserver import NatsServer
 
 VERIFIERS = f"KV_{subjects.KV_VERIFIERS}"
+PRIVATE = f"OBJ_{subjects.OBJECT_PRIVATE}"  # verifiers too large for their bucket
 
 
 @pytest.fixture
@@ -46,6 +47,7 @@ async def arena(server):
     admin = await nats.connect(natsauth.with_user(srv.url, "admin", secrets["admin"]))
     js = admin.jetstream()
     await (await js.key_value(subjects.KV_VERIFIERS)).put("abc", b'{"hidden": "the tests"}')
+    await (await js.object_store(subjects.OBJECT_PRIVATE)).put("verifiers/big", b"a large hidden test patch")
     await js.publish(subjects.rollout_state("r1"), b"{}")
     await js.add_consumer("ARENA_RESULTS", jsapi.ConsumerConfig(
         durable_name="rollout-results-verify", filter_subject="arena.verify.done.*", ack_policy=jsapi.AckPolicy.EXPLICIT))
@@ -127,6 +129,12 @@ async def test_a_sandbox_workers_credentials_cannot_destroy_streams_read_hidden_
                               _request(nc, f"$JS.API.CONSUMER.CREATE.{VERIFIERS}.steal.$KV.{subjects.KV_VERIFIERS}.>", watch))
         await sandbox.refused(f"$JS.API.CONSUMER.DURABLE.CREATE.{VERIFIERS}.steal",
                               _request(nc, f"$JS.API.CONSUMER.DURABLE.CREATE.{VERIFIERS}.steal", watch))
+        # a large hidden test, in the private object store: not even its existence
+        await sandbox.refused(f"$JS.API.STREAM.INFO.{PRIVATE}", nc.jetstream(timeout=30).object_store(subjects.OBJECT_PRIVATE))
+        await sandbox.refused(f"$JS.API.CONSUMER.CREATE.{PRIVATE}", _request(nc, f"$JS.API.CONSUMER.CREATE.{PRIVATE}", {
+            "stream_name": PRIVATE, "config": {"deliver_subject": "_INBOX.steal", "ack_policy": "none"}}))
+        await sandbox.refused(f"$JS.API.DIRECT.GET.{PRIVATE}", _request(nc, f"$JS.API.DIRECT.GET.{PRIVATE}", {"seq": 1}))
+        await sandbox.refused(f"$JS.API.STREAM.PURGE.{PRIVATE}", _request(nc, f"$JS.API.STREAM.PURGE.{PRIVATE}"))
         # the bucket's own subjects, as a core subscription: refused too (subscribe permissions)
         await nc.subscribe(f"$KV.{subjects.KV_VERIFIERS}.>")
         await sandbox.refused(f"$KV.{subjects.KV_VERIFIERS}.>", nc.flush())
@@ -142,6 +150,7 @@ async def test_a_sandbox_workers_credentials_cannot_destroy_streams_read_hidden_
     assert {s.name for s in subjects.STREAMS} | {VERIFIERS} <= names and "EVIL" not in names
     assert (await ajs.stream_info("ARENA_ROLLOUTS")).state.messages == 1
     assert (await (await ajs.key_value(subjects.KV_VERIFIERS)).get("abc")).value == b'{"hidden": "the tests"}'
+    assert (await (await ajs.object_store(subjects.OBJECT_PRIVATE)).get("verifiers/big")).data == b"a large hidden test patch"
     assert (await ajs.stream_info("ARENA_RESULTS")).state.messages == 0  # no verdict
     assert (await ajs.consumer_info("ARENA_RESULTS", "rollout-results-verify")).name == "rollout-results-verify"
     assert (await ajs.stream_info("ARENA_RESULTS")).config.subjects == next(
@@ -173,11 +182,12 @@ def test_the_rendered_permissions_allow_no_stream_administration_to_a_service():
                           "STREAM.SNAPSHOT", "STREAM.RESTORE", "SERVER.", "ACCOUNT."):
             assert not any(s.startswith(f"$JS.API.{forbidden}") for s in publish), (user, forbidden)
         purges = {s for s in publish if s.startswith("$JS.API.STREAM.PURGE.")}
-        assert purges <= {f"$JS.API.STREAM.PURGE.OBJ_{subjects.OBJECT_ARTIFACTS}",
+        assert purges <= {f"$JS.API.STREAM.PURGE.OBJ_{subjects.OBJECT_ARTIFACTS}", f"$JS.API.STREAM.PURGE.{PRIVATE}",
                           f"$JS.API.STREAM.PURGE.KV_{subjects.KV_API_KEYS}"}, (user, purges)
         reads_verifiers = any(VERIFIERS in s for s in publish if s.startswith(("$JS.API.DIRECT", "$JS.API.STREAM.MSG",
                                                                               "$JS.API.CONSUMER")))
         assert reads_verifiers == (user == "verification"), user
+        assert any(PRIVATE in s for s in publish) == (user in ("rollout", "verification")), user
 
 
 @pytest.mark.parametrize("user", [u for u in access.SERVICES])
@@ -218,6 +228,7 @@ async def test_a_service_works_its_own_consumer_and_publishes_its_own_results(ar
         await sandbox.publish(subjects.sandbox_done("r1"), b"{}", msg_id="r1:done:0")
         await verifier.bind_topology(access.SERVICES["verification"].streams())
         assert (await (await verifier.kv(subjects.KV_VERIFIERS)).get("abc")).value == b'{"hidden": "the tests"}'
+        assert (await (await verifier.objects(subjects.OBJECT_PRIVATE)).get("verifiers/big")).data.startswith(b"a large")
         assert (await verifier.js.get_last_msg("ARENA_RESULTS", subjects.sandbox_done("r1"))).data == b"{}"
         await verifier.publish(subjects.verify_done("r1"), b"{}", msg_id="r1:verify:0")
     finally:
