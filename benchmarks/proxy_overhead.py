@@ -198,7 +198,10 @@ def pct(values: list[float], q: float) -> float:
 def start_arena(tmp: Path, backend_url: str) -> tuple[list, str, dict]:
     from arena_stack.natsserver import NatsServer
 
+    from arena_stack import topology
+
     nats = NatsServer(tmp / "nats").start()
+    asyncio.run(topology.create(nats.url))  # the streams and buckets, as `arena up` makes them first
     port = free_port()
     env = {**os.environ, "ARENA_NATS_URL": nats.url, "ARENA_ROLLOUT_PORT": str(port), "ARENA_BACKEND_URL": backend_url,
            "ARENA_PUBLIC_URL": f"http://127.0.0.1:{port}", "ARENA_DATA_DIR": str(tmp / "data"),

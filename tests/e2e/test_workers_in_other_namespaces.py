@@ -22,6 +22,7 @@ from arena.tasks import load_task
 from arena_core import apikeys
 from arena_core.bus import Bus
 from arena_core.schemas import RolloutState
+from arena_stack import topology
 from arena_stack.natsserver import NatsServer, free_port, wait_port
 from arena_stack.stack import Child
 
@@ -80,6 +81,7 @@ async def test_workers_in_their_own_namespaces_run_a_group_through_nats_alone(tm
     nats = NatsServer(tmp_path / "nats", sync="1s", host="0.0.0.0").start()
     children: list[Child] = []
     try:
+        await topology.create(nats.url)  # the topology step, as `arena up` runs it before its services
         with Namespace(1) as sandbox_ns, Namespace(2) as verify_ns:
             rollout_port, trajectory_port = free_port(), free_port()
             host_env = {**os.environ, "ARENA_NATS_URL": nats.url, "ARENA_AUTH": "keys", "PYTHONUNBUFFERED": "1",

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from arena_core import subjects  # noqa: E402
 from arena_core.bus import Bus  # noqa: E402
+from arena_stack import topology  # noqa: E402
 from arena_stack.natsserver import free_port, wait_port  # noqa: E402
 from arena_rl.model import completion_logprobs, new_policy, save_checkpoint, to_blob  # noqa: E402
 from arena_rl.tokenizer import CharTokenizer  # noqa: E402
@@ -26,6 +27,7 @@ TOK = CharTokenizer(alphabet="0123456789")
 
 @pytest.fixture
 def policy_server(tmp_path, nats_server):
+    asyncio.run(topology.create(nats_server.url))  # the backends' bucket: what `arena up` makes first
     model = new_policy(TOK, seed=1, d_model=32, n_layers=1, max_len=32).eval()
     ckpt = save_checkpoint(tmp_path / "p.pt", model, TOK, 0)
     port = free_port()

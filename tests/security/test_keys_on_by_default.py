@@ -4,6 +4,7 @@ refuses a request without one, and ``ARENA_AUTH=off`` is said out loud at every 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import httpx
 
 from arena_core import apikeys
 from arena_core.settings import Settings
+from arena_stack import topology
 from arena_stack.natsserver import free_port
 
 
@@ -79,6 +81,7 @@ async def test_a_service_with_default_settings_refuses_a_request_without_a_key(n
 
 
 def test_auth_off_is_a_warning_at_every_start_even_on_loopback(nats_server, tmp_path):
+    asyncio.run(topology.create(nats_server.url))  # what `arena up` does before its services
     for start in (1, 2):
         proc, base, log = start_rollout(nats_server.url, tmp_path, ARENA_AUTH="off", ARENA_HOST="127.0.0.1")
         try:
