@@ -736,6 +736,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", default=os.environ.get("ARENA_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS (default $ARENA_NATS_URL or %(default)s)")
     p.set_defaults(func=cmd_keys)
+    p = sub.add_parser("projects", parents=[stack],
+                       help="projects' quotas and priorities of the sandbox slots (set: an admin key; list)")
+    p.add_argument("action", choices=["set", "list"])
+    p.add_argument("name", nargs="?", help="set: the project")
+    p.add_argument("--max-sandboxes", type=int, help="set: sandboxes it holds at once at most (0: no limit of its own)")
+    p.add_argument("--max-queued", type=int, help="set: rollouts it may have waiting; beyond, 429 (0: no limit of its own)")
+    p.add_argument("--priority", choices=["high", "normal", "low"], help="set: its class, served before the lower ones")
+    p.add_argument("--weight", type=float, help="set: its fair share of the slots within its class (> 0)")
+    p.set_defaults(func=cmd_projects)
     p = sub.add_parser("track", help="follow the trainer stream and log each completed group's rewards, pass rate, "
                                      "tokens and infrastructure outcomes to W&B, MLflow or TensorBoard")
     p.add_argument("--to", choices=["wandb", "mlflow", "tensorboard"], required=True)
@@ -1005,6 +1014,27 @@ def cmd_keys(args) -> int:
             await bus.close()
 
     return asyncio.run(run())
+
+
+def cmd_projects(args) -> int:
+    """``arena projects set NAME ...`` / ``arena projects list`` through the rollout API (docs/projects.md)."""
+    with _client(args) as client:
+        if args.action == "set":
+            if not args.name:
+                raise ArenaError("projects set needs the project's name: arena projects set NAME --max-sandboxes N ...")
+            q = client.set_project(args.name, max_sandboxes=args.max_sandboxes, max_queued=args.max_queued,
+                                   priority=args.priority, weight=args.weight)
+            print(f"project {q['project']}: max sandboxes {q['max_sandboxes'] or 'unlimited'}, max queued "
+                  f"{q['max_queued'] or 'unlimited'}, priority {q['priority']}, weight {q['weight']:g}")
+            return 0
+        rows = client.projects()["projects"]
+        print(f"{'project':20s} {'priority':8s} {'weight':>7s} {'max sandboxes':>13s} {'max queued':>10s} "
+              f"{'sandboxes':>9s} {'waiting':>7s}")
+        for q in rows:
+            print(f"{q['project']:20s} {q['priority']:8s} {q['weight']:7g} {q['max_sandboxes'] or '-':>13} "
+                  f"{q['max_queued'] or '-':>10} {q['sandboxes']:9d} {q['waiting']:7d}"
+                  + ("" if q["stored"] else "  (defaults)"))
+        return 0
 
 
 def cmd_track(args) -> int:

@@ -234,6 +234,18 @@ class ArenaClient:
         body = self._call(self._http, "GET", "/v1/rollouts", params=params)
         return msgspec.convert(body["rollouts"], list[RolloutView])
 
+    def projects(self) -> dict:
+        """Projects' quotas and priorities and what each holds now (``GET /v1/projects``): every
+        project for an admin key, the key's own for a project's key. docs/projects.md."""
+        return self._call(self._http, "GET", "/v1/projects")
+
+    def set_project(self, project: str, *, max_sandboxes: int | None = None, max_queued: int | None = None,
+                    priority: str | None = None, weight: float | None = None) -> dict:
+        """Set a project's quotas and priority (an admin key); ``None`` keeps the stored value."""
+        fields = {k: v for k, v in (("max_sandboxes", max_sandboxes), ("max_queued", max_queued),
+                                    ("priority", priority), ("weight", weight)) if v is not None}
+        return self._call(self._http, "PUT", f"/v1/projects/{project}", json=fields)
+
     def cancel(self, rollout_id: str) -> RolloutView:
         return self._call(self._http, "POST", f"/v1/rollouts/{rollout_id}/cancel", RolloutView)
 

@@ -42,6 +42,8 @@ OWN_KEYS = ("/proxy/", "/judge/")
 OPENENV_KEYED = "/openenv/k/"
 #: A bundle's bytes, ``GET /v1/bundles/{digest}/archive``: the ``submit`` scope (:func:`scope_for`).
 BUNDLES, BUNDLE_ARCHIVE = "/v1/bundles/", "/archive"
+#: ``PUT /v1/projects/{project}``, a project's quotas: the ``admin`` scope (:func:`scope_for`).
+PROJECTS = "/v1/projects/"
 #: Where ``KeyGuard`` leaves the record of the key that called (an ASGI scope extension):
 #: routes read it with :func:`caller` to record and check who owns what (``arena_core.owners``).
 CALLER = "arena.api_key"
@@ -136,7 +138,8 @@ async def listing(bus) -> list[ApiKey]:
         ids = await kv.keys()
     except Exception:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
         return []
-    records = [msgspec.json.decode((await kv.get(i)).value, type=ApiKey) for i in ids]
+    # projects' quotas live beside the keys under their own prefix (arena_core.quotas)
+    records = [msgspec.json.decode((await kv.get(i)).value, type=ApiKey) for i in ids if "." not in i]
     return sorted(records, key=lambda r: r.created_at)
 
 
@@ -262,11 +265,14 @@ def key_id_of(key: str) -> str | None:
 def scope_for(method: str, path: str) -> Scope | None:
     """The scope a request needs; None for a public route or one with its own keys. A bundle's
     bytes (``GET /v1/bundles/{digest}/archive``) need ``submit``, the scope that uploads them: a
-    task's files, hidden tests included, are not for read-only keys (dashboard sessions)."""
+    task's files, hidden tests included, are not for read-only keys (dashboard sessions). Setting
+    a project's quotas (``PUT /v1/projects/{project}``) needs ``admin``."""
     if path in PUBLIC_PATHS or path.startswith(OWN_KEYS):
         return None
     if path.startswith(BUNDLES) and path.endswith(BUNDLE_ARCHIVE):
         return "submit"
+    if path.startswith(PROJECTS) and method not in ("GET", "HEAD", "OPTIONS"):
+        return "admin"  # a project's quotas and priority (docs/projects.md)
     return "read" if method in ("GET", "HEAD", "OPTIONS") else "submit"
 
 
@@ -323,6 +329,8 @@ class KeyRing:
 
     async def watch(self, kv, stop: asyncio.Event) -> None:
         def on_entry(entry) -> None:
+            if "." in entry.key:  # not a key: a project's quotas (``projects.<name>``, arena_core.quotas)
+                return
             if entry.value is None or entry.operation is not None:  # deleted or purged
                 self.keys.pop(entry.key, None)
                 return

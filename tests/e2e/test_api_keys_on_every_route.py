@@ -80,7 +80,8 @@ async def test_every_route_needs_a_key_of_its_scope(tmp_path):
                         return await http.request(method, url, headers=headers, params=params, json={})
 
                     needed = apikeys.scope_for(method, path)
-                    wrong, right = (submitter, reader) if needed == "read" else (reader, submitter)
+                    wrong, right = {"read": (submitter, reader), "admin": (submitter, admin)}.get(
+                        needed, (reader, submitter))
                     for key, expected in ((None, 401), ("ak_nope_secret", 401), (gone, 401), (wrong, 403)):
                         resp = await call(key)
                         assert resp.status_code == expected, (method, path, key and key[:10], resp.status_code)

@@ -205,7 +205,8 @@ class Case:
 
 def fill(world: World, path: str) -> str:
     ids = {"rollout_id": world.alpha_rollouts[0], "group_id": world.alpha_groups[0], "duel_id": world.alpha["duel"],
-           "digest": world.alpha["bundle"], "name": world.alpha["env"], "job_id": world.alpha["job"]}
+           "digest": world.alpha["bundle"], "name": world.alpha["env"], "job_id": world.alpha["job"],
+           "project": "alpha"}
     return re.sub(r"\{([^}]+)\}", lambda m: ids[m.group(1)], path)
 
 
@@ -237,6 +238,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/bundles/{digest}"): Case(OBJECT),
     ("GET", "/v1/bundles/{digest}/archive"): Case(OBJECT),
     ("GET", "/v1/environments"): Case(LISTING),
+    # projects' quotas: a project's key lists its own project's; setting them needs an admin key
+    ("GET", "/v1/projects"): Case(LISTING),
+    ("PUT", "/v1/projects/{project}"): Case(CREATE, lambda w, who: {"json": {"weight": 2}}, created=403),
     ("GET", "/v1/environments/{name}"): Case(OBJECT),
     ("PUT", "/v1/environments/{name}"): Case(CREATE, lambda w, who: {"json": {"task": external_task(w)}},
                                              created=200, cleanup="/v1/environments/{name}"),

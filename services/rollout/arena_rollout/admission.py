@@ -22,13 +22,15 @@ class Reservation:
     """Queue places admitted to one submission, given back one by one (:meth:`release`) as its
     rollouts are created or fail; whatever is left goes back on :meth:`close` (``with``)."""
 
-    def __init__(self, admission: Admission, places: int):
-        self.admission, self.left = admission, places
+    def __init__(self, admission: Admission, places: int, project: str | None = None):
+        self.admission, self.left, self.project = admission, places, project
 
     def release(self, places: int = 1) -> None:
         places = min(places, self.left)
         self.left -= places
         self.admission.reserved -= places
+        if self.project is not None:
+            self.admission.reserved_by[self.project] -= places
 
     def close(self) -> None:
         self.release(self.left)
@@ -60,6 +62,8 @@ class Admission:
         self.min_samples = min_samples
         #: places admitted whose rollouts are not in the queue count yet
         self.reserved = 0
+        #: the same, per project (a project's own queue limit, docs/projects.md)
+        self.reserved_by: dict[str, int] = {}
         self._left: deque[float] = deque()
         self._holds: deque[tuple[float, float]] = deque()  # (when, seconds a sandbox was held)
 
@@ -68,7 +72,8 @@ class Admission:
         self._left.append(time.monotonic() if now is None else now)
 
     def released_sandbox(self, held_s: float, now: float | None = None) -> None:
-        """A rollout's sandbox ended after ``held_s`` seconds (its slot is free again)."""
+        """A rollout's sandbox slot is free again after ``held_s`` seconds: held from when the
+        rollout left the queue for a worker (``provisioning``) to its sandbox's end."""
         self._holds.append((time.monotonic() if now is None else now, max(held_s, 0.0)))
 
     def drain_rate(self, now: float | None = None) -> float | None:
@@ -91,14 +96,38 @@ class Admission:
         return max(sum(h for _, h in self._holds) / len(self._holds), 0.1)
 
     def reserve(self, *, queued: int, adding: int, now: float | None = None, slots: int | None = None,
-                running: int = 0, hold_s: float | None = None) -> Reservation:
+                running: int = 0, hold_s: float | None = None, project: str | None = None,
+                project_queued: int = 0, project_max_queued: int = 0,
+                project_slots: int | None = None) -> Reservation:
         """Admit ``adding`` rollouts behind ``queued`` (and the places reserved already) and
         reserve their places, or raise ``Overloaded``. Synchronous on purpose: nothing else
-        runs between the decision and the reservation."""
+        runs between the decision and the reservation. ``project``: whose submission it is;
+        with ``project_max_queued`` (its own queue limit, 0: none), ``project_queued`` of its
+        rollouts waiting already (plus its reservations) bound it too."""
+        if project is not None and project_max_queued:
+            self.check_project(project, queued=project_queued + self.reserved_by.get(project, 0), adding=adding,
+                               max_queued=project_max_queued, slots=project_slots or slots, now=now, hold_s=hold_s)
         self.check(queued=queued + self.reserved, adding=adding, now=now, slots=slots, running=running,
                    hold_s=hold_s)
         self.reserved += adding
-        return Reservation(self, adding)
+        if project is not None:
+            self.reserved_by[project] = self.reserved_by.get(project, 0) + adding
+        return Reservation(self, adding, project)
+
+    def check_project(self, project: str, *, queued: int, adding: int, max_queued: int, slots: int | None,
+                      now: float | None = None, hold_s: float | None = None) -> None:
+        """Raise ``Overloaded`` naming the project's own limit when ``adding`` more of its rollouts
+        behind its ``queued`` would exceed ``max_queued``; ``Retry-After``: when enough of its
+        queue will have started (``slots``: the sandboxes it may hold at once)."""
+        if queued + adding <= max_queued:
+            return
+        measured = self.hold_s(now)
+        hold = measured if measured is not None else (hold_s or 1.0)
+        excess = queued + adding - max_queued
+        wait = excess * hold / max(slots or 1, 1)
+        raise Overloaded(f"project {project!r} has {queued} rollouts waiting for a sandbox and may queue at most "
+                         f"{max_queued} (its max_queued; `arena projects set {project} --max-queued N`): "
+                         f"{adding} more would exceed it", retry_after=_seconds(wait))
 
     def check(self, *, queued: int, adding: int, now: float | None = None, slots: int | None = None,
               running: int = 0, hold_s: float | None = None) -> None:

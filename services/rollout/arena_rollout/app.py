@@ -20,9 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from arena_core import apikeys, health, openapi, owners, sources, subjects
+from arena_core import apikeys, health, openapi, owners, quotas, sources, subjects
 from arena_core.bodies import decode_body
-from arena_core.errors import ArenaError, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
+from arena_core.errors import ArenaError, Forbidden, InvalidRequest, NotFound, Overloaded, PayloadTooLarge
 from arena_core.schemas import (
     ID_PATTERN,
     DuelSubmitted,
@@ -250,6 +250,43 @@ def create_app(service: RolloutService) -> RolloutApp:
         if group_id is not None:
             records = [r for r in records if r.group_id == group_id]
         return json_response({"rollouts": [view(r) for r in records]})
+
+    @app.get("/v1/projects", responses={200: openapi.answer(obj)})
+    async def list_projects(request: Request) -> Response:
+        """Projects' quotas and priorities (docs/projects.md) and what each holds now: an admin key
+        sees every project (those with settings stored, and those with live rollouts), a project's
+        key its own project's (its settings, or the defaults)."""
+        return json_response({"projects": await service.quota_listing(caller=apikeys.caller(request.scope)),
+                              "defaults": msgspec.to_builtins(quotas.defaults("any"))})
+
+    @app.put("/v1/projects/{project}", responses={200: openapi.answer(obj), **openapi.errors(403)},
+             openapi_extra=openapi.request_body_schema(obj))
+    async def set_project(request: Request, project: str = Path(..., max_length=64)) -> Response:
+        """Set a project's quotas and priority (an admin key): ``max_sandboxes``, ``max_queued``
+        (0: no limit of its own), ``priority`` (high, normal, low), ``weight`` (> 0); fields left
+        out keep their stored value (or the default)."""
+        body = await request.body()
+        try:
+            fields = msgspec.json.decode(body or b"{}")
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"the body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise InvalidRequest("the body is a JSON object of max_sandboxes, max_queued, priority, weight")
+        unknown = sorted(set(fields) - {"max_sandboxes", "max_queued", "priority", "weight"})
+        if unknown:
+            raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}: max_sandboxes, max_queued, priority, "
+                                 "weight are a project's settings")
+        caller = apikeys.caller(request.scope)
+        if caller is not None and "admin" not in caller.scopes:
+            raise Forbidden("setting a project's quotas needs an admin key")
+        try:
+            apikeys.check_project(project)
+            current = await quotas.get(service.bus, project)
+            quota = msgspec.convert({**msgspec.to_builtins(current), **fields, "project": project},
+                                    quotas.ProjectQuota)
+        except (ValueError, msgspec.ValidationError) as exc:
+            raise InvalidRequest(str(exc)) from None
+        return json_response(msgspec.to_builtins(await service.set_quota(quota, caller=caller)))
 
     @app.get("/v1/rollouts/{rollout_id}", responses=one, operation_id="get_rollout")
     async def get_rollout(request: Request, rollout_id: str = rid) -> Response:

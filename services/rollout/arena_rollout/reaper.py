@@ -188,5 +188,14 @@ class Reaper:
         return ended
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Sweep every ``interval_s`` until ``stop``; an error is logged, never fatal."""
-        await every(stop, self.interval_s, self.sweep, what="reaper sweep")
+        """Sweep every ``interval_s`` until ``stop``; an error is logged, never fatal. A lifecycle
+        with a scheduler (``dispatch``) is asked to start what the free slots take at each sweep
+        too: slots another replica gave back, new workers, changed quotas (docs/projects.md)."""
+        dispatch = getattr(self.lifecycle, "dispatch", None)
+
+        async def sweep() -> None:
+            await self.sweep()
+            if dispatch is not None and self.records.watching:
+                await dispatch()
+
+        await every(stop, self.interval_s, sweep, what="reaper sweep")

@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import httpx
 import msgspec
 
-from arena_core import metrics, owners, private, sources, subjects, telemetry
+from arena_core import metrics, owners, private, quotas, sources, subjects, telemetry
 from arena_core.apikeys import ApiKey
 from arena_core.bus import Bus, Delivery
-from arena_core.errors import Conflict, InvalidRequest, NotFound, Retryable, Unauthorized
+from arena_core.errors import Conflict, Forbidden, InvalidRequest, NotFound, Retryable, Unauthorized
 from arena_core.schemas import (
     LABEL_DUEL,
     LABEL_DUEL_POLICY,
@@ -54,7 +54,7 @@ from arena_core.schemas import (
 )
 from arena_core.settings import Settings
 
-from arena_rollout import groups, state
+from arena_rollout import groups, scheduler, state
 from arena_rollout.admission import Admission, Reservation
 from arena_rollout.proxy.backends import default_replica
 from arena_rollout.reaper import verifier_budget_s
@@ -304,6 +304,14 @@ class RolloutService:
         self.upstream = upstream if upstream is not None else UpstreamClient()
         self.proxy = ProxyHandler(bus=bus, store=store, lifecycle=self, router=self.router, http=self.upstream)
         self.admission = Admission(queue_timeout_s=settings.queue_timeout_s, max_queued=settings.max_queued)
+        #: projects' quotas and priorities (arena_core.quotas), read from the keys bucket
+        self.quotas = quotas.Quotas(bus)
+        #: sandbox-seconds each project used in slots given back (the fair share's memory)
+        self.usage = scheduler.Usage()
+        self._dispatching = False
+        self._dispatch_again = False
+        self._dispatch_task: asyncio.Task | None = None
+        self._recovered = False
 
     # ------------------------------------------------------------------ submission
 
@@ -311,26 +319,43 @@ class RolloutService:
         """Rollouts waiting for their sandbox (``pending``, ``provisioning``), as the cache sees them."""
         return sum(1 for r in self.store.cache.live() if r.state in QUEUED)
 
-    def admit(self, adding: int, wall_clock_s: float) -> Reservation:
+    def admit(self, adding: int, wall_clock_s: float, quota: quotas.ProjectQuota | None = None) -> Reservation:
         """Admit ``adding`` rollouts of a task with this wall clock, or raise ``Overloaded``
         (429): one step with the queue count (admission.py). Release a place as each rollout
-        is created (``Reservation.release``); ``with`` gives back what is left."""
+        is created (``Reservation.release``); ``with`` gives back what is left. ``quota``: the
+        submitting project's (its own queue limit, docs/projects.md).
+
+        With the sandbox slots known, the queue is the rollouts still ``pending`` (the
+        scheduler moves one to ``provisioning`` only when a slot is free for it) and the busy
+        slots those ``provisioning`` or ``running``."""
         live = self.store.cache.live()
-        queued = sum(1 for r in live if r.state in QUEUED)
-        running = sum(1 for r in live if r.state == S.RUNNING)
         slots = self.workers.slots() if self.workers is not None else None
+        if slots:
+            queued = sum(1 for r in live if r.state == S.PENDING)
+            running = sum(1 for r in live if r.state in scheduler.HOLDING)
+        else:
+            queued = sum(1 for r in live if r.state in QUEUED)
+            running = sum(1 for r in live if r.state == S.RUNNING)
+        if quota is None:
+            return self.admission.reserve(queued=queued, adding=adding, slots=slots, running=running,
+                                          hold_s=wall_clock_s)
+        mine = sum(1 for r in live if r.project == quota.project and r.state == S.PENDING)
         return self.admission.reserve(queued=queued, adding=adding, slots=slots, running=running,
-                                      hold_s=wall_clock_s)
+                                      hold_s=wall_clock_s, project=quota.project, project_queued=mine,
+                                      project_max_queued=quota.max_queued,
+                                      project_slots=quota.max_sandboxes or slots)
 
     async def submit(self, req: SubmitRolloutRequest, *, caller: ApiKey | None = None) -> RolloutRecord:
         """``caller``: the key that submits (``None`` with keys off); the rollout records it as owner."""
-        with self.admit(1, req.task.budget.wall_clock_s):
+        quota = await self.quotas.of(owners.project_of(caller))
+        with self.admit(1, req.task.budget.wall_clock_s, quota):
             req, private = await self._accept(req, project=owners.project_of(caller))
             return await self._create(req, private, group_id=None, index=0, size=1, sampling=req.sampling,
                                       owner=owners.owner_of(caller), project=owners.project_of(caller))
 
     async def submit_group(self, req: SubmitGroupRequest, *, caller: ApiKey | None = None) -> GroupSubmitted:
-        with self.admit(req.n, req.task.budget.wall_clock_s) as held:
+        quota = await self.quotas.of(owners.project_of(caller))
+        with self.admit(req.n, req.task.budget.wall_clock_s, quota) as held:
             req, private = await self._accept(req, project=owners.project_of(caller))
             return await self._submit_members(req, private, owner=owners.owner_of(caller),
                                               project=owners.project_of(caller), held=held)
@@ -343,7 +368,8 @@ class RolloutService:
             replicas=[s.replica for s in self.router.replicas.values()])
         if problems:
             raise InvalidRequest("; ".join(problems))
-        with self.admit(2 * req.n, req.task.budget.wall_clock_s) as held:
+        quota = await self.quotas.of(owners.project_of(caller))
+        with self.admit(2 * req.n, req.task.budget.wall_clock_s, quota) as held:
             return await self._submit_duel(req, owner=owners.owner_of(caller), project=owners.project_of(caller),
                                            held=held)
 
@@ -491,17 +517,152 @@ class RolloutService:
             msg_id=subjects.msg_id(rid, "submitted"),
         )
         await self._publish_state(record, None)
-        after = await self.transition(rid, S.PROVISIONING, reason=f"sandbox job queued for provider {req.provider}")
+        log.info("rollout submitted", extra={"rollout_id": rid, "group_id": group_id})
+        if self.store.cache.watching:
+            await self.dispatch()  # it starts now if a slot is free for it (scheduler.py)
+        else:  # no view of the queue (the cache is not following the bucket): straight to the sandbox plane
+            await self._start(record)
+        return self.store.cache.get(rid) or (await self.store.get(rid))[0]
+
+    # ------------------------------------------------------------------ projects' quotas
+
+    async def set_quota(self, quota: quotas.ProjectQuota, *, caller: ApiKey | None) -> quotas.ProjectQuota:
+        """Store a project's quotas and priority (an admin key only; keys off: anyone). Every
+        replica uses them within ``Quotas.ttl_s``; this one at once, and starts what they let start."""
+        if caller is not None and "admin" not in caller.scopes:
+            raise Forbidden(f"API key {caller.key_id} ({caller.name}) may not set projects' quotas: "
+                            "that needs an admin key")
+        try:
+            stored = await quotas.put(self.bus, quota)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        self.quotas.remember(stored)
+        self.kick()
+        return stored
+
+    async def quota_listing(self, *, caller: ApiKey | None) -> list[dict]:
+        """Each project's quotas (stored, or the defaults) with what it holds now: its rollouts
+        waiting for a sandbox and the sandboxes it holds. A project's key sees its own project's."""
+        stored = {q.project: q for q in await quotas.listing(self.bus)}
+        live = self.store.cache.live()
+        names = set(stored) | {r.project for r in live}
+        if caller is not None and "admin" not in caller.scopes:
+            names = {caller.project}
+        out = []
+        for name in sorted(names):
+            quota = stored.get(name) or quotas.defaults(name)
+            out.append({**msgspec.to_builtins(quota),
+                        "waiting": sum(1 for r in live if r.project == name and r.state == S.PENDING),
+                        "sandboxes": sum(1 for r in live if r.project == name and r.state in scheduler.HOLDING),
+                        "stored": name in stored})
+        return out
+
+    # ------------------------------------------------------------------ the scheduler
+
+    def provider_slots(self, provider: str) -> int | None:
+        """Sandboxes the live workers of ``provider`` run at once (``None``: unknown)."""
+        if self.workers is None:
+            return None
+        from arena_core.workers import STALE_S
+
+        now = time.monotonic()
+        per_worker: dict[str, int] = {}
+        for key, info in self.workers.entries.items():
+            if info.provider == provider and now - self.workers.seen.get(key, -1e9) < STALE_S:
+                per_worker[info.worker] = max(per_worker.get(info.worker, 0), info.slots)
+        return sum(per_worker.values()) or None
+
+    async def dispatch(self) -> None:
+        """Start the waiting rollouts the free slots take, chosen by priority class and weighted
+        fair share (scheduler.py): each moves ``pending`` -> ``provisioning`` by compare-and-set
+        (one replica wins; a rollout cancelled meanwhile stays cancelled), then its sandbox job
+        is published (de-duplicated by its message id). One pass at a time per process; a call
+        meanwhile makes the running pass look again when it ends. Called at each submission,
+        each slot given back, and every second by the reaper (other replicas' changes, new
+        workers, changed quotas)."""
+        if self._dispatching:
+            self._dispatch_again = True
+            return
+        self._dispatching = True
+        try:
+            if not self._recovered:
+                await self._republish_unstarted()
+            for _ in range(1000):
+                self._dispatch_again = False
+                started = await self._dispatch_pass()
+                if not started and not self._dispatch_again:
+                    break
+        finally:
+            self._dispatching = False
+
+    def kick(self) -> None:
+        """``dispatch`` soon, without waiting for it (a slot was given back)."""
+        if self._dispatching:
+            self._dispatch_again = True
+        elif self._dispatch_task is None or self._dispatch_task.done():
+            self._dispatch_task = asyncio.get_running_loop().create_task(self.dispatch())
+
+    async def _dispatch_pass(self) -> int:
+        live = self.store.cache.live()  # empty until the cache's watch caught up: nothing starts before
+        pending = [r for r in live if r.state == S.PENDING]
+        if not pending:
+            return 0
+        for name in {r.project for r in pending} | {r.project for r in live if r.state in scheduler.HOLDING}:
+            await self.quotas.of(name)  # fresh within its ttl; nothing below awaits before the choice
+        live = self.store.cache.live()
+        slots = self.workers.slots() if self.workers is not None else None
+        order = scheduler.plan(live, quotas=self.quotas.cached, slots=slots, provider_slots=self.provider_slots,
+                               usage=self.usage, mean_hold_s=self.admission.hold_s() or 1.0)
+        started = 0
+        for record in order:
+            if await self._start(record):
+                started += 1
+        return started
+
+    async def _start(self, record: RolloutRecord) -> bool:
+        rid = record.rollout_id
+        after = await self.transition(rid, S.PROVISIONING, only_from=frozenset({S.PENDING}),
+                                      reason=f"sandbox job queued for provider {record.provider}")
+        if after is None:
+            return False  # another replica started it, or it ended meanwhile
+        await self._publish_job(after)
+        return True
+
+    async def _publish_job(self, record: RolloutRecord) -> None:
+        rid = record.rollout_id
         job = SandboxJob(
             rollout_id=rid,
-            task=req.task,
+            task=record.task,
             proxy_url=f"{self.settings.agent_url}/proxy/{rid}/v1",  # the proxy-only port when set
             api_key=record.api_key,
             verifier_ref=record.verifier_ref,
         )
-        await self.bus.publish(subjects.sandbox_run(req.provider), job, msg_id=subjects.msg_id(rid, "sandbox-job"))
-        log.info("rollout submitted", extra={"rollout_id": rid, "group_id": group_id})
-        return after or record
+        # the job continues the rollout's trace (its submission span), whichever call dispatches it
+        with telemetry.span_from_headers("dispatch", record.traceparent or None, **{"arena.rollout_id": rid}):
+            await self.bus.publish(subjects.sandbox_run(record.provider), job,
+                                   msg_id=subjects.msg_id(rid, "sandbox-job"))
+
+    async def _republish_unstarted(self) -> None:
+        """At a process's first pass: the sandbox job of each rollout moved to ``provisioning``
+        within the bus's de-duplication window and not running yet is published again (a
+        replica that stopped between the two steps left it without one; a job published
+        already is dropped by its message id, so none starts twice)."""
+        if not self.store.cache.watching:
+            return
+        self._recovered = True
+        from arena_core.bus import DUPLICATE_WINDOW_S
+
+        now = time.time()
+        for record in self.store.cache.live():
+            if record.state != S.PROVISIONING:
+                continue
+            since = scheduler.slot_since(record)
+            if since is not None and now - since < DUPLICATE_WINDOW_S - 10:
+                try:
+                    await self._publish_job(record)
+                except Exception:  # noqa: BLE001 - the reaper ends it at its queue limit
+                    log.warning("could not publish the sandbox job again", exc_info=True,
+                                extra={"rollout_id": record.rollout_id})
 
     # ------------------------------------------------------------------ transitions
 
@@ -538,10 +699,13 @@ class RolloutService:
         metrics.ROLLOUT_TRANSITIONS.labels(state=after.state.value).inc()
         if before.state in QUEUED and after.state not in QUEUED:
             self.admission.left_queue()
-        if before.state == S.RUNNING and after.state != S.RUNNING:
-            started = next((t.at for t in reversed(before.history) if t.to_state == S.RUNNING), None)
+        if before.state in scheduler.HOLDING and after.state not in scheduler.HOLDING:
+            # the slot was held from the worker's take (provisioning), not from the agent's start
+            started = scheduler.slot_since(before)
             if started is not None:
                 self.admission.released_sandbox(now - started)
+                self.usage.add(before.project, now - started, now)
+            self.kick()
         await self._publish_state(after, before.state)
         log.info("rollout %s -> %s: %s", before.state.value, target.value, reason, extra={"rollout_id": rollout_id})
         return after
