@@ -25,14 +25,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from arena_core import access, subjects
 
 #: What every service may publish besides its JetStream API requests (``arena_core.access``):
-#: flow control of its ordered consumers, request replies, dead letters.
-_COMMON = ["$JS.FC.>", "_INBOX.>", "arena.dead.>"]
+#: flow control of its ordered consumers, request replies.
+_COMMON = ["$JS.FC.>", "_INBOX.>"]
 
 
 def _jetstream(service: str) -> list[str]:
     """``service``'s JetStream API requests, acks, KV and object-store subjects: only its own
-    streams, consumers, buckets and stores (``arena_core.access.SERVICES``), and common subjects."""
-    return [*access.api_subjects(access.SERVICES[service]), *_COMMON]
+    streams, consumers, buckets and stores (``arena_core.access.SERVICES``); the dead letters of
+    the streams it consumes (``arena.dead.<stream>``: none forged for another's); common subjects."""
+    own = access.SERVICES[service]
+    return [*access.api_subjects(own), *_COMMON, *(subjects.dead(stream) for stream in own.consumers)]
 
 
 #: service -> (may publish, may subscribe). Replies come on ``_INBOX.>``. Nothing on ``$JS.API``

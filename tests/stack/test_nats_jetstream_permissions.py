@@ -140,6 +140,9 @@ async def test_a_sandbox_workers_credentials_cannot_destroy_streams_read_hidden_
         await sandbox.refused(f"$KV.{subjects.KV_VERIFIERS}.>", nc.flush())
         # a forged verdict, and another service's consumer
         await sandbox.refused("arena.verify.done.r1", nc.jetstream(timeout=30).publish("arena.verify.done.r1", b"{}"))
+        # a forged dead letter of a verify job (the rollout service would end its rollout on it)
+        await sandbox.refused("arena.dead.ARENA_VERIFY_JOBS",
+                              nc.jetstream(timeout=30).publish("arena.dead.ARENA_VERIFY_JOBS", b"{}"))
         await sandbox.refused("$JS.API.CONSUMER.DELETE.ARENA_RESULTS.rollout-results-verify",
                               _request(nc, "$JS.API.CONSUMER.DELETE.ARENA_RESULTS.rollout-results-verify"))
         await sandbox.refused("$JS.API.CONSUMER.CREATE.ARENA_ROLLOUTS", _request(nc, "$JS.API.CONSUMER.CREATE.ARENA_ROLLOUTS"))
@@ -152,6 +155,7 @@ async def test_a_sandbox_workers_credentials_cannot_destroy_streams_read_hidden_
     assert (await (await ajs.key_value(subjects.KV_VERIFIERS)).get("abc")).value == b'{"hidden": "the tests"}'
     assert (await (await ajs.object_store(subjects.OBJECT_PRIVATE)).get("verifiers/big")).data == b"a large hidden test patch"
     assert (await ajs.stream_info("ARENA_RESULTS")).state.messages == 0  # no verdict
+    assert (await ajs.stream_info("ARENA_DEAD")).state.messages == 0  # no forged dead letter
     assert (await ajs.consumer_info("ARENA_RESULTS", "rollout-results-verify")).name == "rollout-results-verify"
     assert (await ajs.stream_info("ARENA_RESULTS")).config.subjects == next(
         s.subjects for s in subjects.STREAMS if s.name == "ARENA_RESULTS")
