@@ -25,6 +25,7 @@ import docker
 import msgspec
 import pytest
 
+from arena_sandbox_providers.docker_provider import nproc_limit
 from tests.e2e.scaffold_stacks import require_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,8 @@ ARENA = str(Path(sys.executable).with_name("arena"))
 HARBOR = ROOT / "tests" / "fixtures" / "datasets" / "harbor" / "dataset.toml"
 BASE_MAP = "ubuntu:24.04=localhost/arena/quickstart:latest"
 TASK_ID = "arena-fixtures.fix-mean"
+#: the nproc ulimit the docker provider gives every container (pid_max or the host's hard limit)
+NPROC = nproc_limit()
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -108,7 +111,7 @@ def test_shell_runs_stdin_in_the_agents_container_tests_hidden_network_off_limit
         "0",  # /solution (the agent's files) is empty: the oracle's solve.sh is not there; /tests is not
         "['lo']",  # no network: loopback only
         "OSError: [Errno 101] Network is unreachable",
-        "Max processes 4096 4096 processes ",  # the provider's explicit ulimits
+        f"Max processes {NPROC} {NPROC} processes ",  # the provider's explicit ulimits
         "Max open files 4096 4096 files ",
         "CapEff: 0000000000000000",  # no capabilities, no new privileges, the command server's seccomp filter
         "NoNewPrivs: 1",
