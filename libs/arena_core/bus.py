@@ -66,9 +66,11 @@ class PublishRefused(Permanent):
         self.code = code
 
 
-class TopologyError(RuntimeError):
+class TopologyError(Unavailable):
     """A stream, KV bucket or object store cannot be declared as asked (e.g. with more
-    replicas than the NATS servers can hold); the message names it and the reason."""
+    replicas than the NATS servers can hold), or one a service binds to does not exist (the
+    topology step has not run); the message names it and the reason. ``Unavailable``: the CLI
+    and the APIs say it in one line (503), never with a traceback."""
 
 
 def topology_replicas() -> int:
