@@ -300,7 +300,8 @@ class Episode:
         if group_id is not None:
             service.check_group(group_id, self.caller)  # naming another key's group is taking it over
         single = msgspec.structs.replace(as_submission(req), sampling=sampling, metadata=labels)
-        with service.admit(1, req.task.budget.wall_clock_s):
+        quota = await service.quotas.of(self.env.project)  # the environment's project's queue limit too
+        with service.admit(1, req.task.budget.wall_clock_s, quota):
             return await service._create(single, (self.env.verifier_ref, self.env.verify_budget_s),
                                          group_id=group_id, index=index, size=size, sampling=sampling,
                                          owner=owners.owner_of(self.caller), project=self.env.project)
