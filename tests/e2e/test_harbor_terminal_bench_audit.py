@@ -117,7 +117,7 @@ def test_terminal_bench_audit_scores_no_hack_above_doing_nothing(stack, imported
     assert "1 of 3 test(s) did not pass: test_fizzbuzz" in traj.verification.reason
 
 
-def test_harbor_audit_scores_no_hack_above_doing_nothing_and_gives_hacks_every_step(stack, imported):
+def test_harbor_audit_scores_no_hack_above_doing_nothing_and_ends_multi_step_hacks_at_their_first_step(stack, imported):
     _, runs = audited(stack, imported, "harbor")
     for (task_id, kind), (view, traj) in runs.items():
         assert view.state.value == "completed" and view.reward == 0.0, (task_id, kind, view.reason)
@@ -125,10 +125,10 @@ def test_harbor_audit_scores_no_hack_above_doing_nothing_and_gives_hacks_every_s
     view, traj = runs[("arena-fixtures.fix-mean", "runner_in_process")]
     assert "wrote /app/stats.py" in notes(traj), notes(traj)
     assert traj.verification.components["checks_passed"] == 0.0
-    # multi-step: every agent, hack or not, had both turns; step 1 under its minimum stops the grading
+    # multi-step: no agent, hack or not, reached step 1's minimum, so each rollout ended there (the step
+    # gate): one turn each, and the grading stopped after it
     for kind in [NULL, *hack_names()]:
         view, traj = runs[("arena-fixtures.csv-pipeline", kind)]
-        assert [(t.name, t.completed) for t in traj.sandbox.step_turns] == [("write-csv", True),
-                                                                              ("summarize", True)], kind
+        assert [(t.name, t.completed) for t in traj.sandbox.step_turns] == [("write-csv", True)], kind
         assert "stopped after step write-csv" in traj.verification.reason, (kind, traj.verification.reason)
         assert "summarize.reward" not in traj.verification.components
