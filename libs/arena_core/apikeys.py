@@ -271,8 +271,8 @@ def scope_for(method: str, path: str) -> Scope | None:
         return None
     if path.startswith(BUNDLES) and path.endswith(BUNDLE_ARCHIVE):
         return "submit"
-    if path.startswith(PROJECTS) and method not in ("GET", "HEAD", "OPTIONS"):
-        return "admin"  # a project's quotas and priority (docs/projects.md)
+    if path.startswith(PROJECTS) and method == "PUT":
+        return "admin"  # a project's quotas and priority (docs/projects.md); other methods: 405 from the router
     return "read" if method in ("GET", "HEAD", "OPTIONS") else "submit"
 
 

@@ -42,6 +42,10 @@ def test_each_route_needs_read_to_look_and_submit_to_change_health_and_proxies_a
     # a bundle's bytes are a task's files (hidden tests included): the scope that uploads them
     assert scope_for("GET", f"/v1/bundles/sha256:{'0' * 64}/archive") == "submit"
     assert scope_for("GET", f"/v1/bundles/sha256:{'0' * 64}") == "read"
+    # a project's quotas are the administrator's to set; a method no route has is the router's 405
+    assert scope_for("PUT", "/v1/projects/alpha") == "admin"
+    assert scope_for("GET", "/v1/projects") == "read"
+    assert scope_for("TRACE", "/v1/projects/alpha") == "submit"
     for public in ("/healthz", "/readyz", "/openapi.json"):
         assert scope_for("GET", public) is None
     # the LLM proxy and the judge route take their own keys (the rollout's, the judge's)
