@@ -51,6 +51,10 @@ def stack(tmp_path_factory):
         stack.stop()
 
 
+#: The deadline test's group deadline, seconds.
+DEADLINE_S = 40
+
+
 def _slow_when_wrong(tmp_path: Path):
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
@@ -115,18 +119,19 @@ def test_first_k_of_n_cancels_the_stragglers_and_publishes_the_group_with_k(stac
 
 def test_a_deadline_cancels_the_unfinished_and_publishes_those_that_finished(stack, tmp_path):
     st, client = stack
-    # 15 s: the two right members end well within it, even on a loaded machine
-    group = client.submit_group(_slow_when_wrong(tmp_path), n=4, seed=0, deadline_s=15)
-    views = [client.wait(rid, timeout=120) for rid in group.rollout_ids]
+    # 40 s: the two right members end well within it, even on a loaded machine where the members wait
+    # for the slots the last test's cancelled stragglers still hold (at 15 s none had ended once)
+    group = client.submit_group(_slow_when_wrong(tmp_path), n=4, seed=0, deadline_s=DEADLINE_S)
+    views = [client.wait(rid, timeout=180) for rid in group.rollout_ids]
     assert [v.state.value for v in views] == ["cancelled", "completed", "cancelled", "completed"], \
         [(v.state, v.reason) for v in views]
-    assert "deadline of 15 s after submission passed with 2 of 4 members ended" in views[0].reason
+    assert f"deadline of {DEADLINE_S} s after submission passed with 2 of 4 members ended" in views[0].reason
     cancelled_at = views[0].history[-1].at
-    assert cancelled_at - views[0].created_at >= 15 - 0.5  # not before the deadline
+    assert cancelled_at - views[0].created_at >= DEADLINE_S - 0.5  # not before the deadline
 
     published = asyncio.run(_trainer_groups(st, {group.group_id}))[group.group_id]
     assert [t.group_index for t in published.trajectories] == [1, 3] and published.cancelled_indexes == [0, 2]
-    _check_cancelled_members_never_reach_the_trainer(client, published, views, "deadline of 15 s")
+    _check_cancelled_members_never_reach_the_trainer(client, published, views, f"deadline of {DEADLINE_S} s")
 
 
 def test_a_policy_outside_one_to_n_is_refused(stack):
