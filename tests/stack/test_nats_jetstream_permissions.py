@@ -22,20 +22,9 @@ from nats.js import api as jsapi
 from arena_core import access, subjects
 from arena_core.bus import Bus, TopologyError
 from arena_stack import natsauth, topology
-from arena_stack.natsserver import NatsServer
 
 VERIFIERS = f"KV_{subjects.KV_VERIFIERS}"
 PRIVATE = f"OBJ_{subjects.OBJECT_PRIVATE}"  # verifiers too large for their bucket
-
-
-@pytest.fixture
-async def server(tmp_path):
-    secrets = natsauth.passwords()
-    srv = NatsServer(tmp_path / "nats", sync="1s", extra_config=natsauth.authorization_block(secrets)).start()
-    try:
-        yield srv, secrets
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

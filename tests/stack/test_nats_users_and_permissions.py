@@ -10,17 +10,6 @@ import nats
 import pytest
 
 from arena_stack import natsauth
-from arena_stack.natsserver import NatsServer
-
-
-@pytest.fixture
-def server(tmp_path):
-    secrets = natsauth.passwords()
-    srv = NatsServer(tmp_path / "nats", sync="1s", extra_config=natsauth.authorization_block(secrets)).start()
-    try:
-        yield srv, secrets
-    finally:
-        srv.stop()
 
 
 async def connect(srv, user: str, password: str):
